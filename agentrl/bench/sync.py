@@ -1,0 +1,161 @@
+"""``agentrl bench sync``: in-place LoRA sync over shared memory vs. the file-based reload, on one vLLM server.
+
+Starts ONE vLLM server on a random Qwen2 model, loads a rank-16 q/k/v/o adapter once from a file, checks
+that an in-place update gives the same greedy logprobs as a file load of the same tensors, then times
+``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version)
+and as many file-based in-place reloads. Prints a table, then one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.bench.models import SIZES, build_random_qwen2, lora_shapes, random_lora, save_lora
+
+NAME = "policy"
+
+
+class _StubTrainer:
+    """Stands in for ``TrainerProcess``: returns the tensors the bench put there (gather cost ~0)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    async def get_adapter_tensors(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+
+def _p(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+async def _greedy(client: Any, prompt: list[int], n: int) -> Any:
+    return await client.generate(prompt, max_tokens=n, temperature=0.0, model=NAME)
+
+
+async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
+                 prompt: list[int]) -> dict[str, Any]:
+    """In-place update == file load of the same tensors (greedy tokens and logprobs), and both caches agree."""
+    before = await _greedy(client, prompt, 8)  # also fills the prefix cache under the old weights
+    trainer.tensors = random_lora(shapes, seed=1)
+    await sync.publish(1)
+    inplace = await _greedy(client, prompt, 8)
+    sums = (await client.collective_rpc("agentrl_lora_checksum", kwargs={"adapter": NAME}, timeout=30))[0][0]
+    await client.load_lora_adapter(NAME, str(save_lora(work / "check", trainer.tensors, rank, 2 * rank)))
+    from_file = await _greedy(client, prompt, 8)
+    diff = max((abs(a - b) for a, b in zip(inplace.logprobs, from_file.logprobs, strict=True)), default=0.0)
+    versions = [v for v, _, _ in inplace.weight_versions or []]
+    res = {"tokens_equal": inplace.token_ids == from_file.token_ids, "max_abs_logprob_diff": diff,
+           "changed": before.token_ids != inplace.token_ids or before.logprobs != inplace.logprobs,
+           "cache_matches_live": abs(sums["cached"] - sums["live"]) <= 1e-6 * max(1.0, sums["cached"]),
+           "version_label": versions[-1] if versions else None}
+    res["ok"] = bool(res["tokens_equal"] and diff <= 1e-4 and res["changed"] and res["cache_matches_live"])
+    return res
+
+
+async def _run(url: str, size: str, rank: int, updates: int, work: Path) -> dict[str, Any]:
+    from agentrl.inference.client import InferenceClient
+    from agentrl.sync_shm import SharedMemoryAdapterSync
+
+    shapes = lora_shapes(size, rank)
+    gen = torch.Generator().manual_seed(123)
+    prompt = torch.randint(3, 300, (48,), generator=gen).tolist()
+    short = prompt[:8]
+    async with InferenceClient([url], model=NAME, timeout_s=300) as client:
+        trainer = _StubTrainer(random_lora(shapes, seed=0))
+        await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
+        with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
+            check = await _check(client, sync, trainer, shapes, work, rank, prompt)
+            await sync.publish(2)  # warm: plan rebuilt for the adapter object the file load created
+            stages: dict[str, list[float]] = {}
+            e2e: list[float] = []
+            for i in range(updates):
+                trainer.tensors = random_lora(shapes, seed=100 + i)
+                t0 = time.perf_counter()
+                m = await sync.publish(10 + i)
+                await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+                e2e.append((time.perf_counter() - t0) * 1e3)
+                for k, v in m.items():
+                    stages.setdefault(k, []).append(v)
+            nbytes = int(m["adapter_bytes"])
+        http_reset, save_ms, load_ms, file_e2e, file_engine = [], [], [], [], []
+        for _ in range(min(updates, 20)):
+            t0 = time.perf_counter()
+            await client.reset_prefix_cache()
+            http_reset.append((time.perf_counter() - t0) * 1e3)
+        for i in range(updates):
+            t0 = time.perf_counter()
+            path = save_lora(work / f"f{i:04d}", random_lora(shapes, seed=1000 + i), rank, 2 * rank)
+            t1 = time.perf_counter()
+            await client.load_lora_adapter(NAME, str(path))  # a new path: new prefix-cache key, no reset needed
+            t2 = time.perf_counter()
+            await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+            stats = (await client.collective_rpc("agentrl_lora_stats", timeout=30))[0][0]
+            file_engine.append(float(stats.get("last_file_load_ms", "nan")))
+            save_ms.append((t1 - t0) * 1e3)
+            load_ms.append((t2 - t1) * 1e3)
+            file_e2e.append((time.perf_counter() - t1) * 1e3)
+    out: dict[str, Any] = {f"{k}_p50": _p(v, 0.5) for k, v in stages.items() if k.endswith("_ms")}
+    out.update({
+        "engine_ms_p90": _p(stages["engine_ms"], 0.9), "end_to_end_ms_p50": _p(e2e, 0.5),
+        "end_to_end_ms_p90": _p(e2e, 0.9), "file_load_ms_p50": _p(load_ms, 0.5),
+        "file_load_ms_p90": _p(load_ms, 0.9), "file_save_ms_p50": _p(save_ms, 0.5),
+        "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
+        "adapter_bytes": nbytes, "updates": updates, "correctness": check,
+    })
+    out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
+    out["speedup_engine_vs_file_engine"] = out["file_engine_ms_p50"] / out["engine_ms_p50"]
+    out["speedup_rpc_vs_file"] = out["file_load_ms_p50"] / out["rpc_ms_p50"]
+    out["speedup_end_to_end_vs_file"] = out["file_end_to_end_ms_p50"] / out["end_to_end_ms_p50"]
+    return out
+
+
+def _table(res: dict[str, Any]) -> str:
+    rows = [(k, v) for k, v in res.items() if isinstance(v, float)]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v:10.3f}" for k, v in rows]
+    lines.append(f"{'correctness':<{width}}  {res['correctness']}")
+    return "\n".join([f"LoRA sync bench: {res['model']}", *lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the exit code (1 when the correctness check fails)."""
+    ap = argparse.ArgumentParser(prog="agentrl bench sync", description=__doc__)
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--updates", type=int, default=50)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
+    args = ap.parse_args(argv)
+
+    from agentrl.inference.server import VLLMServer, VLLMServerConfig
+
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
+        work = Path(args.work_dir or tmp)
+        model_dir = build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
+        cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512, max_lora_rank=args.rank,
+                               max_loras=2, startup_timeout_s=900)
+        with VLLMServer(cfg, work / "logs") as server:
+            res = asyncio.run(_run(server.url, args.model_size, args.rank, args.updates, work / "adapters"))
+    c = SIZES[args.model_size]
+    res = {"model": f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+                    f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']}), fp32, "
+                    f"vLLM CPU; LoRA r={args.rank} q/k/v/o", **res}
+    if not args.json:
+        print(_table(res))
+    print(json.dumps(res, default=float))
+    return 0 if res["correctness"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

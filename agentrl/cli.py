@@ -1,0 +1,281 @@
+"""The ``agentrl`` command line. Thin: it parses flags, then imports the heavy parts late."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="agentrl",
+    help="Agentic multi-turn RL for LLMs: train, evaluate and build models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="Build models.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+bench_app = typer.Typer(help="Benchmarks: each prints one JSON object as its last line.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+sandbox_app = typer.Typer(help="The Docker sandbox: build its image, remove orphaned containers.", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _setup(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "httpcore", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # SIGTERM ends a run like Ctrl-C does, so every child process is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:
+        typer.secho("interrupted: stopped cleanly", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
+
+
+EnvOpt = Annotated[str, typer.Option("--env", help="Environment name (calc) or package.module:Class.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the embedded tiny model).")]
+EndpointOpt = Annotated[
+    list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
+]
+
+
+@app.command()
+def train(
+    env: EnvOpt = "calc",
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    name: Annotated[str | None, typer.Option(help="Run name (outputs in runs/NAME).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
+    tasks: Annotated[Path | None, typer.Option(help="JSONL file of training tasks.")] = None,
+    nproc: Annotated[int | None, typer.Option(help="Trainer processes (torchrun).")] = None,
+    endpoint: EndpointOpt = None,
+    env_url: Annotated[str | None, typer.Option(
+        help="Run the environment on an `agentrl serve-env` server (token: $AGENTRL_ENV_TOKEN).")] = None,
+    time_limit_min: Annotated[float | None, typer.Option(help="Stop after this many minutes.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        help="sync (generate, then train) or async (overlapped, bounded staleness).")] = None,
+    max_staleness: Annotated[int | None, typer.Option(
+        help="Async: most versions a trained rollout may lag the trainer (eta).")] = None,
+    resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Train a policy on an environment (sync or async mode)."""
+    _setup(verbose)
+    from agentrl.config import load_config
+    from agentrl.registry import UnknownEnvironmentError, load_env
+
+    overrides = {
+        "env": env, "model": model, "name": name or (env if ":" not in env else None), "steps": steps,
+        "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
+        "env_url": env_url, "mode": mode,
+        "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
+    }
+    try:
+        cfg = load_config(config, overrides)
+        load_env(env, url=cfg.env_url, token=cfg.env_token)
+    except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    except RuntimeError as e:  # agentrl.remote.RemoteEnvError: the env server is unreachable or refuses
+        _fail(str(e))
+    from agentrl.train import Trainer
+
+    try:
+        summary = _run(Trainer(cfg, resume=resume).run())
+    except typer.Exit:  # Ctrl-C / SIGTERM: already reported, exit 130 (typer.Exit is a RuntimeError)
+        raise
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        _fail(f"{type(e).__name__}: {e}")
+    typer.echo(json.dumps(summary))
+
+
+@app.command("eval")
+def eval_(
+    env: EnvOpt = "calc",
+    config: ConfigOpt = None,
+    model: ModelOpt = None,
+    adapter: Annotated[Path | None, typer.Option(help="LoRA adapter directory to evaluate.")] = None,
+    n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    tasks: Annotated[Path | None, typer.Option(help="JSONL file of held-out tasks.")] = None,
+    endpoint: EndpointOpt = None,
+    policy: Annotated[str, typer.Option(
+        help="model (the LLM), or a scripted check of tools and reward: oracle (the reference solution) "
+             "or null (gives up at once); scripted policies need no inference server.")] = "model",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Report the success rate on the held-out split (optionally with a LoRA adapter)."""
+    _setup(verbose)
+    from agentrl.config import load_config
+    from agentrl.registry import UnknownEnvironmentError, load_env
+
+    try:
+        load_env(env)
+        cfg = load_config(config, {"env": env, "model": model, "eval_tasks": tasks, "endpoints": endpoint or None})
+    except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    if adapter is not None and not (adapter / "adapter_config.json").is_file():
+        _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+    from agentrl.evaluate import run_eval
+    from agentrl.scripted import POLICIES, run_scripted_eval
+
+    if policy != "model" and policy not in POLICIES:
+        _fail(f"unknown policy {policy!r}; expected model, {', '.join(sorted(POLICIES))}")
+    try:
+        if policy == "model":
+            result = _run(run_eval(cfg, adapter=adapter, n=n, temperature=temperature))
+        else:
+            result = _run(run_scripted_eval(cfg, policy, n=n))
+    except typer.Exit:  # Ctrl-C/SIGTERM (exit 130): already reported by _run
+        raise
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        _fail(f"{type(e).__name__}: {e}")
+    typer.echo(json.dumps(result))
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("models/tiny"),
+    seed: Annotated[int | None, typer.Option(help="Seed (the build is deterministic; default: the built-in seed).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(help="Maximum supervised warm-up steps (it stops earlier once a probe of full calc episodes reaches its target success).")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
+) -> None:
+    """Build the embedded tiny model (Qwen2 architecture, own tokenizer, short warm-up on calc)."""
+    _setup(False)
+    from agentrl.modelgen import build_tiny_model
+
+    kwargs: dict[str, Any] = {"force": force}
+    if seed is not None:
+        kwargs["seed"] = seed
+    if warmup_steps is not None:
+        kwargs["warmup_steps"] = warmup_steps
+    typer.echo(str(build_tiny_model(out, **kwargs)))
+
+
+@app.command()
+def envs() -> None:
+    """List the environments that can be found by name."""
+    from agentrl.registry import known_envs
+
+    for name, target in sorted(known_envs().items()):
+        typer.echo(f"{name}\t{target}")
+
+
+@app.command("serve-env")
+def serve_env(
+    env: Annotated[list[str] | None, typer.Option("--env", help="Environment to serve (repeatable; default calc).")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 8765; 0: any free port).")] = None,
+    token: Annotated[str | None, typer.Option(envvar="AGENTRL_ENV_TOKEN", show_envvar=True,
+                                              help="Bearer token clients must send (default: generated, printed).")] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="No token (only on a loopback address).")] = False,
+    max_sessions: Annotated[int | None, typer.Option(help="Open sessions at most (default 256).")] = None,
+    max_sessions_per_client: Annotated[int | None, typer.Option(help="Per client address (default 128).")] = None,
+    session_ttl: Annotated[float | None, typer.Option(help="Close sessions idle this many seconds (default 600).")] = None,
+    step_timeout: Annotated[float | None, typer.Option(help="Seconds one step may take (default 60).")] = None,
+    tokenizer: Annotated[list[str] | None, typer.Option(
+        "--tokenizer", help="Model dir whose chat template POST /v1/rollouts uses (repeatable).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML server config (its 'server' table, or top level).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve environments over HTTP for agents outside this process (see docs/env-server.md)."""
+    _setup(verbose)
+    from agentrl.registry import UnknownEnvironmentError
+    from agentrl.server import load_server_config
+
+    overrides = {
+        "envs": env or None, "host": host, "port": port, "token": token, "auth": False if no_auth else None,
+        "max_sessions": max_sessions, "max_sessions_per_client": max_sessions_per_client,
+        "session_ttl_s": session_ttl, "step_timeout_s": step_timeout, "tokenizers": tokenizer or None,
+        "access_log": True if verbose else None,
+    }
+    try:
+        cfg = load_server_config(config, overrides)
+        from agentrl.server.run import serve
+
+        serve(cfg)
+    except KeyboardInterrupt:  # SIGINT/SIGTERM after uvicorn's graceful shutdown: a normal stop
+        typer.echo("agentrl env server: stopped", err=True)
+    except (UnknownEnvironmentError, FileNotFoundError, ValueError, OSError) as e:
+        _fail(str(e))
+
+
+def _passthrough(module: str, ctx: typer.Context) -> None:
+    """Run ``module.main(argv)`` with the remaining arguments (its own parser handles --help)."""
+    import importlib
+
+    result = importlib.import_module(module).main(list(ctx.args))
+    if isinstance(result, int) and result:
+        raise typer.Exit(result)
+
+
+@bench_app.command("sync", context_settings=_PASSTHROUGH)
+def bench_sync(ctx: typer.Context) -> None:
+    """LoRA adapter sync: in-engine shared-memory update vs file-based load (--json, --model-size 0.5b)."""
+    _passthrough("agentrl.bench.sync", ctx)
+
+
+@bench_app.command("pipeline", context_settings=_PASSTHROUGH)
+def bench_pipeline(ctx: typer.Context) -> None:
+    """Sync vs async RL on PolyTrace-shaped traces, simulated (--mix, --eta, --gpus, --lora, --out)."""
+    _passthrough("agentrl.bench.pipeline", ctx)
+
+
+@bench_app.command("sandbox", context_settings=_PASSTHROUGH)
+def bench_sandbox(ctx: typer.Context) -> None:
+    """Sandbox start, warm-pool acquire, exec latency and 32-way concurrency."""
+    _passthrough("agentrl.bench.sandbox_bench", ctx)
+
+
+@bench_app.command("modes", context_settings=_PASSTHROUGH)
+def bench_modes(ctx: typer.Context) -> None:
+    """The same training run in sync and async mode: wall time and held-out success, one plot."""
+    _passthrough("agentrl.bench.modes", ctx)
+
+
+@bench_app.command("env-server", context_settings=_PASSTHROUGH)
+def bench_env_server(ctx: typer.Context) -> None:
+    """Environment server load test: N sessions stepping at once (--env, --sessions, --duration, --json)."""
+    _passthrough("agentrl.bench.env_server", ctx)
+
+
+@sandbox_app.command("build", context_settings=_PASSTHROUGH)
+def sandbox_build(ctx: typer.Context) -> None:
+    """Build the sandbox image offline (cached: a no-op when the recipe is unchanged; --force)."""
+    _passthrough("agentrl.sandbox.image", ctx)
+
+
+@sandbox_app.command("gc", context_settings=_PASSTHROUGH)
+def sandbox_gc(ctx: typer.Context) -> None:
+    """Remove sandbox containers whose driver died or whose lifetime expired."""
+    _passthrough("agentrl.sandbox.gc", ctx)
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

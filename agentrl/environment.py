@@ -1,0 +1,211 @@
+"""The `Environment` base class and the `@tool` decorator: the API users subclass.
+
+Example: a complete tool environment::
+
+    import agentrl
+
+    class Echo(agentrl.Environment):
+        name = "echo"
+        max_turns = 4
+        system_prompt = "Use the tools, then give your final answer."
+
+        @classmethod
+        def tasks(cls, split="train"):
+            return [{"id": f"{split}-{i}", "word": w} for i, w in enumerate(["apple", "pear"])]
+
+        async def reset(self, task):
+            return f"Shout the word {task['word']!r} using the shout tool, then repeat its output."
+
+        @agentrl.tool
+        def shout(self, text: str) -> str:
+            '''Return the text in capital letters.
+
+            Args:
+                text: what to shout.
+            '''
+            return text.upper()
+
+        async def reward(self, messages):
+            return float(self.task["word"].upper() in messages[-1].content)
+
+An instance lives for exactly one episode: the agent loop creates it, calls ``reset(task)``, routes the
+model's tool calls to the decorated methods, calls ``reward(messages)`` and finally ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from agentrl.schema import function_schema, validate_arguments
+from agentrl.types import Message
+
+Task = dict[str, Any]
+"""A task is a JSON object with at least an ``id``; everything else is the environment's business."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TOOL_ATTR = "__agentrl_tool__"
+
+
+class ToolError(Exception):
+    """Raise inside a tool to send an error observation to the model (the episode goes on)."""
+
+
+class ToolArgumentError(ToolError):
+    """The model called a tool with arguments that do not fit its schema (counted as malformed)."""
+
+
+def tool(fn: F | None = None, *, name: str | None = None) -> Any:
+    """Mark an `Environment` method as a tool the model can call.
+
+    The JSON schema is derived from the type hints; the description and per-argument descriptions come
+    from the docstring. The method may be sync or async and returns a string (or anything JSON-able).
+    Sync tools run inline on the event loop: make slow tools ``async``.
+    """
+
+    def mark(f: F) -> F:
+        setattr(f, _TOOL_ATTR, name or f.__name__)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+@contextlib.asynccontextmanager
+async def run_scope(env_cls: type[Environment], run_id: str) -> AsyncIterator[None]:
+    """``async with run_scope(EnvClass, run_id):`` calls ``setup_run`` on entry and ``teardown_run`` on
+    exit (also on errors and interrupts). Training and evaluation wrap their episodes in it."""
+    await env_cls.setup_run(run_id)
+    try:
+        yield
+    finally:
+        await env_cls.teardown_run()
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool of an environment class: its name, method name and OpenAI schema."""
+
+    name: str
+    attr: str
+    schema: dict[str, Any]
+
+
+class Environment:
+    """Base class for tool environments. Subclass it; see the module docstring for an example."""
+
+    name: ClassVar[str] = ""
+    """Registry name (``agentrl train --env NAME``)."""
+    system_prompt: ClassVar[str | None] = None
+    """Optional system message placed before the opening prompt."""
+    max_turns: ClassVar[int] = 8
+    """Maximum number of model turns per episode."""
+    episode_timeout_s: ClassVar[float] = 120.0
+    """Wall-clock limit for one whole episode (generation, tools and reward)."""
+    tool_timeout_s: ClassVar[float] = 60.0
+    """Wall-clock limit for one tool call."""
+    max_tokens_per_turn: ClassVar[int] = 256
+    """Token budget of one model turn."""
+
+    def __init__(self) -> None:
+        self.task: Task = {}
+        self.finished = False
+
+    # ----- what subclasses define -------------------------------------------------------------
+    @classmethod
+    def tasks(cls, split: str = "train") -> Sequence[Task]:
+        """The environment's own dataset for ``split`` ("train" or "test"). Optional: tasks may come
+        from a JSONL file instead (``--tasks file.jsonl``)."""
+        raise NotImplementedError(
+            f"{cls.__name__} has no built-in dataset; pass a JSONL task file (--tasks) instead"
+        )
+
+    async def reset(self, task: Task) -> str | list[dict[str, Any]]:
+        """Start an episode: return the opening user prompt, or a list of chat messages.
+
+        The default uses ``task["prompt"]`` (a string) or ``task["messages"]`` (a list).
+        """
+        if "messages" in task:
+            return list(task["messages"])
+        if "prompt" in task:
+            return str(task["prompt"])
+        raise KeyError(f"task {task.get('id')!r} has neither 'prompt' nor 'messages'; override reset()")
+
+    async def reward(self, messages: list[Message]) -> float | dict[str, float]:
+        """Score the finished episode. Return a float, or a dict with a ``"reward"`` key plus extra metrics."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reward()")
+
+    async def close(self) -> None:
+        """Release what the episode holds (sandboxes, files). Called exactly once, even after errors."""
+
+    # ----- optional class-level hooks ----------------------------------------------------------
+    @classmethod
+    async def setup_run(cls, run_id: str) -> None:
+        """Called once before the first episode of a training or evaluation run (see `run_scope`): start
+        resources the episodes share (e.g. a sandbox pool) and clean up after crashed earlier runs.
+        Default: nothing."""
+
+    @classmethod
+    async def teardown_run(cls) -> None:
+        """Called once after the run's last episode, also when the run fails or is interrupted: release
+        what `setup_run` started. Default: nothing."""
+
+    @classmethod
+    def reference_solution(cls, task: Task) -> list[tuple[str, dict[str, Any]]]:
+        """Tool calls ``(name, arguments)`` that solve ``task``, in order. Optional; ``agentrl eval
+        --policy oracle`` replays them through the normal tool dispatch to check tools and reward."""
+        raise NotImplementedError(f"{cls.__name__} has no reference solution (needed by --policy oracle)")
+
+    # ----- helpers for tools -------------------------------------------------------------------
+    def finish(self) -> None:
+        """End the episode after the current tool call (e.g. from a ``submit`` tool)."""
+        self.finished = True
+
+    # ----- machinery ---------------------------------------------------------------------------
+    @classmethod
+    def tool_specs(cls) -> dict[str, ToolSpec]:
+        """All tools of this class, by name (cached per class)."""
+        cache = cls.__dict__.get("_tool_spec_cache")
+        if cache is not None:
+            return cache
+        specs: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                tool_name = getattr(value, _TOOL_ATTR, None)
+                if tool_name is not None:
+                    specs[tool_name] = ToolSpec(tool_name, attr, function_schema(value, tool_name))
+        cls._tool_spec_cache = specs
+        return specs
+
+    @classmethod
+    def tool_schemas(cls) -> list[dict[str, Any]]:
+        """The OpenAI ``tools`` list for this environment."""
+        return [s.schema for s in cls.tool_specs().values()]
+
+    async def call_tool(self, name: str, arguments: Any) -> str:
+        """Run one tool call and return its observation text.
+
+        Raises ToolArgumentError for an unknown tool or bad arguments, ToolError for tool-reported
+        errors, TimeoutError when the tool runs past ``tool_timeout_s``. Other exceptions propagate.
+        """
+        specs = self.tool_specs()
+        spec = specs.get(name)
+        if spec is None:
+            raise ToolArgumentError(f"unknown tool {name!r}; available tools: {sorted(specs)}")
+        try:
+            kwargs = validate_arguments(spec.schema, arguments)
+        except ValueError as e:
+            raise ToolArgumentError(str(e)) from e
+        method = getattr(self, spec.attr)
+        if inspect.iscoroutinefunction(method):
+            result = await asyncio.wait_for(method(**kwargs), timeout=self.tool_timeout_s)
+        else:
+            result = method(**kwargs)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, timeout=self.tool_timeout_s)
+        return result if isinstance(result, str) else json.dumps(result)

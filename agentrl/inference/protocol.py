@@ -1,0 +1,124 @@
+"""The wire side of the inference client: errors, the ``Generation`` record, and response parsing.
+
+Parses vLLM 0.32's ``/inference/v1/generate`` (tokens mode) and ``/v1/completions`` (with
+``return_token_ids``) answers; maps HTTP errors onto retryable / non-retryable exceptions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+_CONTEXT_RE = re.compile(r"maximum (model|context) length", re.IGNORECASE)
+
+
+class InferenceError(Exception):
+    """A request failed (after retries for transient errors; at once for 4xx answers)."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.status_code = status_code
+
+
+class ContextLengthError(InferenceError):
+    """The prompt does not fit the engine's ``max_model_len``."""
+
+
+class RouteUnavailable(InferenceError):
+    """The endpoint does not serve this route (404/405 from the router, or 403 'scale-out disabled')."""
+
+
+class TransientError(Exception):
+    """Retryable: connection error, timeout, or a 5xx answer."""
+
+
+@dataclass
+class Generation:
+    """One sampled completion, in token ids."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Logprob of each sampled token (vLLM's default logprobs mode: raw, before temperature/top-p)."""
+    finish_reason: str
+    """"stop" (EOS / stop token, which ends ``token_ids``), "length", or "abort" (e.g. ``pause(mode="abort")``)."""
+    weight_versions: list[tuple[str, int, int]] | None
+    """(version, start, end) spans over output-token indexes; None on the completions fallback."""
+    routed_experts: Any | None
+    """MoE routing as vLLM returns it (base64 ``.npy``), or None."""
+    endpoint: str
+
+
+def server_message(r: httpx.Response) -> str:
+    """The error message in a vLLM / FastAPI error body (or the raw text)."""
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:500]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if err is not None:
+            return str(err)
+        if "detail" in body:
+            return str(body["detail"])
+    return str(body)[:500]
+
+
+def check_response(r: httpx.Response, where: str) -> httpx.Response:
+    """Return a 2xx response; raise ``TransientError`` for 5xx, an ``InferenceError`` for 4xx."""
+    if r.status_code < 400:
+        return r
+    msg = server_message(r)
+    if r.status_code >= 500:
+        raise TransientError(f"HTTP {r.status_code}: {msg}")
+    text = f"{where} answered HTTP {r.status_code}: {msg}"
+    if (r.status_code in (404, 405) and msg in ("Not Found", "Method Not Allowed")) or (
+        r.status_code == 403 and "Scale-out endpoints are disabled" in msg
+    ):
+        raise RouteUnavailable(text, endpoint=where, status_code=r.status_code)
+    if r.status_code == 400 and _CONTEXT_RE.search(msg):
+        raise ContextLengthError(text, endpoint=where, status_code=400)
+    raise InferenceError(text, endpoint=where, status_code=r.status_code)
+
+
+def parse_generate(body: dict[str, Any], url: str) -> Generation:
+    """A ``/inference/v1/generate`` tokens-mode answer (first choice) as a ``Generation``."""
+    ch = body["choices"][0]
+    content = (ch.get("logprobs") or {}).get("content") or []
+    spans = ch.get("weight_versions")
+    return Generation(
+        token_ids=list(ch["token_ids"]),
+        logprobs=[float(c["logprob"]) for c in content],
+        finish_reason=ch.get("finish_reason") or "stop",
+        weight_versions=[(str(s["version"]), int(s["start"]), int(s["end"])) for s in spans] if spans else None,
+        routed_experts=ch.get("routed_experts"),
+        endpoint=url,
+    )
+
+
+def parse_completions(body: dict[str, Any], url: str) -> Generation:
+    """A ``/v1/completions`` answer with ``return_token_ids`` (first choice) as a ``Generation``."""
+    ch = body["choices"][0]
+    lps = (ch.get("logprobs") or {}).get("token_logprobs") or []
+    return Generation(
+        token_ids=list(ch["token_ids"] or []),
+        logprobs=[float(x) if x is not None else float("-inf") for x in lps],
+        finish_reason=ch.get("finish_reason") or "stop",
+        weight_versions=None,
+        routed_experts=ch.get("routed_experts"),
+        endpoint=url,
+    )
+
+
+def parse_body(parse: Any, r: httpx.Response, url: str) -> Generation:
+    """Apply ``parse`` to ``r``'s JSON; a malformed body becomes an ``InferenceError``."""
+    try:
+        return parse(r.json(), url)
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise InferenceError(f"{r.request.url} returned an unexpected body ({type(e).__name__}: {e}): "
+                             f"{r.text[:300]}", endpoint=url) from e

@@ -1,0 +1,51 @@
+"""Endpoint selection for the inference client: least outstanding requests, sticky keys."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class Endpoint:
+    """One server and what the client knows about it."""
+
+    url: str
+    outstanding: int = 0
+    mode: str | None = None  # "generate" | "completions" once detected
+
+
+class EndpointPool:
+    """Least-outstanding-requests selection with optional sticky keys (pure logic, no I/O)."""
+
+    def __init__(self, urls: Iterable[str], max_keys: int = 65536) -> None:
+        self.endpoints = [Endpoint(u.rstrip("/")) for u in urls]
+        if not self.endpoints:
+            raise ValueError("InferenceClient needs at least one endpoint")
+        self._sticky: OrderedDict[str, Endpoint] = OrderedDict()
+        self._max_keys = max_keys
+        self._rr = 0
+
+    def pick(self, key: str | None = None, avoid: Iterable[str] = ()) -> Endpoint:
+        """The endpoint for a request: ``key``'s endpoint if it has one (and it is not in ``avoid``),
+        else the least loaded one (ties rotate); ``key`` then sticks to it."""
+        avoid = set(avoid)
+        if key is not None and (ep := self._sticky.get(key)) is not None and ep.url not in avoid:
+            self._sticky.move_to_end(key)
+            return ep
+        candidates = [e for e in self.endpoints if e.url not in avoid] or self.endpoints
+        n = len(candidates)
+        start = self._rr % n
+        self._rr += 1
+        ep = min((candidates[(start + i) % n] for i in range(n)), key=lambda e: e.outstanding)
+        if key is not None:
+            self._sticky[key] = ep
+            self._sticky.move_to_end(key)
+            while len(self._sticky) > self._max_keys:
+                self._sticky.popitem(last=False)
+        return ep
+
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s binding (e.g. when its episode ends)."""
+        self._sticky.pop(key, None)

@@ -1,0 +1,325 @@
+"""An owned vLLM OpenAI-compatible server subprocess (one process group per server).
+
+The server is started with the routes an RL loop needs: runtime LoRA (re)loading, the dev RL routes
+(``/pause``, ``/resume``, ``/update_weight_version``, ...), and the token-in/token-out
+``/inference/v1/generate`` route (``--enable-scale-out``; without it vLLM 0.32 answers 403 there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+_RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
+
+
+class ServerStartError(RuntimeError):
+    """The vLLM server exited or did not become healthy in time (the message carries the log tail)."""
+
+
+class VLLMServerConfig(BaseModel):
+    """How to launch one vLLM server."""
+
+    model: str
+    """Local model directory (config.json + weights + tokenizer)."""
+    served_model_name: str = "base"
+    """Name of the base model in the OpenAI API (LoRA adapters are addressed by their own names)."""
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 picks a free one."""
+    dtype: str = "auto"
+    """Weights/activations dtype passed to vLLM (auto, float32, bfloat16, float16)."""
+    max_model_len: int = Field(2048, ge=16)
+    """Longest prompt + completion, in tokens."""
+    enable_lora: bool = True
+    """Serve LoRA adapters (needed for the RL weight sync)."""
+    max_lora_rank: int = Field(16, ge=1, le=512)
+    """Largest LoRA rank the engine reserves room for."""
+    max_loras: int = Field(2, ge=1, le=64)
+    """LoRA adapters resident in one batch."""
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use (GPU builds only; ignored on CPU)."""
+    cpu_kvcache_gb: int = Field(1, ge=1, le=1024)
+    """KV-cache size in GiB on the CPU build (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_cores: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    """CPU only: run the server on these cores (a ``taskset`` list such as ``"0"`` or ``"0-3"``) and bind
+    its OpenMP threads there, so inference and a trainer pinned elsewhere do not compete for cores."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs per engine (tensor parallelism)."""
+    seed: int = 0
+    """Engine seed."""
+    startup_timeout_s: float = Field(300.0, gt=0.0)
+    """Seconds to wait for ``GET /health`` to succeed."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments appended verbatim."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (multi-turn episodes re-send their history)."""
+    worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
+    """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
+    None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
+
+
+def _is_cpu_build() -> bool:
+    """True for the vllm-cpu distribution (or when no CUDA device is visible)."""
+    from importlib import metadata
+
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        return metadata.distribution("vllm-cpu") is not None
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _importable(qualname: str) -> bool:
+    """True if ``module.Class`` imports here (a failing extension would stop vLLM's worker from starting)."""
+    import importlib
+    import logging
+
+    module, _, name = qualname.rpartition(".")
+    try:
+        if module and hasattr(importlib.import_module(module), name):
+            return True
+        why = "no such class"
+    except Exception as e:  # ImportError, or anything the module raises on import
+        why = repr(e)
+    logging.getLogger(__name__).warning("worker extension %s not used: %s", qualname, why)
+    return False
+
+
+def _bind_port(host: str, port: int) -> int:
+    """``port`` (0: a free one) if it can be bound on ``host`` now; raise ``ServerStartError`` if taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ServerStartError(f"cannot serve on {host}:{port}: {e}") from e
+        return int(s.getsockname()[1])
+
+
+def validate_model_dir(model: str) -> None:
+    """Raise ``ValueError`` with a clear message when ``model`` cannot be served (a hub id passes through)."""
+    path = Path(model)
+    if not path.exists():
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith("."):
+            return  # a hub id: vLLM resolves it where a hub is reachable
+        raise ValueError(f"model directory {model} does not exist")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model directory {model} has no config.json; is it a Hugging Face model directory?")
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise ValueError(
+            f"model directory {model} has no tokenizer (tokenizer.json / tokenizer_config.json); "
+            "save the tokenizer next to the weights with tokenizer.save_pretrained()"
+        )
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        with path.open("r", errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except OSError as e:
+        return f"<log {path} unreadable: {e}>"
+
+
+def _proc(pid: int) -> tuple[list[str], str] | None:
+    """(command line, start time in clock ticks) of a live process, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22: starttime
+    except (OSError, IndexError):
+        return None
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p], start
+
+
+def _kill_group(pgid: int, proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM the process group, wait up to ``timeout_s``, then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is None:
+            time.sleep(0.1)
+            continue
+        try:
+            os.killpg(pgid, 0)  # anyone left in the group (engine-core children)?
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+def reap_stale(log_dir: Path, timeout_s: float = 10.0) -> list[int]:
+    """Kill the process groups of servers left behind by an earlier (crashed) run in ``log_dir``.
+
+    A pidfile's group is killed only if ``/proc/<pid>/cmdline`` still equals the recorded command (a
+    recycled pid is left alone), and not while the process that started it is still alive (another live
+    run, or this process). Returns the pids killed.
+    """
+    killed: list[int] = []
+    for pidfile in sorted(Path(log_dir).glob("vllm-*.pid")):
+        try:
+            info = json.loads(pidfile.read_text())
+            pid, pgid, cmd = int(info["pid"]), int(info["pgid"]), list(info["cmd"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        owner = _proc(int(info.get("owner") or -1))
+        if owner is not None and owner[1] == info.get("owner_start"):
+            continue  # its driver is alive: not stale
+        if (live := _proc(pid)) is not None and live[0] == cmd:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) == pgid:
+                    _kill_group(pgid, None, timeout_s)
+                    killed.append(pid)
+        with contextlib.suppress(OSError):
+            pidfile.unlink()
+    return killed
+
+
+class VLLMServer:
+    """One vLLM server subprocess in its own process group; ``start()``/``stop()`` or a context manager."""
+
+    def __init__(self, cfg: VLLMServerConfig, log_dir: Path) -> None:
+        self.cfg = cfg
+        self.log_dir = Path(log_dir)
+        self.port: int = cfg.port
+        self.proc: subprocess.Popen | None = None
+        self.pgid: int | None = None
+        self.cmd: list[str] = []
+        self.startup_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8000`` (valid once the port is known)."""
+        return f"http://{self.cfg.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the API-server process (the group leader), if started."""
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file (``vllm-<port>.log``; its pidfile is ``vllm-<port>.pid``)."""
+        return self.log_dir / f"vllm-{self.port}.log"
+
+    def build_command(self) -> list[str]:
+        """The full command line (the ``vllm`` console script is not used: it is broken in vllm-cpu)."""
+        c = self.cfg
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", c.model, "--served-model-name", c.served_model_name,
+               "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
+               "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
+               "--tensor-parallel-size", str(c.tensor_parallel_size), "--enable-scale-out"]
+        cmd.append("--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching")
+        if c.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
+        if not _is_cpu_build():
+            cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        if c.worker_extension and "--worker-extension-cls" not in c.extra_args and _importable(c.worker_extension):
+            cmd += ["--worker-extension-cls", c.worker_extension]
+        if c.cpu_cores:  # taskset execs the server: the pid, process group and pidfile stay the same
+            cmd = ["taskset", "-c", c.cpu_cores, *cmd]
+        return cmd + list(c.extra_args)
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.cpu_kvcache_gb)  # read by the CPU build only
+        if self.cfg.cpu_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.cpu_cores
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start(self) -> VLLMServer:
+        """Launch the server and block until ``GET /health`` answers 200; raise ``ServerStartError``."""
+        if self.proc is not None:
+            raise RuntimeError(f"server {self.url} already started")
+        validate_model_dir(self.cfg.model)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _bind_port(self.cfg.host, self.port)  # a busy port would answer /health for another server
+        self.cmd = self.build_command()
+        t0 = time.monotonic()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self._env(), start_new_session=True)
+        self.pgid = os.getpgid(self.proc.pid)
+        me = _proc(os.getpid())
+        self.log_path.with_suffix(".pid").write_text(json.dumps({
+            "pid": self.proc.pid, "pgid": self.pgid, "cmd": self.cmd, "owner": os.getpid(),
+            "owner_start": me[1] if me else None}))
+        _RUNNING.add(self)
+        try:
+            self._wait_healthy(t0 + self.cfg.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        assert self.proc is not None
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
+            while True:
+                code = self.proc.poll()
+                if code is not None or time.monotonic() > deadline:
+                    why = (f"exited with code {code} during startup" if code is not None
+                           else f"not healthy after {self.cfg.startup_timeout_s:.0f}s")
+                    raise ServerStartError(f"vLLM server {why}; last lines of {self.log_path}:\n{_tail(self.log_path)}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if http.get(f"{self.url}/health").status_code == 200 and self.proc.poll() is None:
+                        return
+                time.sleep(0.5)
+
+    def is_running(self) -> bool:
+        """True while the server process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20) -> None:
+        """SIGTERM the whole process group, wait up to ``timeout_s``, then SIGKILL. Idempotent."""
+        if self.proc is None or self.pgid is None:
+            return
+        _kill_group(self.pgid, self.proc, timeout_s)
+        with contextlib.suppress(OSError):
+            self.log_path.with_suffix(".pid").unlink()
+        _RUNNING.discard(self)
+        self.proc = None
+        self.pgid = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> VLLMServer:
+        return await asyncio.to_thread(self.start)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.stop)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            server.stop(timeout_s=5)

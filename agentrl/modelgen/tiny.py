@@ -1,0 +1,259 @@
+"""Build the embedded tiny Qwen2 model: tokenizer, random init from a seed, short warm-up, save.
+
+The output directory is a plain Hugging Face model directory (``config.json``, ``model.safetensors`` in
+float32, tokenizer files with the chat template, ``generation_config.json``) that vLLM can serve and
+``AutoModelForCausalLM``/``AutoTokenizer`` can load. A marker file, ``agentrl_model.json``, records the
+build config and its hash; a later build with the same config returns at once.
+
+Size and warm-up schedule were chosen empirically (`agentrl.modelgen.probe`: full two-turn episodes
+with the real calc tool; 4 layers, hidden 128, 2 heads of 64, batch 32, AdamW 3e-3 after a 50-step ramp).
+
+The copy skill (numbers from the question into the expression, the tool result into the answer)
+appears in a sharp transition whose step depends on the seed and on tiny numerical differences between
+CPUs: with a constant rate, the same seed gave 0.35 success at 725 steps on one machine and stayed at
+0.1-0.2 until step 2000 on another. Two measures make the build reliable:
+
+* the rate decays linearly to 0 over at most 1400 steps (seeds 0 and 1 both pass 0.3 by step 600);
+* the warm-up stops by measurement: from step 300, every 25 steps, 100 episodes on unseen train-split
+  tasks are played at temperature 1.0, and it stops at the first probe with success >= 0.3. The
+  probes and the step reached are recorded in the marker (``probe_success``, ``warmup_steps_run``).
+
+The seed still matters: on a 2-core CPU, seed 0 crept up to 0.29 only at step 1400, with the rate
+near zero, and came out sharp (greedy 0.27, sampled 0.29), which leaves RL little to gain by sharpening;
+seed 1 (the default) jumps from 0.21 to 0.47 between steps 375 and 400 and stops there (100 unseen
+tasks: sampled 0.53, greedy 0.74). The result is a policy that solves some held-out tasks but clearly
+not all, with room for RL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = "agentrl_model.json"
+FORMAT_VERSION = 2
+DEFAULT_WARMUP_STEPS = 1400
+DEFAULT_SEED = 1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture of the tiny model. ``head_dim`` must stay 64 (vLLM's CPU attention needs it)."""
+
+    hidden_size: int = 128
+    num_layers: int = 4
+    intermediate_size: int = 512
+    head_dim: int = 64
+    num_kv_heads: int = 2
+    vocab_target: int = 1024
+    tokenizer_transcripts: int = 2000
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines the built model (hashed into the marker file)."""
+
+    seed: int = DEFAULT_SEED
+    shape: ModelShape = field(default_factory=ModelShape)
+    warmup: dict[str, Any] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def qwen2_config(vocab_size: int, shape: ModelShape, eos_id: int, pad_id: int) -> Any:
+    """The `Qwen2Config` of the tiny model."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.hidden_size // shape.head_dim,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+    )
+
+
+def read_marker(out_dir: Path) -> dict[str, Any] | None:
+    """The marker of a built model directory, or None."""
+    try:
+        return json.loads((Path(out_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path) -> Iterator[None]:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _deterministic(threads: int) -> Iterator[None]:
+    """Fix the thread count and enable deterministic algorithms; restore both afterwards."""
+    import torch
+
+    before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        torch.use_deterministic_algorithms(before[1])
+
+
+class _Probe:
+    """The warm-up's stopping rule: from ``probe_from`` on, every ``probe_every`` steps, play
+    ``probe_tasks`` full calc episodes (temperature 1.0) and stop once success reaches the target."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: Any, seed: int, progress: bool) -> None:
+        self.model, self.tokenizer, self.cfg, self.seed, self.progress = model, tokenizer, cfg, seed, progress
+        self.tasks: list[dict[str, Any]] | None = None
+        self.history: dict[int, float] = {}
+
+    def __call__(self, step: int, loss: float) -> bool:
+        cfg = self.cfg
+        if cfg.probe_every <= 0 or step < cfg.probe_from or (step - cfg.probe_from) % cfg.probe_every:
+            return False
+        import torch
+
+        from agentrl.modelgen.data import probe_tasks
+        from agentrl.modelgen.probe import success_rate
+
+        if self.tasks is None:
+            self.tasks = probe_tasks(cfg.probe_tasks, self.seed, cfg.num_examples)
+        self.model.eval()
+        with torch.random.fork_rng(devices=[]):  # the warm-up's own random stream is left untouched
+            success = success_rate(self.model, self.tokenizer, self.tasks, temperature=1.0, seed=self.seed)
+        self.model.train()
+        self.history[step] = success
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(
+                f"warm-up step {step}: loss {loss:.3f}, probe success {success:.2f} "
+                f"(target {cfg.target_success:.2f})"
+            )
+        return success >= cfg.target_success
+
+
+def _build_into(tmp: Path, config: BuildConfig, progress: bool) -> dict[str, Any]:
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    from agentrl.modelgen.data import tokenizer_corpus
+    from agentrl.modelgen.tokenizer import EOS_TOKEN, train_tokenizer
+    from agentrl.modelgen.warmup import WarmupConfig, warmup
+
+    shape = config.shape
+    tokenizer = train_tokenizer(
+        tokenizer_corpus(shape.tokenizer_transcripts, config.seed), shape.vocab_target
+    )
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    torch.manual_seed(config.seed)
+    model = Qwen2ForCausalLM(qwen2_config(len(tokenizer), shape, eos_id, tokenizer.pad_token_id))
+    model.float()
+    wcfg = WarmupConfig(**config.warmup)
+    probe = _Probe(model, tokenizer, wcfg, config.seed, progress)
+    losses = warmup(model, tokenizer, wcfg, seed=config.seed, progress=progress, on_step=probe)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    return {
+        "final_loss": losses[-1] if losses else None,
+        "warmup_steps_run": len(losses),
+        "probe_success": probe.history,
+        "num_params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def build_tiny_model(
+    out_dir: Path,
+    *,
+    seed: int = DEFAULT_SEED,
+    warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    force: bool = False,
+    shape: ModelShape | None = None,
+    progress: bool = True,
+    num_threads: int = 2,
+) -> Path:
+    """Build (or reuse) the tiny model in ``out_dir`` and return ``out_dir``.
+
+    Deterministic in ``seed`` (and the thread count): the tokenizer, the initial weights and the warm-up
+    data order all derive from it. If ``out_dir`` already holds a model built with the same config, this
+    returns immediately unless ``force``. Concurrent builds of the same directory are serialised.
+    """
+    from agentrl.modelgen.warmup import WarmupConfig
+
+    out_dir = Path(out_dir)
+    config = BuildConfig(
+        seed=seed, shape=shape or ModelShape(), warmup=asdict(WarmupConfig(steps=warmup_steps))
+    )
+    digest = config.digest()
+
+    def up_to_date() -> bool:
+        marker = read_marker(out_dir)
+        return (
+            not force
+            and marker is not None
+            and marker.get("digest") == digest
+            and (out_dir / "model.safetensors").exists()
+        )
+
+    if up_to_date():
+        return out_dir
+    with _locked(out_dir):
+        if up_to_date():  # another process built it while we waited
+            return out_dir
+        start = time.monotonic()
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp_name:
+            tmp = Path(tmp_name)
+            with _deterministic(max(1, min(num_threads, os.cpu_count() or 1))):
+                info = _build_into(tmp, config, progress)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / MARKER).unlink(missing_ok=True)
+            for item in tmp.iterdir():
+                target = out_dir / item.name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                os.replace(item, target)
+        marker = {
+            "digest": digest,
+            "config": config.to_json(),
+            "build_seconds": round(time.monotonic() - start, 1),
+            **info,
+        }
+        (out_dir / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return out_dir

@@ -1,0 +1,127 @@
+"""Whole rollouts on the server: the in-process agent loop (``run_episode``) against the caller's engine.
+
+The caller names an inference server and a model; the server renders the chat with one of its configured
+tokenizers (``ServerConfig.tokenizers``: the chat template must match the served model) and returns the
+token-faithful trajectory. The engine must return token ids (vLLM's ``/inference/v1/generate``, or
+``/v1/completions`` with ``return_token_ids``); an engine that cannot ends the episode with
+``stop_reason: inference_error`` and says why in ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from agentrl.server.catalog import EnvCatalog
+from agentrl.server.config import ServerConfig
+from agentrl.server.errors import ApiError
+from agentrl.server.metrics import Metrics
+from agentrl.server.protocol import RolloutRequest, RolloutResult
+from agentrl.types import Trajectory
+
+log = logging.getLogger("agentrl.server")
+
+NON_FINITE_LOGPROB = -1e9
+"""JSON has no infinities: a non-finite logprob (an engine that returned none for a token) is sent as this."""
+
+
+def finite(traj: Trajectory) -> Trajectory:
+    """``traj`` with every float JSON can carry (non-finite logprobs clamped, a non-finite reward an error)."""
+    traj.logprobs = [x if math.isfinite(x) else NON_FINITE_LOGPROB for x in traj.logprobs]
+    traj.metrics = {k: v for k, v in traj.metrics.items() if math.isfinite(v)}
+    if not math.isfinite(traj.reward):
+        traj.error = (traj.error or "") + f"\nnon-finite reward {traj.reward} replaced by 0"
+        traj.reward = 0.0
+    return traj
+
+
+class RolloutService:
+    """Runs ``POST /v1/rollouts`` requests, at most ``max_rollouts`` at once."""
+
+    def __init__(self, config: ServerConfig, catalog: EnvCatalog, metrics: Metrics) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.metrics = metrics
+        self.running = 0
+        self._chats: dict[str, Any] = {}
+        self._load_lock = asyncio.Lock()
+        metrics.gauge("agentrl_env_rollouts_running", "Whole rollouts in progress.", lambda: self.running)
+
+    def _tokenizer_name(self, requested: str | None) -> str:
+        allowed = self.config.tokenizers
+        if not allowed:
+            raise ApiError(
+                409,
+                "this server runs no whole rollouts: it was started without a tokenizer "
+                "(agentrl serve-env --tokenizer MODEL_DIR); drive sessions step by step instead",
+                code="rollouts_disabled",
+            )
+        if requested is None:
+            return allowed[0]
+        for name in allowed:
+            if requested in (name, Path(name).name):
+                return name
+        names = [Path(n).name for n in allowed]
+        raise ApiError(422, f"unknown tokenizer {requested[:200]!r}; this server has {names}")
+
+    async def chat_format(self, requested: str | None) -> Any:
+        """The ``ChatFormat`` of a configured tokenizer (loaded once)."""
+        name = self._tokenizer_name(requested)
+        async with self._load_lock:
+            if name not in self._chats:
+                from agentrl.stack import load_chat_format
+
+                try:
+                    self._chats[name] = await asyncio.to_thread(load_chat_format, name)
+                except Exception as e:  # a misconfigured server: say so, do not crash
+                    log.warning("cannot load tokenizer %s", name, exc_info=True)
+                    raise ApiError(
+                        409,
+                        f"the server's tokenizer {Path(name).name!r} cannot be loaded: {type(e).__name__}",
+                        code="tokenizer_unavailable",
+                    ) from None
+        return self._chats[name]
+
+    async def run(self, req: RolloutRequest) -> RolloutResult:
+        """One episode; inference and environment failures are recorded in the trajectory, not raised."""
+        from agentrl.inference.client import InferenceClient
+        from agentrl.rollout import SamplingConfig, run_episode
+
+        name, cls = self.catalog.resolve(req.env)
+        task = self.catalog.task_for(name, req.task_id, req.split, req.task)
+        if self.running >= self.config.max_rollouts:
+            raise ApiError(
+                429,
+                f"{self.config.max_rollouts} rollouts are already running; retry later",
+                headers={"Retry-After": "1"},
+            )
+        self.running += 1
+        try:
+            chat = await self.chat_format(req.tokenizer)
+            headers = {"Authorization": f"Bearer {req.api_key}"} if req.api_key else None
+            client = InferenceClient(
+                [req.base_url],
+                model=req.model,
+                timeout_s=self.config.inference_timeout_s,
+                max_retries=2,
+                headers=headers,
+            )
+            try:
+                sampling = SamplingConfig(**req.sampling.model_dump())
+                traj = await run_episode(
+                    cls, task, client, chat, sampling, model=req.model, group_id=req.group_id
+                )
+            finally:
+                await client.aclose()
+        finally:
+            self.running -= 1
+        self.metrics.inc(
+            "agentrl_env_rollouts_total",
+            "Whole rollouts by environment and stop reason.",
+            env=name,
+            stop_reason=traj.stop_reason.value,
+        )
+        return RolloutResult(trajectory=finite(traj))

@@ -1,0 +1,72 @@
+"""The inference side of a run: the model on disk, the vLLM server(s), the client and the chat format."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.chat import ChatFormat
+from agentrl.config import DEFAULT_MODEL, RunConfig
+from agentrl.inference.client import InferenceClient
+from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
+
+log = logging.getLogger(__name__)
+
+
+def ensure_model(model: str) -> str:
+    """Build the embedded tiny model if ``model`` is the default and missing; validate the directory."""
+    if model == DEFAULT_MODEL or Path(model).resolve() == Path(DEFAULT_MODEL).resolve():
+        from agentrl.modelgen import build_tiny_model
+
+        build_tiny_model(Path(model))
+    validate_model_dir(model)
+    return model
+
+
+def load_chat_format(model: str) -> ChatFormat:
+    """The chat format of a model directory's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return ChatFormat(AutoTokenizer.from_pretrained(model))
+
+
+@dataclass
+class InferenceStack:
+    """A client over the run's engines, the chat format, and the servers this process owns."""
+
+    client: InferenceClient
+    chat: ChatFormat
+    servers: list[VLLMServer]
+
+
+@contextlib.asynccontextmanager
+async def inference_stack(cfg: RunConfig, run_dir: Path) -> AsyncIterator[InferenceStack]:
+    """Start (or connect to) the engines for a run; stops every server it started on exit."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_model(cfg.model)
+    reap_stale(run_dir)
+    servers: list[VLLMServer] = []
+    client: InferenceClient | None = None
+    try:
+        endpoints = list(cfg.endpoints)
+        if not endpoints:
+            server = VLLMServer(cfg.inference, run_dir)
+            servers.append(server)
+            await asyncio.to_thread(server.start)
+            endpoints = [server.url]
+        chat = await asyncio.to_thread(load_chat_format, cfg.model)
+        client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
+        health = await client.health()
+        dead = [url for url, ok in health.items() if not ok]
+        if dead:
+            raise RuntimeError(f"inference endpoint(s) not reachable or not healthy: {', '.join(dead)}")
+        yield InferenceStack(client=client, chat=chat, servers=servers)
+    finally:
+        if client is not None:
+            await client.aclose()
+        for server in servers:
+            await asyncio.to_thread(server.stop)

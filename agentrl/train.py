@@ -1,0 +1,173 @@
+"""A training run: the inference stack, the trainer process, evaluations, checkpoints and metrics
+around the :class:`~agentrl.orchestrator.Orchestrator` loop (``mode = "sync"`` or ``"async"``).
+
+Each step is timed; the trainer's idle fraction (time not spent in ``train``) and the engine's idle
+fraction (time with no rollout in flight) are the numbers the async mode exists to shrink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import RunConfig
+from agentrl.environment import Environment, Task, run_scope
+from agentrl.evaluate import evaluate
+from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run
+from agentrl.orchestrator import Orchestrator, buffer_config
+from agentrl.registry import load_env
+from agentrl.stack import inference_stack
+from agentrl.sync import FileAdapterSync
+from agentrl.tasks import load_tasks
+from agentrl.workers import RolloutWorkers
+
+log = logging.getLogger(__name__)
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    done = [c for c in ckpts if (c / "state.json").is_file()]
+    return done[-1] if done else None
+
+
+class Trainer:
+    """One training run (see module docstring). Use ``await Trainer(cfg).run()``."""
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
+        self.cfg = cfg.resolved()
+        self.resume = resume
+        self.progress = progress
+        self.run_dir = self.cfg.run_dir
+        self.env_cls: type[Environment] = load_env(self.cfg.env, url=self.cfg.env_url, token=self.cfg.env_token)
+        self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", self.cfg.tasks)
+        self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", self.cfg.eval_tasks)[: self.cfg.eval_size]
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.version = 0
+        self.step = 0
+
+    async def run(self) -> dict[str, Any]:
+        """Train for ``cfg.steps`` steps (or the time limit); returns a summary."""
+        from agentrl.trainer.client import TrainerProcess
+
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        t_start = time.perf_counter()
+        # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
+        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir) as stack:
+            trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=cfg.nproc)
+            await asyncio.to_thread(trainer.start)
+            try:
+                file_sync = FileAdapterSync(trainer, stack.client, self.run_dir / "adapters", cfg.adapter_name)
+                await self._maybe_resume(trainer)
+                await file_sync.publish(self.version)  # creates the engine's LoRA slot
+                workers = RolloutWorkers(
+                    self.env_cls, stack.client, stack.chat, cfg.sampling,
+                    max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
+                    policy_version=lambda: self.version,
+                )
+                first = await self._evaluate(workers) if self.step == 0 else None
+                with self._publisher(trainer, stack.client, file_sync) as publisher:
+                    await self._loop(trainer, publisher, stack.client, workers, t_start)
+                last = await self._evaluate(workers)
+                await trainer.save_adapter(self.run_dir / "final_adapter")
+            finally:
+                await asyncio.to_thread(trainer.close)
+        plot_run(self.metrics.path, self.run_dir / "reward_curve.png")
+        summary = {
+            "run_dir": str(self.run_dir),
+            "steps": self.step,
+            "success_before": first["success"] if first else None,
+            "success_after": last["success"],
+            "wall_s": time.perf_counter() - t_start,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    async def _maybe_resume(self, trainer: Any) -> None:
+        if not self.resume:
+            return
+        ckpt = _latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            log.warning("--resume: no checkpoint in %s, starting from scratch", self.run_dir)
+            return
+        await trainer.load_checkpoint(ckpt)
+        state = json.loads((ckpt / "state.json").read_text())
+        self.step, self.version = int(state["step"]), int(state["version"])
+        log.info("resumed from %s (step %d)", ckpt, self.step)
+
+    async def _checkpoint(self, trainer: Any) -> None:
+        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        await trainer.save_checkpoint(path)
+        (path / "state.json").write_text(json.dumps({"step": self.step, "version": self.version}))
+
+    async def _evaluate(self, workers: RolloutWorkers) -> dict[str, float]:
+        t0 = time.perf_counter()
+        result = await evaluate(workers, self.eval_tasks, temperature=self.cfg.eval_temperature)
+        rec = {"kind": "eval", "step": self.step, "version": self.version, **result,
+               "eval_s": time.perf_counter() - t0}
+        self.metrics.write(rec)
+        return result
+
+    @contextlib.contextmanager
+    def _publisher(self, trainer: Any, client: Any, file_sync: FileAdapterSync) -> Iterator[Any]:
+        """The weight publisher the config asks for (shared memory with file fallback, or files)."""
+        if self.cfg.pipeline.weight_sync == "file":
+            yield file_sync
+            return
+        from agentrl.sync_shm import SharedMemoryAdapterSync
+
+        # No prefix-cache reset: rollouts salt the cache with the policy version instead.
+        with SharedMemoryAdapterSync(trainer, client, self.cfg.adapter_name, fallback=file_sync, reset="") as shm:
+            yield shm
+
+    async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
+                    t_start: float) -> None:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        rng = random.Random(cfg.seed * 100_003 + self.step)
+        orch = Orchestrator(
+            runner=workers, trainer=trainer, publisher=publisher, engine=client,
+            sample_task=lambda: rng.choice(self.train_tasks),
+            buffer_cfg=buffer_config(cfg.mode, cfg.pipeline, cfg.tasks_per_step),
+            group_size=cfg.group_size, version=self.version, update_mode=cfg.pipeline.update_mode,
+            normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,
+        )
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
+                   unit="step")
+        eval_s = 0.0
+        loop_t0 = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
+        try:
+            async with orch:
+                while self.step < cfg.steps:
+                    if cfg.time_limit_min and time.perf_counter() - t_start > cfg.time_limit_min * 60:
+                        log.info("time limit of %.1f min reached", cfg.time_limit_min)
+                        break
+                    rec = await orch.step()
+                    self.version = orch.version
+                    self.step += 1
+                    wall = time.perf_counter() - t_start
+                    self.metrics.write({"kind": "train", "step": self.step, "version": self.version,
+                                        "mode": cfg.mode, **rec, "wall_s": wall,
+                                        "wall_train_s": time.perf_counter() - loop_t0 - eval_s})
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", wait=f"{rec['wait_s']:.1f}s",
+                                    train=f"{rec['train_s']:.1f}s")
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                        t = time.perf_counter()
+                        await self._evaluate(workers)
+                        eval_s += time.perf_counter() - t
+                    if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                        await self._checkpoint(trainer)
+                    plot_run(self.metrics.path, self.run_dir / "reward_curve.png")
+        finally:
+            bar.close()
+        plot_pipeline(self.metrics.path, self.run_dir / "pipeline.png")

@@ -1,0 +1,308 @@
+"""Orchestrator side of the trainer: launch ``torchrun`` workers and talk to rank 0."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import agentrl
+from agentrl.trainer.batch import TrainSample
+from agentrl.trainer.config import TrainerConfig
+
+
+class TrainerError(RuntimeError):
+    """The trainer failed: an op raised remotely, the process died, or a wait timed out."""
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def count_cores(cores: str) -> int:
+    """Cores in a ``taskset`` list: ``"0-3,6"`` → 5."""
+    n = 0
+    for part in cores.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+class TrainerProcess:
+    """A ``torchrun`` trainer job and the connection to its rank 0.
+
+    ``start``, ``close`` and ``request`` block (each wait bounded by a timeout); the ops ``train``,
+    ``save_adapter``, ``get_adapter_tensors``, ``save_checkpoint`` and ``load_checkpoint`` are coroutines
+    running their blocking ``*_sync`` twins in a thread. Requests are serialised (one in flight at a time).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        run_dir: Path,
+        nproc: int = 1,
+        *,
+        connect_timeout_s: float = 120.0,
+        ready_timeout_s: float = 1800.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.nproc = nproc
+        self.connect_timeout_s = connect_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self.log_path = self.run_dir / "trainer.log"
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    def alive(self) -> bool:
+        """Whether the torchrun process is still running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        """The last ``n`` lines of ``trainer.log``."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no trainer.log)"
+        return "\n".join(lines[-n:])
+
+    def _fail(self, what: str) -> TrainerError:
+        code = None if self.proc is None else self.proc.poll()
+        return TrainerError(f"{what} (exit code {code}); last lines of {self.log_path}:\n{self.log_tail()}")
+
+    def start(self) -> dict[str, Any]:
+        """Launch the workers and wait until rank 0 has connected and built the model; returns its info."""
+        if self.proc is not None:
+            raise TrainerError("trainer already started")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        authkey = os.urandom(16)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = listener.address
+        cfg = self.cfg
+        if Path(cfg.model_path).exists():  # the workers must not depend on a relative path
+            cfg = cfg.model_copy(update={"model_path": str(Path(cfg.model_path).resolve())})
+        cfg_path = self.run_dir / "trainer_config.json"
+        cfg_path.write_text(cfg.model_dump_json(indent=2))
+        repo_root = str(Path(agentrl.__file__).resolve().parent.parent)
+        env = {**os.environ, **self.extra_env}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+        env["AGENTRL_TRAINER_ADDR"] = f"{host}:{port}"
+        env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc_per_node", str(self.nproc), "--master_addr", "127.0.0.1", "--monitor-interval", "0.5",
+            "--master_port", str(_free_port()),
+            "-m", "agentrl.trainer.worker", "--config", str(cfg_path),
+        ]  # fmt: skip
+        if cfg.cpu_cores:  # taskset execs torchrun (same pid); its workers inherit the affinity
+            cmd = ["taskset", "-c", cfg.cpu_cores, *cmd]
+            env["OMP_NUM_THREADS"] = str(max(1, count_cores(cfg.cpu_cores) // self.nproc))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+        (self.run_dir / "trainer.pid").write_text(f"{self.proc.pid}\n")
+        try:
+            self._conn = self._accept(listener, (host, port), authkey)
+            hello = self._recv(self.ready_timeout_s, "waiting for the trainer to load the model")
+        except BaseException:
+            self._kill()
+            raise
+        finally:
+            listener.close()
+        if not hello.get("ok"):
+            self._kill()
+            raise TrainerError(
+                f"trainer initialisation failed: {hello.get('error')}", hello.get("traceback", "")
+            )
+        self.info = hello
+        return hello
+
+    def _accept(self, listener: Listener, address: tuple[str, int], authkey: bytes) -> Connection:
+        """``listener.accept()`` bounded by ``connect_timeout_s`` and by the process staying alive."""
+        box: dict[str, Any] = {}
+
+        def accept() -> None:
+            try:
+                box["conn"] = listener.accept()
+            except Exception as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=accept, name="trainer-accept", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.connect_timeout_s
+        while thread.is_alive() and self.alive and time.monotonic() < deadline:
+            thread.join(0.2)
+        if "conn" in box:
+            return box["conn"]
+        if thread.is_alive():  # unblock accept() with a connection that fails authentication
+            try:
+                Client(address, authkey=os.urandom(16)).close()
+            except Exception:
+                pass
+            thread.join(5.0)
+            if "conn" in box:
+                box["conn"].close()
+        if "error" in box and self.alive:
+            raise TrainerError(f"trainer connection failed: {box['error']!r}")
+        what = "trainer exited before connecting" if not self.alive else "trainer did not connect in time"
+        raise self._fail(f"{what} ({self.connect_timeout_s:.0f}s timeout)")
+
+    def _recv(self, timeout_s: float, what: str) -> dict[str, Any]:
+        assert self._conn is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if self._conn.poll(0.5):
+                    return self._conn.recv()
+            except (EOFError, OSError) as exc:
+                raise self._fail(f"trainer connection lost while {what} ({exc!r})") from exc
+            if not self.alive:
+                raise self._fail(f"trainer exited while {what}")
+            if time.monotonic() > deadline:
+                raise self._fail(f"timed out after {timeout_s:.0f}s {what}")
+
+    def request(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
+        """Send one op and wait for its reply; raises :class:`TrainerError` on a remote error."""
+        with self._lock:
+            if self._conn is None or not self.alive:
+                raise self._fail(f"trainer not running (op {op!r})")
+            req_id = next(self._ids)
+            try:
+                self._conn.send({"op": op, "id": req_id, **kwargs})
+            except (OSError, ValueError) as exc:
+                raise self._fail(f"could not send op {op!r} ({exc!r})") from exc
+            deadline = time.monotonic() + timeout_s
+            while True:
+                reply = self._recv(max(deadline - time.monotonic(), 0.0), f"running op {op!r}")
+                if reply.get("id") == req_id:
+                    break  # replies to earlier, timed-out requests are dropped
+        if not reply.get("ok"):
+            raise TrainerError(f"trainer op {op!r} failed: {reply.get('error')}", reply.get("traceback", ""))
+        return reply
+
+    def close(self, timeout_s: float = 30.0) -> int | None:
+        """Ask the workers to shut down; SIGTERM then SIGKILL the process group if they do not."""
+        if self.proc is None:
+            return None
+        if self.alive and self._conn is not None:
+            try:
+                self.request("shutdown", timeout_s=timeout_s)
+            except TrainerError:
+                pass
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        return self.proc.returncode
+
+    def _kill(self) -> None:
+        """SIGTERM, then SIGKILL, the trainer's process group (its own session)."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> TrainerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- ops (blocking)
+    def train_sync(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> dict[str, Any]:
+        """One ``train`` request: the metrics (loss, grad_norm, clip_frac, is_weight_mean, kl, num_tokens,
+        time_s, version, ...)."""
+        return _payload(self.request("train", timeout_s=timeout_s, samples=list(samples)))
+
+    def save_adapter_sync(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Write the adapter (or full model) directory at ``path``; returns ``path`` and ``bytes``."""
+        return _payload(self.request("save_adapter", timeout_s=timeout_s, path=str(Path(path).resolve())))
+
+    def get_adapter_tensors_sync(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
+        """The trainable tensors (peft key names for LoRA) as CPU tensors."""
+        from safetensors.torch import load
+
+        return load(self.request("get_adapter_tensors", timeout_s=timeout_s)["data"])
+
+    def save_checkpoint_sync(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Sharded checkpoint of trainable params, optimizer, version and RNGs at ``path``."""
+        return _payload(self.request("save_checkpoint", timeout_s=timeout_s, path=str(Path(path).resolve())))
+
+    def load_checkpoint_sync(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Restore a checkpoint written by :meth:`save_checkpoint` (any world size); returns its version."""
+        return _payload(self.request("load_checkpoint", timeout_s=timeout_s, path=str(Path(path).resolve())))
+
+    # ----------------------------------------------------------------- ops (async: the blocking ones in a thread)
+    async def arequest(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`request` in a thread."""
+        return await asyncio.to_thread(self.request, op, timeout_s, **kwargs)
+
+    async def train(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> dict[str, Any]:
+        """:meth:`train_sync` in a thread."""
+        return await asyncio.to_thread(self.train_sync, samples, timeout_s)
+
+    async def save_adapter(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
+        """:meth:`save_adapter_sync` in a thread."""
+        return await asyncio.to_thread(self.save_adapter_sync, path, timeout_s)
+
+    async def get_adapter_tensors(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
+        """:meth:`get_adapter_tensors_sync` in a thread."""
+        return await asyncio.to_thread(self.get_adapter_tensors_sync, timeout_s)
+
+    async def save_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """:meth:`save_checkpoint_sync` in a thread."""
+        return await asyncio.to_thread(self.save_checkpoint_sync, path, timeout_s)
+
+    async def load_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """:meth:`load_checkpoint_sync` in a thread."""
+        return await asyncio.to_thread(self.load_checkpoint_sync, path, timeout_s)
+
+    async def aclose(self, timeout_s: float = 30.0) -> int | None:
+        """:meth:`close` in a thread."""
+        return await asyncio.to_thread(self.close, timeout_s)
+
+
+def _payload(reply: dict[str, Any]) -> dict[str, Any]:
+    """A reply without its protocol fields (``ok``, ``id``)."""
+    return {k: v for k, v in reply.items() if k not in ("ok", "id")}

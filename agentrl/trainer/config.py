@@ -1,0 +1,61 @@
+"""Configuration of the FSDP2 trainer worker."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from agentrl.loss import LossConfig
+
+
+class TrainerConfig(BaseModel):
+    """Everything the trainer worker needs; sent to it as JSON."""
+
+    model_path: str
+    """Local directory (or hub id) of the Hugging Face causal LM to train."""
+    lora: bool = True
+    """Train a LoRA adapter (True) or fine-tune every weight (False)."""
+    lora_rank: int = Field(16, ge=1)
+    """LoRA rank ``r``."""
+    lora_alpha: float = Field(32.0, gt=0.0)
+    """LoRA scaling numerator: the update is scaled by ``lora_alpha / lora_rank``."""
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input (0 keeps the forward deterministic, which the off-policy ratios assume)."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear modules that get LoRA adapters."""
+    lr: float = Field(2e-4, gt=0.0)
+    """AdamW learning rate (2e-4 suits LoRA; full fine-tuning wants ~1e-6)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = Field(1e-8, gt=0.0)
+    """AdamW epsilon."""
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
+    micro_batch_tokens: int = Field(4096, ge=1)
+    """Token budget of one forward/backward: padded ``batch * max_len`` per micro-batch."""
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each ``train`` batch."""
+    num_minibatches: int = Field(1, ge=1)
+    """Optimizer steps per epoch: the batch is split into this many minibatches."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """Policy-loss settings."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of forward/backward; parameters, gradients reduction and optimizer stay float32."""
+    seed: int = 0
+    """Seed for LoRA initialisation (identical on every rank) and the RNGs."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto``: CUDA when available (one GPU per local rank), else CPU with the gloo backend."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in backward to save memory."""
+    attn_implementation: str = "sdpa"
+    """Attention implementation passed to ``from_pretrained`` (``sdpa``, ``eager``, ``flash_attention_2``)."""
+    cpu_cores: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    """CPU only: run the trainer processes on these cores (a ``taskset`` list such as ``"1"`` or ``"2-3"``),
+    with one intra-op thread per core, apart from an inference server pinned elsewhere."""
+    heartbeat_s: float = Field(60.0, gt=0.0)
+    """While idle, rank 0 wakes the other ranks this often so their collectives never hit the timeout."""
+    collective_timeout_s: float = Field(1800.0, gt=0.0)
+    """Timeout of every collective (process-group timeout)."""

@@ -1,0 +1,224 @@
+"""Build the (LoRA) causal LM under FSDP2, and move its state in and out (adapters, checkpoints)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from agentrl.trainer.config import TrainerConfig
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def resolve_device(cfg: TrainerConfig, local_rank: int) -> torch.device:
+    """The device of this rank: ``cuda:<local_rank>`` or ``cpu``."""
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible)")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks: modules whose class the HF model lists in ``_no_split_modules``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise RuntimeError(f"no decoder layers found in {type(base).__name__} (looked for {sorted(names)})")
+    return layers
+
+
+def build_model(cfg: TrainerConfig, mesh: DeviceMesh) -> nn.Module:
+    """Load the model, add LoRA (seeded, so identical on every rank) and shard it with FSDP2."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model_path, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+    )
+    model.config.use_cache = False
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora:
+        from peft import LoraConfig, get_peft_model
+
+        lora_cfg = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
+        torch.manual_seed(cfg.seed)
+        model = get_peft_model(model, lora_cfg)
+    mp = None
+    if cfg.dtype == "bfloat16":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs: dict[str, Any] = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
+    for layer in _decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    model.train()
+    return model
+
+
+def _state_options(cfg: TrainerConfig, full: bool) -> StateDictOptions:
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, ignore_frozen_params=cfg.lora)
+
+
+def gather_trainable(model: nn.Module, cfg: TrainerConfig) -> dict[str, torch.Tensor]:
+    """Collective: the full trainable state on rank 0's CPU (empty on other ranks).
+
+    LoRA: the adapter tensors under peft's file key names (``...q_proj.lora_A.weight``, no adapter
+    name). Full fine-tune: the whole model state dict under the HF key names.
+    """
+    sd = get_model_state_dict(model, options=_state_options(cfg, full=True))
+    if dist.get_rank() != 0:
+        return {}
+    if cfg.lora:
+        from peft import get_peft_model_state_dict
+
+        sd = get_peft_model_state_dict(model, state_dict=sd)
+    return {k: v.detach().contiguous() for k, v in sd.items()}
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Move a finished directory into place (replacing an older one at ``path``)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        path.rename(old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+
+
+def save_adapter(model: nn.Module, cfg: TrainerConfig, path: str | Path) -> int:
+    """Collective: write a vLLM/peft-loadable adapter (LoRA) or a full HF model directory at ``path``.
+
+    Rank 0 writes into a temporary sibling and renames it, so readers never see a half-written
+    directory. Returns the number of bytes written (0 on other ranks).
+    """
+    from safetensors.torch import save_file
+
+    state = gather_trainable(model, cfg)
+    if dist.get_rank() != 0:
+        return 0
+    path = Path(path).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if cfg.lora:
+        peft_cfg = copy.deepcopy(model.peft_config["default"])
+        peft_cfg.inference_mode = True
+        peft_cfg.base_model_name_or_path = cfg.model_path
+        peft_cfg.save_pretrained(str(tmp))
+        save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    else:
+        model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        src = Path(cfg.model_path)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file() and not (tmp / name).exists():
+                shutil.copy2(src / name, tmp / name)
+    size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+    _replace_dir(tmp, path)
+    return size
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, path: str | Path, version: int
+) -> None:
+    """Collective: sharded (DCP) checkpoint of trainable params + optimizer, plus version and RNGs."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    msd, osd = get_state_dict(model, optimizer, options=_state_options(cfg, full=False))
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
+    rank = dist.get_rank()
+    torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        meta = {"version": version, "world_size": dist.get_world_size(), "lora": cfg.lora}
+        (path / "agentrl_meta.json").write_text(json.dumps(meta))
+
+
+def load_checkpoint(
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, path: str | Path
+) -> int:
+    """Collective: restore a :func:`save_checkpoint` directory (any world size); returns its version.
+
+    RNG states are restored only for ranks that exist in the checkpoint.
+    """
+    path = Path(path)
+    meta = json.loads((path / "agentrl_meta.json").read_text())
+    if bool(meta["lora"]) != cfg.lora:
+        raise ValueError(f"checkpoint lora={meta['lora']} does not match this trainer's lora={cfg.lora}")
+    opts = _state_options(cfg, full=False)
+    msd, osd = get_state_dict(model, optimizer, options=opts)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    # Non-strict: frozen (base) weights are not in a LoRA checkpoint; every trainable one must be.
+    loose = StateDictOptions(ignore_frozen_params=cfg.lora, strict=False)
+    result = set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=loose
+    )
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    missing = [k for k in result.missing_keys if k in trainable]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"checkpoint mismatch: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+    rng_file = path / f"rng_rank{dist.get_rank()}.pt"
+    if rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    return int(meta["version"])

@@ -1,0 +1,184 @@
+"""One ``train`` request on one FSDP2 rank: micro-batched forward/backward, global normalisation, step.
+
+Every rank runs the same number of forward/backward passes (ranks with fewer micro-batches run
+zero-loss dummy ones), because each FSDP2 forward and backward is a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from agentrl.loss import policy_loss, token_logprobs
+from agentrl.trainer.batch import TrainSample, collate, micro_batches, shard, split_minibatches
+from agentrl.trainer.config import TrainerConfig
+
+MEAN_METRICS = (
+    "clip_frac",
+    "ratio_mean",
+    "is_weight_mean",
+    "is_capped_frac",
+    "kl",
+    "logp_mean",
+    "behav_logp_diff",
+)
+
+Plan = list[list[TrainSample] | None]
+
+log = logging.getLogger("agentrl.trainer")
+
+
+def _as_sample(s: TrainSample | dict[str, Any]) -> TrainSample:
+    return s if isinstance(s, TrainSample) else TrainSample(**s)
+
+
+class TrainStep:
+    """Holds the policy version and runs ``train`` requests against a sharded model and its optimizer."""
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, device: torch.device
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.cfg = cfg
+        self.device = device
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.version = 0
+        self.pad_id = 0
+        self._dummy = TrainSample([self.pad_id] * 2, [0, 0], [0.0, 0.0], 0.0, [-1, -1])
+
+    def _all_reduce(
+        self, values: Sequence[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+    ) -> list[float]:
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def _plan(self, local: list[TrainSample]) -> Plan:
+        """This rank's micro-batches, padded with ``None`` (dummy) to the largest count of any rank."""
+        groups = micro_batches(local, self.cfg.micro_batch_tokens) if local else []
+        n = int(self._all_reduce([len(groups)], op=dist.ReduceOp.MAX)[0])
+        return [[local[i] for i in g] for g in groups] + [None] * (n - len(groups))
+
+    def _batch(self, group: list[TrainSample] | None) -> dict[str, Tensor]:
+        batch = collate(group if group is not None else [self._dummy], self.pad_id)
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True) -> Tensor:
+        ids = batch["input_ids_B_T"]
+        ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
+        with ctx:
+            out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
+        return token_logprobs(out.logits, ids)
+
+    @torch.no_grad()
+    def _precompute(self, plans: list[Plan], adapter: bool) -> list[list[Tensor]]:
+        """No-grad logprobs of every micro-batch (dropout off), before any update."""
+        self.model.eval()
+        try:
+            return [[self._logprobs(self._batch(g), adapter=adapter) for g in plan] for plan in plans]
+        finally:
+            self.model.train()
+
+    def _clip_grads(self) -> float:
+        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def train(self, samples: Sequence[TrainSample | dict[str, Any]]) -> dict[str, Any]:
+        """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch; returns global metrics."""
+        t0 = time.perf_counter()
+        batch_samples = [_as_sample(s) for s in samples]
+        if not batch_samples:
+            raise ValueError("train: empty batch")
+        if sum(s.num_loss_tokens for s in batch_samples) == 0:
+            raise ValueError("train: the batch has no loss tokens")
+        cfg, lcfg = self.cfg, self.cfg.loss
+        version0 = self.version
+        minibatches = split_minibatches(batch_samples, cfg.num_minibatches)
+        local = [shard(mb, self.rank, self.world) for mb in minibatches]
+        plans = [self._plan(mb) for mb in local]
+        counts = [
+            self._all_reduce([sum(s.num_loss_tokens for s in mb), sum(s.num_loss_tokens > 0 for s in mb)])
+            for mb in local
+        ]
+        log.info(
+            "train: %d samples, local micro-batches %s (dummies %s)",
+            len(batch_samples), [len(p) for p in plans], [sum(g is None for g in p) for p in plans],
+        )  # fmt: skip
+        n_updates = cfg.ppo_epochs * len(minibatches)
+        # With a single update the proximal policy *is* the current one: skip the extra forward.
+        prox = self._precompute(plans, True) if lcfg.is_correction != "none" and n_updates > 1 else None
+        ref = self._precompute(plans, False) if lcfg.kl_coef > 0 else None
+
+        sums = dict.fromkeys((*MEAN_METRICS, "num_tokens", "loss"), 0.0)
+        grad_norms: list[float] = []
+        for _ in range(cfg.ppo_epochs):
+            for k, plan in enumerate(plans):
+                n_tok, n_seq = counts[k]
+                if n_tok == 0:
+                    continue
+                for j, group in enumerate(plan):
+                    batch = self._batch(group)
+                    logp = self._logprobs(batch)
+                    loss, m = policy_loss(
+                        logp,
+                        batch["behav_logprobs_B_T"],
+                        batch["advantages_B"],
+                        batch["loss_mask_B_T"],
+                        lcfg,
+                        prox_logprobs_B_T=None if prox is None else prox[k][j],
+                        ref_logprobs_B_T=None if ref is None else ref[k][j],
+                        num_tokens_global=n_tok,
+                        num_seqs_global=n_seq,
+                    )
+                    # FSDP2 averages gradients over ranks; each rank's loss is already a share of the
+                    # global mean, so scale up to make the reduction a sum.
+                    (loss * self.world).backward()
+                    sums["loss"] += float(loss.detach())
+                    sums["num_tokens"] += m["num_tokens"]
+                    for key in MEAN_METRICS:
+                        sums[key] += m[key] * m["num_tokens"]
+                grad_norms.append(self._clip_grads())
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.version += 1
+        keys = list(sums)
+        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+        n_steps = len(grad_norms)
+        out: dict[str, Any] = {k: total[k] / max(total["num_tokens"], 1.0) for k in MEAN_METRICS}
+        out.update(
+            loss=total["loss"] / max(n_steps, 1),
+            grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            num_tokens=int(sum(c[0] for c in counts)),
+            num_samples=len(batch_samples),
+            num_steps=n_steps,
+            version=self.version,
+            **self._staleness(batch_samples, version0),
+        )
+        out["time_s"] = time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def _staleness(samples: list[TrainSample], version: int) -> dict[str, float]:
+        """How many versions behind the trained policy the loss tokens were generated."""
+        lags = [
+            version - v for s in samples for v, m in zip(s.versions, s.loss_mask, strict=True) if m and v >= 0
+        ]
+        if not lags:
+            return {"staleness_mean": 0.0, "staleness_max": 0.0}
+        return {"staleness_mean": float(np.mean(lags)), "staleness_max": float(max(lags))}

@@ -1,0 +1,135 @@
+"""The trajectory data contract shared by the agent loop, the buffer, the trainer and the env server.
+
+A `Trajectory` holds one episode exactly as the engine saw it:
+
+- ``prompt_ids``: the opening prompt's token ids (system, tools, first user turn, generation prompt);
+- ``completion_ids``: every token after the prompt, in order: model tokens *and* the tool-observation
+  tokens appended between turns. Turn k+1's prompt is always ``prompt_ids + completion_ids[:n]``;
+- ``loss_mask``: 1 on model-generated tokens, 0 on tool/template tokens (one entry per completion token);
+- ``logprobs``: the behaviour policy's logprob of each completion token (0.0 where the mask is 0);
+- ``versions``: the policy version that generated each completion token (-1 where the mask is 0).
+
+Text is never re-tokenized to rebuild a sequence: the ids above are the ids the engine returned.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended."""
+
+    COMPLETED = "completed"
+    """The model answered without a tool call, or a tool ended the episode (e.g. ``submit``)."""
+    MAX_TURNS = "max_turns"
+    """The environment's ``max_turns`` was reached."""
+    MAX_TOKENS = "max_tokens"
+    """A generation was cut by its token budget or the context window."""
+    TIMEOUT = "timeout"
+    """The per-episode wall clock ran out."""
+    PARSE_ERROR = "parse_error"
+    """Too many consecutive malformed tool calls."""
+    ENV_ERROR = "env_error"
+    """The environment raised in ``reset``, a tool, or ``reward``."""
+    INFERENCE_ERROR = "inference_error"
+    """The inference endpoint failed (dead server, repeated HTTP errors)."""
+    ABORTED = "aborted"
+    """The run was shut down while the episode was in flight."""
+
+
+FAILED_STOP_REASONS = frozenset({StopReason.ENV_ERROR, StopReason.INFERENCE_ERROR, StopReason.ABORTED})
+
+
+class ToolCall(BaseModel):
+    """One tool call as parsed from the model's output."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Message(BaseModel):
+    """A chat message, OpenAI-style, kept for humans and logs (never for rebuilding token ids)."""
+
+    role: str
+    content: str = ""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as an OpenAI chat dict (tool call arguments as JSON strings)."""
+        import json
+
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class Timings(BaseModel):
+    """Wall-clock seconds spent in each part of an episode."""
+
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+    sandbox_s: float = 0.0
+    reward_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Trajectory(BaseModel):
+    """One episode: token data for training plus structured turns for humans."""
+
+    task_id: str
+    env: str
+    group_id: str = ""
+    """Rollouts of the same task in the same step share a group id (GRPO groups)."""
+    prompt_ids: list[int] = Field(default_factory=list)
+    completion_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    versions: list[int] = Field(default_factory=list)
+    messages: list[Message] = Field(default_factory=list)
+    reward: float = 0.0
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Extra per-episode scalars (partial credit, reward components); never used as the reward."""
+    stop_reason: StopReason = StopReason.COMPLETED
+    error: str | None = None
+    """For failed episodes: ``ErrorType: message``."""
+    num_turns: int = 0
+    num_tool_calls: int = 0
+    num_malformed_tool_calls: int = 0
+    timings: Timings = Field(default_factory=Timings)
+    routed_experts: list[Any] | None = None
+    """Expert-routing records from the engine, per generated token, for MoE routing replay."""
+
+    @property
+    def failed(self) -> bool:
+        """True if the episode ended because something broke (not because the model did badly)."""
+        return self.stop_reason in FAILED_STOP_REASONS
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def check(self) -> None:
+        """Raise ValueError if the per-token fields disagree in length."""
+        n = len(self.completion_ids)
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")

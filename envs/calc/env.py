@@ -1,0 +1,98 @@
+"""`CalcEnv`: arithmetic word problems solved with a ``calculate`` tool.
+
+An episode: the model reads a word problem, calls ``calculate`` with an expression, reads the result and
+answers with the number. The reward is 1.0 when the last number of the final answer is correct.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from agentrl.environment import Environment, Task, ToolError, tool
+from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
+from agentrl.envs.calc.tasks import make_tasks
+from agentrl.types import Message
+
+SPLIT_SIZES = {"train": 2000, "test": 200}
+SPLIT_SEEDS = {"train": 0, "test": 1}
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+@functools.cache
+def _cached_tasks(split: str) -> tuple[dict[str, Any], ...]:
+    return tuple(make_tasks(split, SPLIT_SIZES[split], seed=SPLIT_SEEDS[split]))
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in ``text`` (commas as thousands separators allowed), or None."""
+    found = _NUMBER.findall(text or "")
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _field(message: Message | dict[str, Any], key: str) -> Any:
+    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
+
+
+def _call_names(message: Message | dict[str, Any]) -> list[str]:
+    names = []
+    for call in _field(message, "tool_calls") or []:
+        if isinstance(call, dict):
+            names.append(call.get("name") or (call.get("function") or {}).get("name"))
+        else:
+            names.append(getattr(call, "name", None))
+    return [n for n in names if n]
+
+
+class CalcEnv(Environment):
+    """Arithmetic word problems with a safe calculator tool (2000 train / 200 test tasks)."""
+
+    name: ClassVar[str] = "calc"
+    system_prompt: ClassVar[str | None] = (
+        "You are a careful assistant. Use the calculate tool, then answer with the number."
+    )
+    max_turns: ClassVar[int] = 4
+    max_tokens_per_turn: ClassVar[int] = 64
+    episode_timeout_s: ClassVar[float] = 30.0
+    tool_timeout_s: ClassVar[float] = 5.0
+
+    @classmethod
+    def tasks(cls, split: str = "train") -> Sequence[Task]:
+        """The built-in problems of ``split`` ("train": 2000, "test": 200), generated once and cached."""
+        if split not in SPLIT_SIZES:
+            raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
+        return [dict(t) for t in _cached_tasks(split)]
+
+    async def reset(self, task: Task) -> str:
+        self.task = task
+        return str(task["question"])
+
+    @tool
+    def calculate(self, expression: str) -> str:
+        """Evaluate an arithmetic expression and return the result.
+
+        Args:
+            expression: numbers with + - * / and parentheses, e.g. "23 + 3 * 12".
+        """
+        try:
+            return format_number(safe_eval(expression))
+        except CalcError as e:
+            raise ToolError(str(e)) from None
+
+    async def reward(self, messages: list[Message]) -> dict[str, float]:
+        """1.0 if the last assistant message has no tool call and ends with the right number; else 0.0."""
+        used_tool = any("calculate" in _call_names(m) for m in messages if _field(m, "role") == "assistant")
+        assistant = [m for m in messages if _field(m, "role") == "assistant"]
+        correct = False
+        if assistant and not _field(assistant[-1], "tool_calls"):
+            value = last_number(_field(assistant[-1], "content") or "")
+            correct = value is not None and value == float(self.task["answer"])
+        return {"reward": 1.0 if correct else 0.0, "used_tool": 1.0 if used_tool else 0.0}

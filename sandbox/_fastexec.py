@@ -1,0 +1,144 @@
+"""Fast exec path: one long-lived helper process per sandbox that runs commands on request.
+
+A ``docker exec`` costs one ``runc exec`` (tens of milliseconds, more on a loaded host); the helper forks
+the same ``timeout ... sh -c CMD`` argv in a few milliseconds. It runs as the sandbox user (no extra
+privilege: it is as untrusted as the commands), speaks over the exec's attached stdin/stdout, and is
+simply replaced when it dies (a command may kill it; a timeout's reaper does). Replies are parsed with
+size bounds, so a tampered helper can garble only its own sandbox's results.
+
+Requests: one JSON line ``{"argv": [...], "cwd": str, "env": {...}}``. Replies: frames of
+``kind (1 byte) + big-endian length (4 bytes) + payload``: ``h`` hello, ``o`` output, ``x`` exit status
+(``-11``: the command could not be spawned, EAGAIN: the sandbox is at its pids limit).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+from ._stream import Sink, _hijack
+from ._util import FrameParser
+
+SERVER_SRC = r"""
+import errno, json, os, select, struct, subprocess, sys
+out = sys.stdout.buffer
+def send(kind, data):
+    out.write(struct.pack(">cI", kind, len(data)) + data); out.flush()
+send(b"h", b"")
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    env = dict(os.environ); env.update(req.get("env") or {})
+    try:
+        p = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, cwd=req.get("cwd") or None, env=env)
+    except OSError as e:
+        send(b"o", (str(e) + "\n").encode())
+        send(b"x", b"-11" if e.errno == errno.EAGAIN else b"127"); continue
+    fd = p.stdout.fileno()
+    while True:
+        if select.select([fd], [], [], 0.05)[0]:
+            d = os.read(fd, 65536)
+            if not d:
+                break
+            send(b"o", d)
+        elif p.poll() is not None:
+            break  # exited; background processes may hold the pipe: stop reading after 50 ms of silence
+    p.stdout.close()
+    send(b"x", str(p.wait()).encode())
+"""
+MAX_FRAME = 1 << 20
+SPAWN_EAGAIN = -11
+
+
+class HelperBroken(RuntimeError):
+    """The helper died or sent garbage (the caller restarts it)."""
+
+
+class ExecHelper:
+    """Host side of the helper (blocking; call from a worker thread). One request at a time."""
+
+    def __init__(self, api: Any, container_id: str, user: str, start_timeout_s: float = 10) -> None:
+        self.lock = threading.Lock()
+        self.alive = False
+        ex = api.exec_create(container_id, ["python3", "-I", "-S", "-u", "-c", SERVER_SRC], stdin=True,
+                             stdout=True, stderr=True, tty=False, user=user, workdir="/")
+        self._res, self._sock, pre = _hijack(api, ex["Id"])
+        self._frames = FrameParser()
+        self._buf = bytearray()
+        self._pending = pre
+        kind, _ = self._next(time.monotonic() + start_timeout_s)
+        if kind != b"h":
+            raise HelperBroken(f"unexpected hello {kind!r}")
+        self.alive = True
+
+    def _next(self, deadline: float) -> tuple[bytes, bytes]:
+        """Next reply frame; raises TimeoutError at ``deadline``, HelperBroken on EOF/garbage."""
+        while True:
+            if len(self._buf) >= 5:
+                kind, size = struct.unpack(">cI", self._buf[:5])
+                if kind not in (b"h", b"o", b"x") or size > MAX_FRAME:
+                    raise HelperBroken(f"bad frame from helper ({kind!r}, {size})")
+                if len(self._buf) >= 5 + size:
+                    payload = bytes(self._buf[5 : 5 + size])
+                    del self._buf[: 5 + size]
+                    return kind, payload
+            data, self._pending = self._pending, b""
+            if not data:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                self._sock.settimeout(remaining)
+                try:
+                    data = self._sock.recv(1 << 16)
+                except (TimeoutError, BlockingIOError):
+                    raise TimeoutError from None
+                except OSError as e:
+                    raise HelperBroken(str(e)) from e
+                if not data:
+                    raise HelperBroken("helper exited")
+            for stream, payload in self._frames.feed(data):
+                if stream == 1:
+                    self._buf += payload
+                if len(self._buf) > 2 * MAX_FRAME:
+                    raise HelperBroken("helper output not framed")
+
+    def run(self, argv: list[str], cwd: str, env: dict[str, str] | None, deadline_s: float,
+            sink: Sink) -> tuple[int | None, bool]:
+        """Run ``argv``; returns ``(exit_code, host_gave_up)``. Raises HelperBroken if the helper failed
+        before anything was sent (safe to retry elsewhere); a helper dying mid-command reads as exit 137."""
+        deadline = time.monotonic() + deadline_s
+        line = json.dumps({"argv": argv, "cwd": cwd, "env": env or {}}).encode() + b"\n"
+        try:
+            self._sock.sendall(line)
+        except OSError as e:
+            self.close()
+            raise HelperBroken(str(e)) from e
+        try:
+            while True:
+                kind, payload = self._next(deadline)
+                if kind == b"o":
+                    sink(1, payload)
+                elif kind == b"x":
+                    return int(payload.decode() or "-1"), False
+        except TimeoutError:
+            self.close()
+            return None, True
+        except (HelperBroken, ValueError):
+            self.close()  # killed by the command itself (e.g. kill -9 -1) or tampered with
+            return 137, False
+
+    def close(self) -> None:
+        """Drop the connection (the helper exits on EOF)."""
+        self.alive = False
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._sock.close()
+        finally:
+            self._res.close()

@@ -1,0 +1,295 @@
+"""One Docker container as a sandbox for tool calls: ``async with DockerSandbox() as sb: await sb.exec("ls")``.
+
+Blocking SDK calls run in worker threads; each sandbox is meant for ONE episode and is destroyed on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import posixpath
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ._engine import (
+    SandboxError,
+    SandboxUnavailable,
+    docker_host,
+    is_connection_error,
+    make_client,
+    retry,
+    to_thread,
+)
+from ._fastexec import SPAWN_EAGAIN, ExecHelper, HelperBroken
+from ._stream import run_exec
+from ._util import (
+    REAP_SCRIPT,
+    OutputBuffer,
+    build_labels,
+    container_kwargs,
+    dir_tar,
+    file_tar,
+    read_file_command,
+    workspace_relpath,
+    wrap_command,
+)
+from .config import ExecResult, SandboxConfig, default_owner
+
+__all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
+log = logging.getLogger("agentrl.sandbox")
+
+
+class DockerSandbox:
+    """A started container with bounded ``exec``, file transfer and guaranteed removal on ``close``."""
+
+    def __init__(self, config: SandboxConfig | None = None, *, client: Any = None) -> None:
+        self.config = config or SandboxConfig()
+        self._client = client
+        self._own_client = client is None
+        self.id = ""
+        self.labels: dict[str, str] = {}
+        self.image = ""
+        self.started_at = 0.0
+        self._closed = False
+        self._helper: ExecHelper | None = None
+        self._helper_failures = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> DockerSandbox:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> DockerSandbox:
+        """Create and start the container (retrying transient engine errors)."""
+        await to_thread(self._start_sync)
+        return self
+
+    def _start_sync(self) -> None:
+        cfg = self.config
+        if self._client is None:
+            self._client = make_client(cfg.docker_host, cfg.api_timeout_s)
+        if not cfg.image:
+            from .image import build_image
+
+            self.image = build_image(client=self._client)
+        else:
+            self.image = cfg.image
+        self.labels = build_labels(cfg.owner or default_owner(), cfg.lifetime_s, extra=cfg.labels)
+        kwargs = container_kwargs(cfg, self.image, self.labels)
+        try:
+            container = retry(lambda: self._client.containers.create(**kwargs), cfg.retries, cfg.backoff_s, "create")
+            self.id = container.id
+            retry(container.start, cfg.retries, cfg.backoff_s, "start")
+        except Exception as e:
+            if self.id:
+                self._remove_sync()
+            if is_connection_error(e):
+                raise SandboxUnavailable(f"no Docker engine reachable at {docker_host(cfg.docker_host)}: "
+                                         f"start one with sandbox/provision.sh or set DOCKER_HOST ({e})") from e
+            raise SandboxError(f"could not start a sandbox from {self.image}: {e}") from e
+        self.started_at = time.time()
+        if cfg.fast_exec:  # start the helper now (off the critical path when pooled)
+            helper = self._helper_for_exec()
+            if helper is not None:
+                helper.lock.release()
+
+    async def close(self) -> None:
+        """Remove the container and its workspace volume (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._helper is not None:
+            self._helper.close()
+        await to_thread(self._remove_sync)
+
+    def _remove_sync(self) -> None:
+        import docker.errors
+
+        if self.id:
+            cfg = self.config
+            try:
+                retry(lambda: self._client.api.remove_container(self.id, force=True, v=True),
+                      cfg.retries, cfg.backoff_s, "remove")
+            except docker.errors.NotFound:
+                pass
+            except Exception as e:  # gc removes it later (labels)
+                log.warning("could not remove sandbox %s: %s", self.id[:12], e)
+        if self._own_client and self._client is not None:
+            self._client.close()
+
+    @property
+    def expires_at(self) -> float:
+        """Unix time at which the container stops by itself."""
+        return float(self.labels.get("agentrl.expires", 0))
+
+    # -- commands ----------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if not self.id or self._closed:
+            raise SandboxError("sandbox is not running (not started, or closed)")
+
+    def _helper_for_exec(self) -> ExecHelper | None:
+        """The fast-exec helper, (re)started if needed, locked for the caller; None: use docker exec."""
+        if not self.config.fast_exec or self._helper_failures >= 3:
+            return None
+        helper = self._helper
+        if helper is None or not helper.alive:
+            try:
+                helper = self._helper = ExecHelper(self._client.api, self.id, self.config.user)
+            except Exception as e:
+                self._helper_failures += 1
+                log.info("sandbox %s: fast exec unavailable (%s); using docker exec", self.id[:12], e)
+                return None
+        return helper if helper.lock.acquire(blocking=False) else None  # busy: a concurrent exec
+
+    def _run_sync(self, argv: list[str], deadline_s: float, sink: Any, workdir: str, env: dict[str, str] | None,
+                  holder: list[Any]) -> tuple[int | None, bool]:
+        helper = self._helper_for_exec()
+        if helper is not None:
+            holder.append(helper)
+            try:
+                return helper.run(argv, workdir, env, deadline_s, sink)
+            except HelperBroken:
+                pass  # nothing was sent: fall back to docker exec
+            finally:
+                helper.lock.release()
+        return run_exec(self._client.api, self.id, argv, user=self.config.user, workdir=workdir, env=env,
+                        deadline_s=deadline_s, sink=sink, on_socket=holder.append)
+
+    async def _run(self, argv: list[str], deadline_s: float, sink: Any, workdir: str | None = None,
+                   env: dict[str, str] | None = None) -> tuple[int | None, bool]:
+        self._check()
+        holder: list[Any] = []
+        try:
+            return await to_thread(self._run_sync, argv, deadline_s, sink, workdir or self.config.workspace,
+                                   env, holder)
+        except asyncio.CancelledError:
+            for h in holder:  # unblock the worker thread, then kill what the command left
+                with contextlib.suppress(OSError):
+                    h.close() if isinstance(h, ExecHelper) else h.shutdown(socket.SHUT_RDWR)
+            await asyncio.shield(self._reap())
+            raise
+        except Exception as e:
+            raise SandboxError(f"exec in sandbox {self.id[:12]} failed: {e}") from e
+
+    async def exec(self, cmd: str, timeout: float | None = None, workdir: str | None = None,
+                   env: dict[str, str] | None = None) -> ExecResult:
+        """Run ``cmd`` with ``sh -c`` under ``timeout``; output (stdout+stderr) is bounded.
+
+        On timeout every process of the sandbox user is killed (including ones that escaped with
+        ``setsid``/``nohup``), so a later exec sees none of them. The same happens, followed by one
+        retry, when the command cannot even be spawned because the pids limit is exhausted.
+        """
+        cfg = self.config
+        t = cfg.default_timeout_s if timeout is None else float(timeout)
+        argv = wrap_command(cmd, t, cfg.kill_after_s)
+        buf = OutputBuffer(cfg.max_output_bytes)
+        t0 = time.monotonic()
+        code, host_gave_up = await self._run(argv, t + cfg.kill_after_s + cfg.host_grace_s,
+                                             lambda _s, p: buf.add(p), workdir, env)
+        if code == SPAWN_EAGAIN or (code == 125 and b"timeout: fork system call failed" in buf.getvalue()):
+            # at the pids limit (e.g. a fork bomb still running): reset, retry once
+            log.warning("sandbox %s is at its pids limit: killing its processes", self.id[:12])
+            await self._reap()
+            buf = OutputBuffer(cfg.max_output_bytes)
+            code, host_gave_up = await self._run(argv, t + cfg.kill_after_s + cfg.host_grace_s,
+                                                 lambda _s, p: buf.add(p), workdir, env)
+            code = 126 if code == SPAWN_EAGAIN else code
+        duration = time.monotonic() - t0
+        timed_out = host_gave_up or (code in (124, 137) and duration >= t * 0.98)
+        if timed_out:
+            await self._reap()
+        return ExecResult(exit_code=-1 if code is None else code, output=buf.getvalue().decode("utf-8", "replace"),
+                          timed_out=timed_out, duration=duration, truncated=buf.truncated)
+
+    async def reset(self) -> None:
+        """Kill every process of the sandbox user (what a timeout does); files are kept."""
+        self._check()
+        await self._reap()
+
+    async def _reap(self) -> None:
+        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid).
+        Retried: right after a fork bomb the pids limit may refuse the reaper's own exec."""
+        if self._helper is not None:
+            self._helper.close()  # the reaper kills it anyway; the next exec starts a fresh one
+        for attempt in range(4):
+            try:
+                code, _ = await to_thread(run_exec, self._client.api, self.id, ["sh", "-c", REAP_SCRIPT],
+                                          user=self.config.user, workdir="/", env=None, deadline_s=10,
+                                          sink=lambda _s, _p: None)
+                if code == 0:
+                    return
+            except Exception as e:
+                log.warning("reaping sandbox %s failed: %s", self.id[:12], e)
+            await asyncio.sleep(0.2 * 2**attempt)
+
+    # -- files -------------------------------------------------------------------------------------
+    async def read_file(self, path: str) -> bytes:
+        """Contents of ``path`` (absolute, or relative to the workspace), read as the sandbox user.
+
+        Raises FileNotFoundError when it cannot be read, ValueError beyond ``max_file_bytes``.
+        """
+        cfg = self.config
+        full = posixpath.join(cfg.workspace, path)
+        out, err = bytearray(), OutputBuffer(4096)
+
+        def sink(stream: int, payload: bytes) -> None:
+            if stream == 1:
+                out.extend(payload)
+            else:
+                err.add(payload)
+
+        code, gave_up = await self._run(read_file_command(full, cfg.max_file_bytes), cfg.api_timeout_s, sink)
+        if gave_up or code != 0:
+            raise FileNotFoundError(f"{full}: {err.getvalue().decode('utf-8', 'replace').strip() or 'unreadable'}")
+        if len(out) > cfg.max_file_bytes:
+            raise ValueError(f"{full} is larger than max_file_bytes={cfg.max_file_bytes}")
+        return bytes(out)
+
+    async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
+        """Write ``content`` to ``path`` inside the workspace (parents created), owned by the sandbox user."""
+        self._check()
+        cfg = self.config
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        if len(data) > cfg.max_file_bytes:
+            raise ValueError(f"{len(data)} bytes exceed max_file_bytes={cfg.max_file_bytes}")
+        rel = workspace_relpath(cfg.workspace, path)
+        if rel == ".":
+            raise ValueError("path names the workspace itself")
+        tar = file_tar(rel, data, *cfg.uid_gid, mode=mode & 0o777)
+        await to_thread(self._put, tar)
+
+    async def upload(self, local_dir: str | Path, remote_dir: str = ".") -> int:
+        """Copy the contents of ``local_dir`` into ``remote_dir`` (inside the workspace); returns bytes sent."""
+        self._check()
+        cfg = self.config
+        rel = workspace_relpath(cfg.workspace, remote_dir)
+
+        def go() -> int:
+            with tempfile.SpooledTemporaryFile(max_size=8 << 20) as f:
+                n = dir_tar(local_dir, rel, *cfg.uid_gid, out=f, max_bytes=cfg.max_upload_bytes)
+                self._put(f)
+                return n
+
+        return await to_thread(go)
+
+    def _put(self, data: Any) -> None:
+        cfg = self.config
+
+        def put() -> None:
+            if hasattr(data, "seek"):
+                data.seek(0)
+            if not self._client.api.put_archive(self.id, cfg.workspace, data):
+                raise SandboxError("put_archive was refused")
+
+        try:
+            retry(put, cfg.retries, cfg.backoff_s, "put_archive")
+        except SandboxError:
+            raise
+        except Exception as e:
+            raise SandboxError(f"writing into sandbox {self.id[:12]} failed: {e}") from e

@@ -1,0 +1,40 @@
+"""Session fixtures for integration tests: the embedded tiny model and ONE vLLM server for the whole session."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The embedded tiny model (warmed up on calc), built on demand into the default directory and reused
+    by later sessions and by ``make train`` (the build is a no-op when it is up to date)."""
+    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+
+    return build_tiny_model(Path(__file__).resolve().parents[2] / DEFAULT_TINY_DIR, progress=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One vLLM server (LoRA enabled, dev RL routes, token-in/token-out route) shared by the session."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.inference.server import VLLMServer, VLLMServerConfig
+
+    cfg = VLLMServerConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, enable_lora=True,
+                           max_lora_rank=16, max_loras=4, startup_timeout_s=300)
+    server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
+    server.start()
+    log.info("vLLM server %s ready in %.1fs", server.url, server.startup_s or -1)
+    try:
+        yield server
+    finally:
+        server.stop()

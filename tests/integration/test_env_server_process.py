@@ -1,0 +1,115 @@
+"""The environment server as a real process: load on loopback (calc, and sandbox-backed sessions), and
+``kill -9`` mid-session: clients get clear errors, and the next start removes the crashed server's
+containers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.bench.env_server import ServerProcess, containers_of_pid, run_load
+from agentrl.remote import RemoteEnvError, RemoteEnvironment
+from tests.conftest import require
+
+pytestmark = pytest.mark.integration
+
+SHELL = "agentrl.bench.shell_env:ShellEnv"
+
+
+@pytest.fixture(scope="module")
+def sandbox_image() -> str:
+    from agentrl.sandbox import build_image, engine_reachable
+
+    ok, why = engine_reachable()
+    require(ok, f'no Docker engine reachable ({why}); run `eval "$(sandbox/provision.sh)"`')
+    return build_image()
+
+
+def _limits(sessions: int) -> list[str]:
+    return ["--max-sessions", str(2 * sessions), "--max-sessions-per-client", str(2 * sessions)]
+
+
+async def test_load_64_calc_sessions_without_errors(tmp_path: Path) -> None:
+    with ServerProcess(["calc"], extra=_limits(64), log_path=tmp_path / "server.log") as server:
+        load = await run_load(server.url, server.token, env="calc", sessions=64, duration_s=10)
+        exit_code = server.stop()
+    summary = load.summary()
+    print("env-server load (calc, 64 sessions, 10 s):", json.dumps(summary))
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["episodes"] >= 64 and summary["steps"] >= 3 * summary["episodes"]
+    assert exit_code == 0, server.log_tail()
+
+
+async def test_load_sandboxed_sessions_leave_no_container(sandbox_image: str, tmp_path: Path) -> None:
+    with ServerProcess([SHELL], extra=_limits(16), log_path=tmp_path / "server.log") as server:
+        load = await run_load(server.url, server.token, env="shell", sessions=16, duration_s=10)
+        assert server.stop() == 0, server.log_tail()
+    summary = load.summary()
+    print("env-server load (sandboxed shell, 16 sessions, 10 s):", json.dumps(summary))
+    assert summary["errors"] == 0, summary["error_samples"]
+    assert summary["episodes"] >= 16
+    assert containers_of_pid(server.pid) == [], "every session's sandbox must be removed"
+
+
+async def test_kill_9_mid_session_gives_clear_errors(tmp_path: Path) -> None:
+    first = ServerProcess(["calc"], log_path=tmp_path / "first.log").start()
+    second = None
+    try:
+        remote = RemoteEnvironment.bind(first.url, first.token, env="calc", max_retries=1)
+        env = remote()
+        await env.reset(remote.tasks("test")[0])
+        assert await env.call_tool("calculate", {"expression": "6 * 7"}) == "42"
+        first.kill()
+        with pytest.raises(
+            RemoteEnvError,
+            match=r"failed POST /v1/sessions/\w+/step after 2 attempts.*"
+            r"is it running and reachable",
+        ):
+            await env.call_tool("calculate", {"expression": "1 + 1"})
+        second = ServerProcess(["calc"], token=first.token, log_path=tmp_path / "second.log").start()
+        stale = RemoteEnvironment(second.url, first.token, env="calc", max_retries=1)
+        stale.session_id = env.session_id  # the old session, asked of the restarted server
+        with pytest.raises(RemoteEnvError, match=r"HTTP 404: unknown session .*server restarted"):
+            await stale.call_tool("calculate", {"expression": "1 + 1"})
+        stale.session_id = None
+        await env.close()  # the dead server: logged, not raised
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+
+
+async def test_restart_after_kill_9_removes_the_crashed_servers_containers(
+    sandbox_image: str, tmp_path: Path
+) -> None:
+    first = ServerProcess([SHELL], log_path=tmp_path / "first.log").start()
+    second = None
+    try:
+        remote = RemoteEnvironment.bind(first.url, first.token, env="shell", max_retries=1)
+        envs = [remote(), remote()]
+        for env in envs:
+            await env.reset(remote.tasks("test")[0])
+            assert (await env.call_tool("run", {"command": "echo hi > a.txt && cat a.txt"})).endswith("hi\n")
+        left = containers_of_pid(first.pid)
+        assert len(left) == 2, "one sandbox per session"
+        first.kill()
+        with pytest.raises(RemoteEnvError, match="is it running and reachable"):
+            await envs[0].call_tool("run", {"command": "true"})
+        assert sorted(containers_of_pid(first.pid)) == sorted(left), "a crash leaves its containers behind"
+
+        second = ServerProcess([SHELL], log_path=tmp_path / "second.log").start()
+        assert containers_of_pid(first.pid) == [], "the next start must remove a dead server's containers"
+        # A graceful stop with a session still open removes that session's sandbox too.
+        other = RemoteEnvironment.bind(second.url, second.token, env="shell", max_retries=1)()
+        await other.reset({"id": "x", "file": "x.txt", "content": "x"})
+        assert len(containers_of_pid(second.pid)) == 1
+        assert second.stop() == 0, second.log_tail()
+        assert containers_of_pid(second.pid) == []
+        for env in [*envs, other]:
+            await env.close()
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()

@@ -1,0 +1,146 @@
+"""Attacks from inside a sandbox: each must be contained, and the sandbox must stay usable (`echo ok`).
+Finally: no container survives ``gc``, including those of a driver killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentrl.sandbox import DockerSandbox, SandboxConfig, build_image, engine_reachable, gc
+from tests.conftest import require
+
+pytestmark = pytest.mark.integration
+OWNER = f"attack-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    ok, why = engine_reachable()
+    require(ok, f"no Docker engine reachable ({why}); run `eval \"$(sandbox/provision.sh)\"`")
+    return build_image()
+
+
+@pytest.fixture
+async def sb(image: str) -> AsyncIterator[DockerSandbox]:
+    async with DockerSandbox(SandboxConfig(image=image, owner=OWNER, mem_mb=256)) as box:
+        yield box
+        ok = await box.exec("echo ok", timeout=10)
+        assert ok.output == "ok\n", f"sandbox unusable after the attack: {ok}"
+
+
+def _host_ip() -> str:
+    out = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    return out[0] if out else "172.17.0.1"
+
+
+async def test_network_egress_and_dns_fail(sb: DockerSandbox) -> None:
+    for target in ("1.1.1.1", "8.8.8.8", _host_ip(), "172.17.0.1"):
+        r = await sb.exec(f"python3 -c \"import socket; socket.create_connection(('{target}', 80), timeout=3)\"")
+        assert r.exit_code != 0 and "Network is unreachable" in r.output, (target, r)
+    r = await sb.exec("getent hosts example.com || python3 -c \"import socket; socket.getaddrinfo('deb.debian.org', 80)\"")
+    assert r.exit_code != 0
+    r = await sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+    assert r.output.split() == ["lo"]
+    r = await sb.exec("curl -sS --max-time 3 http://1.1.1.1 || wget -q -T 3 -O- http://1.1.1.1")
+    assert r.exit_code != 0  # not installed, and no route anyway
+
+
+async def test_writes_outside_workspace_fail(sb: DockerSandbox) -> None:
+    for path in ("/etc/evil", "/usr/bin/evil", "/evil", "/home/agent/.bashrc", "/var/tmp/x"):
+        r = await sb.exec(f"echo pwned > {path}")
+        assert r.exit_code != 0 and "Read-only file system" in r.output, (path, r)
+    assert (await sb.exec("echo fine > /workspace/f && echo fine > /tmp/f")).ok
+    r = await sb.exec("head -c 300M /dev/zero > /tmp/fill")  # tmpfs size caps (128 MiB)
+    assert r.exit_code != 0 and "No space left" in r.output
+    assert (await sb.exec("test ! -e /var/run/docker.sock && test ! -e /run/docker.sock")).ok
+
+
+@pytest.mark.parametrize("tail", ["exec sleep 30", "exit 2"], ids=["times-out", "returns"])
+async def test_fork_bomb_is_contained(sb: DockerSandbox, tail: str) -> None:
+    t0 = time.monotonic()
+    r = await sb.exec(f"(bomb() {{ bomb | bomb & }}; bomb); {tail}", timeout=4)
+    assert time.monotonic() - t0 < 20 and (r.timed_out or r.exit_code == 2), r
+    for _ in range(3):  # a bomb still running: the first spawn failure resets the sandbox
+        if (await sb.exec("echo ok")).ok:
+            break
+    n = await sb.exec("ps -u 1000 -o pid= | wc -l")
+    assert n.exit_code == 0 and int(n.output) <= sb.config.pids_limit, n  # contained by the pids limit
+    await sb.reset()  # a bomb that outlived its command (the "returns" case) is stopped on demand
+    n = await sb.exec("ps -u 1000 -o pid= | wc -l")
+    assert n.exit_code == 0 and int(n.output) < 10, n
+
+
+async def test_memory_bomb_is_oom_killed(sb: DockerSandbox) -> None:
+    r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(2048)]; print('survived')\"", timeout=60)
+    assert r.exit_code == 137 and not r.timed_out and "survived" not in r.output, r
+    assert (await sb.exec("python3 -c \"a = bytearray(64 << 20); print(len(a))\"")).output == f"{64 << 20}\n"
+
+
+async def test_processes_outliving_timeout_are_killed(sb: DockerSandbox) -> None:
+    r = await sb.exec("nohup sleep 2001 >/dev/null 2>&1 & setsid sleep 2002 & "
+                      "setsid sh -c 'env -i sleep 2003 &' ; sleep 60", timeout=1)
+    assert r.timed_out
+    ps = await sb.exec("ps -eo user:12,args")
+    assert "sleep 20" not in ps.output, ps.output
+
+
+async def test_privilege_escalation_fails(sb: DockerSandbox) -> None:
+    status = (await sb.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")).output
+    assert "CapEff:\t0000000000000000" in status and "CapBnd:\t0000000000000000" in status
+    assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
+    attacks = [
+        "echo x | su -c id root",
+        "sudo id",
+        "mount -t tmpfs none /mnt",
+        "unshare -r id",
+        "unshare -m id",
+        "python3 -c 'import os; os.setuid(0)'",
+        "cp /bin/sh /tmp/sh && chmod u+s /tmp/sh && /tmp/sh -c 'test $(id -u) = 0'",
+        "chown root /workspace",
+        "find / -xdev -perm -4000 -type f 2>/dev/null | grep .",
+        "kill -9 1",
+        "pkill -9 -u 1001 sleep",
+        "test -w /proc/sys/kernel/hostname && echo x > /proc/sys/kernel/hostname",
+    ]
+    for cmd in attacks:
+        r = await sb.exec(cmd, timeout=10)
+        assert r.exit_code != 0, (cmd, r)
+    assert (await sb.exec("id -u")).output == "1000\n"
+
+
+def test_no_container_survives_gc(image: str, tmp_path) -> None:
+    """A driver killed with SIGKILL leaves containers behind; gc removes them (and the attack set's)."""
+    driver_owner = f"killed-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import asyncio, sys, time\n"
+        "from agentrl.sandbox import DockerSandbox, SandboxConfig\n"
+        "async def main():\n"
+        f"    boxes = [await DockerSandbox(SandboxConfig(image={image!r}, owner={driver_owner!r})).start()"
+        " for _ in range(2)]\n"
+        "    print(' '.join(b.id for b in boxes), flush=True)\n"
+        "    time.sleep(600)\n"
+        "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        ids = proc.stdout.readline().split()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert len(ids) == 2
+    removed = gc()  # default: dead drivers (this host) and expired sandboxes
+    assert set(ids) <= set(removed)
+    gc(owner=OWNER)
+    import docker
+
+    client = docker.from_env(timeout=30)
+    for o in (OWNER, driver_owner):
+        assert client.api.containers(all=True, filters={"label": f"agentrl.owner={o}"}) == []

@@ -1,0 +1,197 @@
+"""The FSDP2 trainer under real torchrun on a tiny random Qwen2: 1 vs 2 ranks, learning, adapters, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.trainer.batch import TrainSample
+from agentrl.trainer.client import TrainerError, TrainerProcess
+from agentrl.trainer.config import TrainerConfig
+from tests.conftest import require
+
+pytestmark = pytest.mark.integration
+
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen2 saved as a HF directory (plus a tokenizer file to be copied on full save)."""
+    transformers = pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    config = transformers.Qwen2Config(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, head_dim=64,
+        intermediate_size=256, vocab_size=300, max_position_embeddings=256, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(123)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(path)
+    (path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    return path
+
+
+def make_batch() -> list[TrainSample]:
+    """Five off-policy samples of different lengths (unequal micro-batch counts on 2 ranks)."""
+    rng = random.Random(0)
+    out = []
+    for i in range(5):
+        n, prompt = 12 + 3 * i, 5
+        mask = [0] * prompt + [1] * (n - prompt)
+        out.append(
+            TrainSample(
+                input_ids=[rng.randrange(1, 300) for _ in range(n)],
+                loss_mask=mask,
+                behav_logprobs=[-5.7 + rng.uniform(-0.3, 0.3) if m else 0.0 for m in mask],
+                advantage=0.5 + 0.2 * i,
+                versions=[0 if m else -1 for m in mask],
+            )
+        )
+    return out
+
+
+def lora_config(model: Path) -> TrainerConfig:
+    # CPU/gloo on any machine (2 ranks need 2 GPUs otherwise).
+    # adam_eps 1e-4: with a tiny eps, Adam turns float-rounding noise of near-zero gradients into
+    # visible differences between world sizes.
+    return TrainerConfig(
+        model_path=str(model), lr=1e-3, adam_eps=1e-4, micro_batch_tokens=32, num_minibatches=2,
+        loss={"kl_coef": 0.05, "is_correction": "tis"}, device="cpu", heartbeat_s=0.2,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Drive a 1-rank and a 2-rank LoRA trainer through the same requests."""
+    require(torch.distributed.is_available(), "torch.distributed is not available")
+    cfg = lora_config(tiny_model)
+    batch = make_batch()
+    root = tmp_path_factory.mktemp("trainer-runs")
+    r: dict[str, Any] = {"root": root}
+    with TrainerProcess(cfg, root / "w1", nproc=1, env=ENV) as tp:
+        r["w1_info"] = tp.info
+        r["w1"] = [tp.train_sync(batch) for _ in range(2)]
+        r["w1_saved"] = tp.save_adapter_sync(root / "w1" / "adapter")
+        r["w1_tensors"] = tp.get_adapter_tensors_sync()
+        tp.save_checkpoint_sync(root / "w1" / "ckpt")
+        r["w1_more"] = [tp.train_sync(batch) for _ in range(3)]
+        with pytest.raises(TrainerError, match="unknown op"):
+            tp.request("no_such_op", timeout_s=60)
+        r["w1_ping"] = tp.request("ping", timeout_s=60)
+    assert tp.proc is not None and tp.proc.returncode == 0
+    with TrainerProcess(cfg, root / "w2", nproc=2, env=ENV) as tp:
+        r["w2_info"] = tp.info
+        r["w2"] = [tp.train_sync(batch) for _ in range(2)]
+        tp.save_adapter_sync(root / "w2" / "adapter")
+        r["w2_tensors"] = tp.get_adapter_tensors_sync()
+        time.sleep(1.0)  # idle: rank 0 sends heartbeats that the other rank must absorb
+        tp.train_sync(batch)  # move away from the checkpointed state ...
+        r["w2_loaded"] = tp.load_checkpoint_sync(root / "w1" / "ckpt")  # ... and back (saved by 1 rank)
+        r["w2_resumed"] = [tp.train_sync(batch) for _ in range(2)]
+    return r
+
+
+def test_one_and_two_ranks_agree(runs: dict[str, Any]) -> None:
+    assert runs["w1_info"]["world_size"] == 1 and runs["w2_info"]["world_size"] == 2
+    for m1, m2 in zip(runs["w1"], runs["w2"], strict=True):
+        assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
+        assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+        assert m1["num_tokens"] == m2["num_tokens"] == 65
+        assert m1["version"] == m2["version"]
+        for key in ("is_weight_mean", "kl", "clip_frac"):
+            assert m1[key] == pytest.approx(m2[key], rel=1e-4, abs=1e-7)
+    assert runs["w1"][1]["version"] == 4, "2 minibatches per call: 2 optimizer steps per call"
+    assert runs["w1"][0]["is_weight_mean"] != 1.0, "the batch is off-policy"
+    t1, t2 = runs["w1_tensors"], runs["w2_tensors"]
+    assert sorted(t1) == sorted(t2)
+    for name in t1:
+        torch.testing.assert_close(t1[name], t2[name], rtol=0, atol=1e-6, msg=name)
+    # The test is only meaningful if the adapters moved away from their (zero-B) initialisation.
+    assert max(t.abs().max().item() for k, t in t1.items() if "lora_B" in k) > 1e-4
+
+
+def test_loss_decreases_with_positive_advantages(runs: dict[str, Any]) -> None:
+    metrics = runs["w1"] + runs["w1_more"]
+    losses = [m["loss"] for m in metrics]
+    logps = [m["logp_mean"] for m in metrics]
+    assert losses[-1] < losses[0] - 0.05, losses
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
+    assert logps[-1] > logps[0], logps
+    assert metrics[-1]["version"] == 10
+    assert metrics[-1]["staleness_mean"] == 8.0, "tokens of version 0 trained at version 8"
+    assert runs["w1_ping"]["version"] == 10, "a failed op leaves the worker serving"
+
+
+def test_checkpoint_resume_across_world_sizes(runs: dict[str, Any]) -> None:
+    assert runs["w2_loaded"]["version"] == 4
+    for resumed, original in zip(runs["w2_resumed"], runs["w1_more"], strict=False):
+        assert resumed["version"] == original["version"]
+        assert resumed["loss"] == pytest.approx(original["loss"], rel=1e-5)
+        assert resumed["grad_norm"] == pytest.approx(original["grad_norm"], rel=1e-5)
+
+
+def test_saved_adapter_loads_with_peft(runs: dict[str, Any], tiny_model: Path) -> None:
+    peft = pytest.importorskip("peft")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    adapter = Path(runs["w1_saved"]["path"])
+    assert runs["w1_saved"]["bytes"] > 0
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 16 and config["lora_alpha"] == 32
+    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    assert config["base_model_name_or_path"] == str(tiny_model)
+    saved = load_file(str(adapter / "adapter_model.safetensors"))
+    expected = {
+        f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{ab}.weight"
+        for i in range(2) for m in ("q_proj", "k_proj", "v_proj", "o_proj") for ab in "AB"
+    }  # fmt: skip
+    assert set(saved) == expected
+    for name, t in saved.items():
+        torch.testing.assert_close(t, runs["w1_tensors"][name], rtol=0, atol=0)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, str(adapter))
+    loaded = {k.replace(".default", ""): v for k, v in model.state_dict().items() if "lora_" in k}
+    assert set(loaded) == expected
+    for name, t in loaded.items():
+        torch.testing.assert_close(t, saved[name], rtol=0, atol=0)
+    ids = torch.tensor([make_batch()[0].input_ids])
+    with torch.no_grad():
+        tuned = model(input_ids=ids).logits
+        with model.disable_adapter():
+            plain = model(input_ids=ids).logits
+    assert (tuned - plain).abs().max().item() > 1e-4
+
+
+async def test_full_finetune_step_and_save(tiny_model: Path, tmp_path: Path) -> None:
+    """Full fine-tune with gradient checkpointing, driven through the async API as the train loop does."""
+    from safetensors.torch import load_file
+
+    cfg = TrainerConfig(
+        model_path=str(tiny_model), lora=False, lr=1e-4, gradient_checkpointing=True, micro_batch_tokens=64,
+        loss={"is_correction": "none"},
+    )  # fmt: skip
+    tp = TrainerProcess(cfg, tmp_path / "full", nproc=1, env=ENV)
+    await asyncio.to_thread(tp.start)
+    try:
+        assert tp.info["trainable_params"] > 100_000
+        metrics = await tp.train(make_batch())
+        saved = await tp.save_adapter(tmp_path / "full" / "model")
+    finally:
+        assert await tp.aclose() == 0
+    assert "ok" not in metrics and "id" not in metrics
+    assert metrics["version"] == 1 and torch.isfinite(torch.tensor(metrics["loss"]))
+    out = Path(saved["path"])
+    assert (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
+    new = load_file(str(out / "model.safetensors"))
+    old = load_file(str(tiny_model / "model.safetensors"))
+    assert set(new) == set(old)
+    assert max((new[k] - old[k]).abs().max().item() for k in old) > 1e-5
+    assert (tmp_path / "full" / "trainer.pid").read_text().strip().isdigit()

@@ -1,0 +1,75 @@
+"""The CLI: light to start, and bad input answered with a clear error and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "agentrl.cli"]
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_imports_no_heavy_library() -> None:
+    code = (
+        "import sys; from typer.testing import CliRunner; from agentrl.cli import app; "
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output; "
+        "print([m for m in ('torch', 'vllm', 'transformers', 'peft') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_env_lists_known_ones() -> None:
+    r = run("train", "--env", "nosuchenv")
+    assert r.returncode == 2
+    assert "unknown environment 'nosuchenv'" in r.stderr and "calc" in r.stderr
+
+
+def test_model_dir_without_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    r = run("eval", "--env", "calc", "--model", str(tmp_path), "--n", "1")
+    assert r.returncode == 2
+    assert "has no tokenizer" in r.stderr
+
+
+def test_missing_model_dir_and_bad_adapter(tmp_path: Path) -> None:
+    r = run("eval", "--env", "calc", "--model", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run("eval", "--env", "calc", "--adapter", str(tmp_path))
+    assert r.returncode == 2 and "not a LoRA adapter directory" in r.stderr
+
+
+def test_unreachable_endpoint(tiny_tokenizer_model: Path) -> None:
+    r = run("eval", "--env", "calc", "--model", str(tiny_tokenizer_model), "--endpoint", "http://127.0.0.1:9", "--n", "1")
+    assert r.returncode == 2
+    assert "not reachable" in r.stderr and "127.0.0.1:9" in r.stderr
+
+
+def test_interrupted_train_exits_130_cleanly(monkeypatch, tmp_path: Path) -> None:
+    """Ctrl-C (or SIGTERM, which the CLI turns into KeyboardInterrupt) ends `train` with 130, not an error."""
+    from typer.testing import CliRunner
+
+    from agentrl import cli
+    from agentrl.train import Trainer
+
+    async def interrupted(self: Trainer) -> dict:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "run", interrupted)
+    monkeypatch.setattr(cli, "_setup", lambda verbose: None)  # keep pytest's own signal handlers
+    r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--name", str(tmp_path / "r")])
+    assert r.exit_code == 130, r.output
+    assert "interrupted" in r.output and "error" not in r.output
+
+
+def test_sandbox_commands_answer_help_without_an_engine() -> None:
+    """`--help` must print usage, never try to reach Docker or build an image named "--help"."""
+    for cmd in (["sandbox", "build", "--help"], ["sandbox", "gc", "--help"]):
+        r = run(*cmd, timeout=60)
+        assert r.returncode == 0 and "usage: agentrl sandbox" in r.stdout, (cmd, r.stdout, r.stderr)

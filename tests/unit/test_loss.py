@@ -1,0 +1,222 @@
+"""The policy loss, advantages and token logprobs against deliberately plain reference implementations."""
+
+from __future__ import annotations
+
+import math
+
+import pydantic
+import pytest
+import torch
+
+from agentrl.loss import LossConfig, group_advantages, policy_loss, token_logprobs
+
+
+def reference_loss(logp, behav, adv, mask, cfg, prox=None, ref=None, n_tok=None, n_seq=None):
+    """Token-by-token Python loops over scalar tensors: the loss definition, written out."""
+    total = logp.new_zeros(())
+    seq_means = []
+    count = 0
+    for b in range(logp.shape[0]):
+        seq_sum = logp.new_zeros(())
+        seq_n = 0
+        for t in range(logp.shape[1]):
+            if mask[b][t] == 0:
+                continue
+            lp = logp[b, t]
+            a = float(adv[b])
+            if cfg.is_correction == "none":
+                ratio = torch.exp(lp - float(behav[b, t]))
+                w = 1.0
+            else:
+                p = float(lp.detach()) if prox is None else float(prox[b, t])
+                ratio = torch.exp(lp - p)
+                w = math.exp(p - float(behav[b, t]))
+                if cfg.is_correction == "tis":
+                    w = min(w, cfg.tis_cap)
+                elif w > cfg.tis_cap:
+                    w = 0.0
+            lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+            clipped = torch.clamp(ratio, lo, hi)
+            term = torch.maximum(-ratio * a, -clipped * a) * w
+            if cfg.kl_coef > 0 and ref is not None:
+                d = float(ref[b, t]) - lp
+                term = term + cfg.kl_coef * (torch.exp(d) - d - 1.0)
+            seq_sum = seq_sum + term
+            seq_n += 1
+        total = total + seq_sum
+        count += seq_n
+        if seq_n:
+            seq_means.append(seq_sum / seq_n)
+    if cfg.aggregation == "token_mean":
+        return total / (count if n_tok is None else n_tok)
+    return sum(seq_means) / (len(seq_means) if n_seq is None else n_seq)
+
+
+def make_batch(seed: int = 0, B: int = 5, T: int = 9):
+    """Random off-policy batch whose ratios hit both clip bounds and whose weights exceed the cap."""
+    g = torch.Generator().manual_seed(seed)
+    behav = -torch.rand(B, T, generator=g, dtype=torch.float64) * 4 - 0.1
+    prox = behav + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.8
+    logp = prox + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.4
+    ref = logp + torch.randn(B, T, generator=g, dtype=torch.float64) * 0.3
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, T, generator=g) < 0.7).to(torch.float64)
+    mask[:, 0] = 0
+    mask[1] = 0  # a sequence with no loss tokens
+    mask[2, 1] = 1
+    # Garbage on masked-out positions (would overflow exp) must not leak into the loss or gradients.
+    keep = mask.bool()
+    logp = torch.where(keep, logp, torch.full_like(logp, 1000.0))
+    behav = torch.where(keep, behav, torch.zeros_like(behav))
+    prox = torch.where(keep, prox, torch.full_like(prox, 1000.0))
+    ref = torch.where(keep, ref, torch.full_like(ref, -1000.0))
+    return logp, behav, adv, mask, prox, ref
+
+
+@pytest.mark.parametrize("correction", ["none", "tis", "decoupled"])
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_loss_and_grad_match_reference(correction: str, aggregation: str, kl_coef: float) -> None:
+    cfg = LossConfig(is_correction=correction, aggregation=aggregation, kl_coef=kl_coef, tis_cap=1.5)
+    logp, behav, adv, mask, prox, ref = make_batch()
+    x = logp.clone().requires_grad_(True)
+    loss, metrics = policy_loss(x, behav, adv, mask, cfg, prox_logprobs_B_T=prox, ref_logprobs_B_T=ref)
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    expected = reference_loss(y, behav, adv, mask, cfg, prox=prox, ref=ref)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9, abs=1e-12)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+    assert torch.isfinite(x.grad).all()
+    assert metrics["clip_frac"] > 0, "the batch must exercise the clip"
+    if correction != "none":
+        assert metrics["is_capped_frac"] > 0, "the batch must exercise the cap"
+    assert (metrics["kl"] > 0) == (kl_coef > 0)
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled"])
+def test_missing_prox_means_current_policy(correction: str) -> None:
+    cfg = LossConfig(is_correction=correction)
+    logp, behav, adv, mask, _, _ = make_batch(seed=1)
+    x = logp.clone().requires_grad_(True)
+    loss, _ = policy_loss(x, behav, adv, mask, cfg)
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    expected = reference_loss(y, behav, adv, mask, cfg)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("correction", ["none", "tis", "decoupled"])
+def test_on_policy_ratios_and_weights_are_exactly_one(correction: str) -> None:
+    cfg = LossConfig(is_correction=correction)
+    logp, _, adv, mask, _, _ = make_batch(seed=2)
+    logp = logp.float()
+    x = logp.clone().requires_grad_(True)
+    loss, metrics = policy_loss(x, logp.clone(), adv.float(), mask, cfg, prox_logprobs_B_T=logp.clone())
+    loss.backward()
+    assert metrics["ratio_mean"] == 1.0
+    assert metrics["is_weight_mean"] == 1.0
+    assert metrics["clip_frac"] == 0.0
+    n = mask.sum()
+    expected_grad = (-adv.float()[:, None] * mask / n).float()
+    torch.testing.assert_close(x.grad, expected_grad, rtol=1e-6, atol=1e-9)
+    assert loss.item() == pytest.approx(float(-(adv[:, None] * mask).sum() / n), rel=1e-6)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_global_normaliser_makes_shard_losses_add_up(aggregation: str) -> None:
+    cfg = LossConfig(aggregation=aggregation, kl_coef=0.05)
+    logp, behav, adv, mask, prox, ref = make_batch(seed=3, B=6)
+    full, _ = policy_loss(logp, behav, adv, mask, cfg, prox, ref)
+    n_tok = float(mask.sum())
+    n_seq = float((mask.sum(-1) > 0).sum())
+    parts = []
+    for sl in (slice(0, 2), slice(2, 6)):
+        part, m = policy_loss(
+            logp[sl],
+            behav[sl],
+            adv[sl],
+            mask[sl],
+            cfg,
+            prox[sl],
+            ref[sl],
+            num_tokens_global=n_tok,
+            num_seqs_global=n_seq,
+        )
+        parts.append(part)
+        assert m["num_tokens"] == float(mask[sl].sum())
+    assert sum(parts).item() == pytest.approx(full.item(), rel=1e-12)
+    assert parts[0].item() != pytest.approx(full.item())
+
+
+def test_tis_truncates_and_decoupled_drops() -> None:
+    logp = torch.tensor([[0.0, -1.0, -1.0]])
+    behav = torch.tensor([[0.0, -3.0, -1.2]])  # weights: 1, e^2 (over the cap), e^0.2
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0])
+    tis, mt = policy_loss(logp, behav, adv, mask, LossConfig(is_correction="tis", tis_cap=2.0))
+    dec, md = policy_loss(logp, behav, adv, mask, LossConfig(is_correction="decoupled", tis_cap=2.0))
+    assert tis.item() == pytest.approx(-(2.0 + math.exp(0.2)) / 2, rel=1e-6)
+    assert dec.item() == pytest.approx(-math.exp(0.2) / 2, rel=1e-6)
+    assert mt["is_capped_frac"] == md["is_capped_frac"] == 0.5
+
+
+def test_config_bounds() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        LossConfig(clip_low=-0.1)
+    with pytest.raises(pydantic.ValidationError):
+        LossConfig(tis_cap=0.5)
+    with pytest.raises(pydantic.ValidationError):
+        LossConfig(aggregation="sum")
+
+
+def test_token_logprobs_matches_log_softmax_loop() -> None:
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 7, 11, generator=g, dtype=torch.float64) * 3
+    ids = torch.randint(0, 11, (3, 7), generator=g)
+    x = logits.clone().requires_grad_(True)
+    out = token_logprobs(x, ids)
+    assert out.shape == (3, 7)
+    expected = torch.zeros(3, 7, dtype=torch.float64)
+    y = logits.clone().requires_grad_(True)
+    for b in range(3):
+        for t in range(1, 7):
+            expected[b, t] = torch.log_softmax(y[b, t - 1], dim=-1)[ids[b, t]]
+    assert (out[:, 0] == 0).all()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    weights = torch.randn(3, 7, generator=g, dtype=torch.float64)
+    (out.double() * weights).sum().backward()
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_token_logprobs_bfloat16_is_computed_in_float32() -> None:
+    logits = torch.randn(2, 5, 300).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (2, 5))
+    out = token_logprobs(logits, ids)
+    assert out.dtype == torch.float32
+    expected = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(out[:, 1:], expected, rtol=1e-6, atol=1e-5)
+
+
+def test_group_advantages_normalised() -> None:
+    rewards = torch.tensor([1.0, 0.0, 3.0, 5.0, 2.0, 2.0, 7.0])
+    groups = ["a", "b", "a", "b", "c", "c", "d"]
+    adv = group_advantages(rewards, groups, normalize_std=True)
+    a = torch.tensor([1.0, 3.0])
+    b = torch.tensor([0.0, 5.0])
+    torch.testing.assert_close(adv[[0, 2]], (a - 2.0) / (a.std() + 1e-6))
+    torch.testing.assert_close(adv[[1, 3]], (b - 2.5) / (b.std() + 1e-6))
+    assert adv[4] == 0 and adv[5] == 0, "identical rewards give zero advantage"
+    assert adv[6] == 0, "a singleton group gives zero advantage"
+
+
+def test_group_advantages_centred_only_and_tensor_ids() -> None:
+    rewards = torch.tensor([1.0, 4.0, 0.5, 0.5, 10.0])
+    adv = group_advantages(rewards, torch.tensor([7, 9, 7, 7, 9]), normalize_std=False)
+    torch.testing.assert_close(adv, torch.tensor([1 / 3, -3.0, -1 / 6, -1 / 6, 3.0]))
+    assert abs(float(adv[[0, 2, 3]].sum())) < 1e-6
+    with pytest.raises(ValueError):
+        group_advantages(rewards, ["a", "b"], normalize_std=True)

@@ -1,0 +1,198 @@
+"""The orchestrator's loop with fake parts: sync is strictly alternating, async overlaps within η,
+weight updates pause in-flight generation, failures never stop training."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import pytest
+
+from agentrl.orchestrator import Activity, Orchestrator, PipelineConfig, buffer_config
+from agentrl.types import StopReason, Trajectory
+
+
+class FakeEngine:
+    """Serves a version; a paused engine makes generation wait (like ``pause(mode=keep)``)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.running = asyncio.Event()
+        self.running.set()
+        self.calls: list[str] = []
+        self.active = 0
+
+    async def pause(self, mode: str = "keep") -> None:
+        self.calls.append(f"pause:{mode}")
+        self.running.clear()
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+        self.running.set()
+
+    async def tokens(self, n: int, delay: float) -> list[int]:
+        """``n`` tokens, one per ``delay``; each carries the version live when it was produced."""
+        out = []
+        self.active += 1
+        try:
+            for _ in range(n):
+                await self.running.wait()
+                await asyncio.sleep(delay)
+                out.append(self.version)
+        finally:
+            self.active -= 1
+        return out
+
+
+class FakeRunner:
+    def __init__(self, engine: FakeEngine, delay: float = 0.002, fail_every: int = 0) -> None:
+        self.engine = engine
+        self.delay = delay
+        self.fail_every = fail_every
+        self.started = 0
+        self.max_concurrent = 0
+        self._live = 0
+
+    async def run_group(self, task: dict[str, Any], group_size: int) -> list[Trajectory]:
+        self.started += 1
+        if self.fail_every and self.started % self.fail_every == 0:
+            raise RuntimeError("runner bug")
+        self._live += 1
+        self.max_concurrent = max(self.max_concurrent, self._live)
+        try:
+            versions = await asyncio.gather(*(self.engine.tokens(4, self.delay) for _ in range(group_size)))
+        finally:
+            self._live -= 1
+        return [
+            Trajectory(task_id=str(task["id"]), env="fake", group_id=f"{task['id']}", prompt_ids=[1],
+                       completion_ids=[2, 3, 4, 5], loss_mask=[1] * 4, logprobs=[-0.5] * 4, versions=v,
+                       reward=float(i % 2), stop_reason=StopReason.COMPLETED)
+            for i, v in enumerate(versions)
+        ]
+
+
+class FakeTrainer:
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+        self.batches: list[int] = []
+
+    async def train(self, samples: list[Any]) -> dict[str, Any]:
+        self.batches.append(len(samples))
+        await asyncio.sleep(self.delay)
+        return {"loss": 0.0}
+
+
+class FakePublisher:
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.in_flight_at_publish: list[int] = []
+        self.paused_at_publish: list[bool] = []
+
+    async def publish(self, version: int) -> dict[str, float]:
+        self.in_flight_at_publish.append(self.engine.active)
+        self.paused_at_publish.append(not self.engine.running.is_set())
+        self.engine.version = version
+        return {"engine_ms": 0.1}
+
+
+def make(mode: str, eta: int = 1, runner_kw: dict[str, Any] | None = None, trainer_delay: float = 0.01,
+         update_mode: str = "keep", version: int = 0) -> tuple[Orchestrator, FakeEngine, FakeRunner, FakeTrainer, FakePublisher]:
+    engine = FakeEngine()
+    engine.version = version
+    runner = FakeRunner(engine, **(runner_kw or {}))
+    trainer = FakeTrainer(trainer_delay)
+    pub = FakePublisher(engine)
+    counter = itertools.count()
+    orch = Orchestrator(
+        runner=runner, trainer=trainer, publisher=pub, engine=engine,
+        sample_task=lambda: {"id": next(counter)},
+        buffer_cfg=buffer_config(mode, PipelineConfig(max_staleness=eta), groups_per_step=4),
+        group_size=2, update_mode=update_mode, version=version,
+    )
+    return orch, engine, runner, trainer, pub
+
+
+async def run_steps(orch: Orchestrator, n: int) -> list[dict[str, Any]]:
+    async with orch:
+        return [await asyncio.wait_for(orch.step(), timeout=10) for _ in range(n)]
+
+
+async def test_sync_mode_never_updates_under_running_rollouts() -> None:
+    orch, engine, runner, trainer, pub = make("sync")
+    recs = await run_steps(orch, 5)
+    assert pub.in_flight_at_publish == [0] * 5 and engine.calls == []
+    assert [r["staleness_max"] for r in recs] == [0] * 5
+    assert all(r["mixed_version_episodes"] == 0 for r in recs)
+    assert orch.version == 5 and len(trainer.batches) == 5
+    assert runner.max_concurrent <= 4  # only the current step's groups may run
+
+
+async def test_sync_mode_from_a_resumed_version_is_still_sync() -> None:
+    orch, _, runner, _, pub = make("sync", version=7, runner_kw={"delay": 0.01}, trainer_delay=0.05)
+    recs = await run_steps(orch, 3)
+    assert pub.in_flight_at_publish == [0] * 3 and runner.max_concurrent <= 4
+    assert orch.version == 10 and all(r["inference_idle_frac"] > 0.3 for r in recs[1:])
+
+
+async def test_async_mode_overlaps_and_respects_eta() -> None:
+    orch, engine, runner, _, pub = make("async", eta=1, runner_kw={"delay": 0.02})
+    recs = await run_steps(orch, 6)
+    # generation ran while the trainer trained, so updates landed under running rollouts, paused
+    assert any(n > 0 for n in pub.in_flight_at_publish)
+    assert all(p for n, p in zip(pub.in_flight_at_publish, pub.paused_at_publish, strict=True) if n > 0)
+    assert engine.calls.count("resume") == engine.calls.count("pause:keep") > 0
+    assert max(r["staleness_max"] for r in recs) <= 1
+    assert recs[-1]["interrupted_groups_total"] > 0
+    assert runner.max_concurrent > 4  # the next step's groups started before the current one trained
+    assert recs[-1]["dropped_groups_total"] == 0  # block policy: nothing dropped
+
+
+async def test_partial_rollouts_carry_two_versions() -> None:
+    orch, *_ = make("async", eta=2, runner_kw={"delay": 0.02})
+    recs = await run_steps(orch, 6)
+    assert sum(r["mixed_version_episodes"] for r in recs) > 0
+
+
+async def test_wait_update_mode_pauses_with_wait() -> None:
+    orch, engine, *_ = make("async", eta=1, update_mode="wait", runner_kw={"delay": 0.02})
+    await run_steps(orch, 3)
+    assert "pause:wait" in engine.calls and "pause:keep" not in engine.calls
+
+
+async def test_runner_failures_are_counted_and_training_goes_on() -> None:
+    orch, *_ = make("async", runner_kw={"fail_every": 3})
+    recs = await run_steps(orch, 4)
+    assert recs[-1]["failed_groups_total"] > 0 and orch.version == 4
+
+
+async def test_stop_cancels_in_flight_groups() -> None:
+    orch, engine, runner, *_ = make("async", eta=3, runner_kw={"delay": 0.05})
+    async with orch:
+        await asyncio.sleep(0.05)
+        assert runner.started > 0
+    assert engine.active == 0 and not orch._groups
+
+
+def test_activity_accounts_overlapping_users() -> None:
+    now = [0.0]
+    act = Activity(clock=lambda: now[0])
+    act.enter()
+    now[0] = 1.0
+    act.enter()
+    now[0] = 2.0
+    act.exit()
+    now[0] = 3.0
+    act.exit()
+    now[0] = 10.0
+    assert act.busy_s() == pytest.approx(3.0)
+    act.enter()
+    now[0] = 11.0
+    assert act.busy_s() == pytest.approx(4.0)
+
+
+def test_buffer_config_sync_is_eta_zero_block() -> None:
+    b = buffer_config("sync", PipelineConfig(max_staleness=3, drop_policy="drop_stale"), 8)
+    assert (b.max_staleness, b.drop_policy, b.capacity_groups) == (0, "block", 8)
+    b = buffer_config("async", PipelineConfig(max_staleness=2), 8)
+    assert (b.max_staleness, b.capacity_groups) == (2, 24)

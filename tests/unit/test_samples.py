@@ -1,0 +1,36 @@
+"""From trajectories to trainer samples: advantages per group, failed and zero-advantage episodes left out."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.samples import to_samples
+from agentrl.types import StopReason, Trajectory
+
+
+def traj(gid: str, reward: float, stop: StopReason = StopReason.COMPLETED) -> Trajectory:
+    return Trajectory(task_id=gid, env="t", group_id=gid, prompt_ids=[1, 2], completion_ids=[3, 4, 5],
+                      loss_mask=[1, 0, 1], logprobs=[-0.1, 0.0, -0.3], versions=[2, -1, 2],
+                      reward=reward, stop_reason=stop)
+
+
+def test_to_samples_advantages_and_alignment() -> None:
+    groups = [[traj("a", 1.0), traj("a", 0.0)], [traj("b", 1.0), traj("b", 1.0)]]
+    samples, stats = to_samples(groups, normalize_std=False)
+    assert [s.advantage for s in samples] == [0.5, -0.5]
+    s = samples[0]
+    assert s.input_ids == [1, 2, 3, 4, 5]
+    assert s.loss_mask == [0, 0, 1, 0, 1]
+    assert s.behav_logprobs == pytest.approx([0.0, 0.0, -0.1, 0.0, -0.3])
+    assert s.versions == [-1, -1, 2, -1, 2]
+    assert (stats.num_episodes, stats.num_trained, stats.num_zero_advantage) == (4, 2, 2)
+    assert stats.success == 0.75 and stats.reward_mean == 0.75
+
+
+def test_failed_episodes_are_counted_not_trained() -> None:
+    groups = [[traj("a", 1.0), traj("a", 0.0), traj("a", 0.0, StopReason.ENV_ERROR)]]
+    samples, stats = to_samples(groups, normalize_std=False)
+    assert stats.num_failed == 1 and stats.stop_reasons == {"completed": 2, "env_error": 1}
+    assert [s.advantage for s in samples] == [0.5, -0.5]
+    samples, _ = to_samples(groups, normalize_std=False, keep_failed=True)
+    assert [round(s.advantage, 4) for s in samples] == [0.6667, -0.3333, -0.3333]
