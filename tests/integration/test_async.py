@@ -4,7 +4,6 @@ session vLLM server, and a short async training run with torchrun."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from agentrl.orchestrator import live_update
 from agentrl.rollout import _token_versions
 from agentrl.sync_shm import SharedMemoryAdapterSync
 from agentrl.train import Trainer
-from tests.integration.vllm_metrics import generated_tokens
+from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
 
 pytestmark = pytest.mark.integration
 
@@ -54,17 +53,9 @@ async def test_generation_spanning_an_update_keeps_its_prefix(vllm_server, tmp_p
             trainer.tensors = random_lora(shapes, seed=7, std=0.5)  # far from v0: outputs must change
             start = await generated_tokens(vllm_server.url)
             running = asyncio.create_task(greedy())
-            deadline = time.monotonic() + 120
-            while await generated_tokens(vllm_server.url) - start < N_FIRST:
-                assert not running.done() and time.monotonic() < deadline
-                await asyncio.sleep(0.01)
-            # Freeze the request first, so that a fast machine cannot finish it between the poll above
-            # and the update; live_update pauses again (idempotent) and resumes after the relabel.
-            await client.pause("keep")
             try:
-                produced = await generated_tokens(vllm_server.url) - start
-                assert not running.done() and produced < N_TOKENS, (
-                    f"the request finished ({produced:.0f} tokens) before the engine paused")
+                await pause_mid_generation(client, vllm_server.url, running, start, first=N_FIRST,
+                                           total=N_TOKENS)
                 m = await live_update(client, sync, 1, paused=True, mode="keep")
             finally:
                 await client.resume()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 
 import httpx
 
@@ -15,3 +17,29 @@ async def generated_tokens(url: str) -> float:
     values = re.findall(r"^vllm:generation_tokens_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
     assert values, "vllm:generation_tokens_total missing from /metrics"
     return sum(float(v) for v in values)
+
+
+async def pause_mid_generation(client, url: str, running: asyncio.Task, start: float, *, first: int, total: int,
+                               timeout_s: float = 120) -> float:
+    """Freeze the engine (pause "keep") while ``running`` has produced at least ``first`` but fewer than
+    ``total`` tokens, and return how many it has produced.
+
+    The engine is paused *before* its counter is read, so a fast engine cannot run ahead between the
+    observation and the pause: the only stretch it runs unobserved is one resume -> pause round trip.
+    The counter is read until it is steady, because the API server may still be delivering outputs that
+    the engine made before it paused. The caller resumes the engine.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await asyncio.sleep(0.005)
+        await client.pause("keep")
+        produced = await generated_tokens(url) - start
+        while (again := await generated_tokens(url) - start) != produced:
+            produced = again
+        if running.done() or produced >= total:
+            raise AssertionError(f"the generation finished ({produced:.0f} of {total} tokens) in one "
+                                 "resume -> pause round trip; the engine outran the test")
+        if produced >= first:
+            return produced
+        assert time.monotonic() < deadline, f"only {produced:.0f} tokens after {timeout_s:.0f} s"
+        await client.resume()
