@@ -72,6 +72,10 @@ class RunConfig(BaseModel):
     """Sampling temperature for evaluation (1.0: success of the policy as it samples)."""
     checkpoint_every: int = Field(20, ge=0)
     """Save a resumable checkpoint every N steps (0: never)."""
+    engine_warmup: bool = True
+    """Before the first evaluation, send one burst of ``max_concurrency`` throwaway generations, so that
+    the engine's slow first batch (lazy kernel set-up) does not count against the evaluation's episode
+    wall clocks (see ``agentrl.inference.warmup``)."""
     keep_failed: bool = False
     """Train on failed episodes (env/inference errors) too. Default: they are logged but not trained on."""
     nproc: int = Field(1, ge=1)

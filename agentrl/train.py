@@ -23,7 +23,7 @@ from agentrl.evaluate import evaluate
 from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run
 from agentrl.orchestrator import Orchestrator, buffer_config
 from agentrl.registry import load_env
-from agentrl.stack import inference_stack
+from agentrl.stack import InferenceStack, inference_stack
 from agentrl.sync import FileAdapterSync
 from agentrl.tasks import load_tasks
 from agentrl.workers import RolloutWorkers
@@ -73,6 +73,8 @@ class Trainer:
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
                     policy_version=lambda: self.version,
                 )
+                if cfg.engine_warmup:
+                    await self._warm_up(stack)
                 first = await self._evaluate(workers) if self.step == 0 else None
                 with self._publisher(trainer, stack.client, file_sync) as publisher:
                     await self._loop(trainer, publisher, stack.client, workers, t_start)
@@ -107,6 +109,16 @@ class Trainer:
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         await trainer.save_checkpoint(path)
         (path / "state.json").write_text(json.dumps({"step": self.step, "version": self.version}))
+
+    async def _warm_up(self, stack: InferenceStack) -> None:
+        from agentrl.inference.warmup import warm_up
+
+        context = self.cfg.sampling.max_context_tokens
+        rec = await warm_up(stack.client, model=self.cfg.adapter_name, concurrency=self.cfg.max_concurrency,
+                            vocab_size=stack.chat.tokenizer.vocab_size, max_prompt_tokens=min(256, context // 2),
+                            max_tokens=min(32, context // 4))
+        log.info("engine warm-up: %.1fs", rec["warmup_s"])
+        self.metrics.write({"kind": "warmup", "step": self.step, **rec})
 
     async def _evaluate(self, workers: RolloutWorkers) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -35,6 +35,9 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
     evals = [r for r in recs if r["kind"] == "eval"]
     assert [r["step"] for r in train] == [1, 2] and [r["version"] for r in train] == [1, 2]
     assert [r["step"] for r in evals] == [0, 2]
+    warm = [r for r in recs if r["kind"] == "warmup"]  # the engine warm-up ran on the adapter, before eval 0
+    assert len(warm) == 1 and warm[0]["warmup_failed"] == 0 and warm[0]["warmup_s"] > 0
+    assert recs.index(warm[0]) < recs.index(evals[0])
     for r in train:
         assert r["num_episodes"] == 16 and r["num_failed"] == 0
         assert 0.0 <= r["trainer_idle_frac"] <= 1.0 and 0.0 <= r["inference_idle_frac"] <= 1.0
