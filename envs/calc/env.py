@@ -61,7 +61,9 @@ class CalcEnv(Environment):
     )
     max_turns: ClassVar[int] = 4
     max_tokens_per_turn: ClassVar[int] = 64
-    episode_timeout_s: ClassVar[float] = 30.0
+    # The wall clock includes the time a turn waits for the engine: in the default run 128 episodes
+    # share one CPU engine, and a 30 s limit timed out most of the first evaluation on a slow 2-core CPU.
+    episode_timeout_s: ClassVar[float] = 120.0
     tool_timeout_s: ClassVar[float] = 5.0
 
     @classmethod
