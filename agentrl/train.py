@@ -73,9 +73,11 @@ class Trainer:
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
                     policy_version=lambda: self.version,
                 )
-                if cfg.engine_warmup:
-                    await self._warm_up(stack)
-                first = await self._evaluate(workers) if self.step == 0 else None
+                first = None
+                if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
+                    if cfg.engine_warmup:
+                        await self._warm_up(stack)
+                    first = await self._evaluate(workers)
                 with self._publisher(trainer, stack.client, file_sync) as publisher:
                     await self._loop(trainer, publisher, stack.client, workers, t_start)
                 last = await self._evaluate(workers)

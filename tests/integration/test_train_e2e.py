@@ -57,6 +57,8 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
     # Resume: continues from step 2 to step 3 with the same version counter.
     overrides["steps"] = 3
     summary = await Trainer(load_config(None, overrides), resume=True, progress=False).run()
-    train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    recs = read_jsonl(run_dir / "metrics.jsonl")
+    train = [r for r in recs if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3] and train[-1]["version"] == 3
+    assert [r["kind"] for r in recs].count("warmup") == 1, "a resumed run has no eval 0 to warm up for"
     assert summary["steps"] == 3
