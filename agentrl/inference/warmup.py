@@ -27,10 +27,11 @@ def warmup_requests(n: int, *, vocab_size: int, max_prompt_tokens: int, max_toke
     if n < 1 or vocab_size < 1 or max_prompt_tokens < 1 or max_tokens < 1:
         raise ValueError("n, vocab_size, max_prompt_tokens and max_tokens must all be >= 1")
     rng = random.Random(seed)
+    shortest = min(8, max_prompt_tokens)
     out = []
     for i in range(n):
         frac = i / max(n - 1, 1)
-        length = round(8 + (max_prompt_tokens - 8) * frac) if max_prompt_tokens > 8 else max_prompt_tokens
+        length = round(shortest + (max_prompt_tokens - shortest) * frac)
         out.append(([rng.randrange(vocab_size) for _ in range(length)], 1 + round((max_tokens - 1) * frac)))
     rng.shuffle(out)
     return out

@@ -8,6 +8,8 @@ import time
 
 import httpx
 
+from agentrl.inference import InferenceClient
+
 
 async def generated_tokens(url: str) -> float:
     """The engine's running total of generated tokens (``vllm:generation_tokens_total``, summed over
@@ -19,7 +21,7 @@ async def generated_tokens(url: str) -> float:
     return sum(float(v) for v in values)
 
 
-async def pause_mid_generation(client, url: str, running: asyncio.Task, start: float, *, first: int, total: int,
+async def pause_mid_generation(client: InferenceClient, url: str, running: asyncio.Task, start: float, *, first: int, total: int,
                                timeout_s: float = 120) -> float:
     """Freeze the engine (pause "keep") while ``running`` has produced at least ``first`` but fewer than
     ``total`` tokens, and return how many it has produced.
