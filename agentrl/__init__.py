@@ -29,7 +29,8 @@ _EXPORTS: dict[str, str] = {
     "UnknownEnvironmentError": "agentrl.registry",
     "ChatFormat": "agentrl.chat",
     "run_episode": "agentrl.rollout",
-    "SamplingConfig": "agentrl.rollout",
+    "SamplingConfig": "agentrl.config",
+    "Episode": "agentrl.episode",
     "RolloutWorkers": "agentrl.workers",
     "InferenceClient": "agentrl.inference.client",
     "VLLMServer": "agentrl.inference.server",
@@ -42,13 +43,14 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.chat import ChatFormat
-    from agentrl.config import RunConfig
+    from agentrl.config import RunConfig, SamplingConfig
     from agentrl.environment import Environment, Task, ToolError, tool
+    from agentrl.episode import Episode
     from agentrl.inference.client import InferenceClient
     from agentrl.inference.server import VLLMServer
     from agentrl.registry import UnknownEnvironmentError, load_env
     from agentrl.remote import RemoteEnvError, RemoteEnvironment
-    from agentrl.rollout import SamplingConfig, run_episode
+    from agentrl.rollout import run_episode
     from agentrl.types import Message, StopReason, ToolCall, Trajectory
     from agentrl.workers import RolloutWorkers
 

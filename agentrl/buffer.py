@@ -26,37 +26,12 @@ import asyncio
 import time
 from collections import Counter, deque
 from collections.abc import Iterable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from agentrl.config import PipelineConfig
 from agentrl.types import Trajectory
 
 T = TypeVar("T")
-
-
-class BufferConfig(BaseModel):
-    """Sizes and policies of the rollout buffer."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    groups_per_step: int = Field(16, ge=1)
-    """GRPO groups per train batch (B)."""
-    max_staleness: int = Field(1, ge=0)
-    """η: a trained group's oldest model token is at most this many versions behind the trainer."""
-    capacity_groups: int = Field(64, ge=1)
-    """Most groups in flight plus completed-but-unconsumed at once; producers block beyond (back-pressure)."""
-    drop_policy: Literal["drop_stale", "block"] = "drop_stale"
-    """``drop_stale``: batches are taken in completion order (FIFO); groups that went stale (completed
-    too late, overtaken by faster ones) are dropped and counted. ``block``: batches are taken in
-    admission-version order, so the trainer waits for straggling groups instead of dropping them; with
-    the admission rule no group then goes stale (a stale one would still be dropped, never returned)."""
-
-    @model_validator(mode="after")
-    def _capacity_holds_a_batch(self) -> BufferConfig:
-        if self.capacity_groups < self.groups_per_step:
-            raise ValueError(f"capacity_groups={self.capacity_groups} < groups_per_step={self.groups_per_step}")
-        return self
 
 
 class BufferClosed(Exception):
@@ -76,8 +51,18 @@ def group_oldest_version(group: list[Trajectory]) -> int | None:
 class BufferCore(Generic[T]):
     """Admission, completion and batch selection bookkeeping; pure (no asyncio, no clock)."""
 
-    def __init__(self, cfg: BufferConfig, start_version: int = 0) -> None:
-        self.cfg = cfg
+    def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
+        self.groups_per_step = groups_per_step
+        """B: GRPO groups per train batch."""
+        self.max_staleness = pipe.eta
+        """η: a trained group's oldest model token is at most this many versions behind the trainer."""
+        self.capacity_groups = pipe.capacity(groups_per_step)
+        """Most groups in flight plus completed-but-unconsumed at once; producers block beyond (back-pressure)."""
+        self.drop_policy = pipe.drop_policy
+        """``drop_stale``: batches are taken in completion order (FIFO); groups that went stale (completed
+        too late, overtaken by faster ones) are dropped and counted. ``block``: batches are taken in
+        admission-version order, so the trainer waits for straggling groups instead of dropping them; with
+        the admission rule no group then goes stale (a stale one would still be dropped, never returned)."""
         self.version = start_version
         self.start_version = start_version
         """Version when counting began (a resumed run starts above 0); admission counts steps from it."""
@@ -103,12 +88,12 @@ class BufferCore(Generic[T]):
 
     def admission_limit(self) -> int:
         """Most groups that may have been started at the current version: (v - v₀ + η + 1) · B."""
-        return (self.version - self.start_version + self.cfg.max_staleness + 1) * self.cfg.groups_per_step
+        return (self.version - self.start_version + self.max_staleness + 1) * self.groups_per_step
 
     def can_admit(self, n: int = 1) -> bool:
         """Whether ``n`` more groups fit both the staleness bound and the capacity."""
         return (self.started + n <= self.admission_limit()
-                and self.in_flight + self.buffered + n <= self.cfg.capacity_groups)
+                and self.in_flight + self.buffered + n <= self.capacity_groups)
 
     def admit(self, n: int = 1) -> int:
         """Count ``n`` groups as started (caller checked ``can_admit``); returns the current version."""
@@ -147,7 +132,7 @@ class BufferCore(Generic[T]):
         """
         measured = self.version if oldest is None else oldest
         adm = self._leave_flight(admitted_version, hint=measured)
-        if adm is None and self.buffered >= self.cfg.capacity_groups:
+        if adm is None and self.buffered >= self.capacity_groups:
             self.queue.popleft()
             self.dropped_capacity += 1
         self.completed += 1
@@ -155,7 +140,7 @@ class BufferCore(Generic[T]):
 
     def drop_stale(self, trainer_version: int) -> int:
         """Drop buffered groups too stale for ``trainer_version`` (they only get staler); returns how many."""
-        keep = deque(e for e in self.queue if trainer_version - e[0] <= self.cfg.max_staleness)
+        keep = deque(e for e in self.queue if trainer_version - e[0] <= self.max_staleness)
         n = len(self.queue) - len(keep)
         self.queue = keep
         self.dropped_stale += n
@@ -168,7 +153,7 @@ class BufferCore(Generic[T]):
         Consuming in admission-version order trains every group admitted at version ≤ u by step u + η
         (the admission rule started at most (u + η + 1)·B of them), so none goes stale.
         """
-        b = self.cfg.groups_per_step
+        b = self.groups_per_step
         pending = Counter(self.in_flight_by_version)
         pending.update(adm for _, adm, _ in self.queue)
         seen, cutoff = 0, None
@@ -189,10 +174,10 @@ class BufferCore(Generic[T]):
         Stale groups are dropped on the way; they are never returned.
         """
         self.drop_stale(trainer_version)
-        b = self.cfg.groups_per_step
+        b = self.groups_per_step
         if len(self.queue) < b:
             return None
-        if self.cfg.drop_policy == "block":
+        if self.drop_policy == "block":
             order = self._block_order()
             if order is None:
                 return None
@@ -229,9 +214,8 @@ class RolloutBuffer:
     ``put``, ``release``, ``set_version`` and ``close`` are plain methods (callable from callbacks).
     """
 
-    def __init__(self, cfg: BufferConfig, start_version: int = 0) -> None:
-        self.cfg = cfg
-        self.core: BufferCore[list[Trajectory]] = BufferCore(cfg, start_version)
+    def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
+        self.core: BufferCore[list[Trajectory]] = BufferCore(pipe, groups_per_step, start_version)
         self._changed = asyncio.Event()
         self._closed = False
         self._producer_wait_s = 0.0
@@ -249,8 +233,8 @@ class RolloutBuffer:
 
     async def admit(self, n_groups: int = 1) -> int:
         """Wait until ``n_groups`` more groups may start; returns the policy version at admission."""
-        if n_groups > self.cfg.capacity_groups:
-            raise ValueError(f"n_groups={n_groups} exceeds capacity_groups={self.cfg.capacity_groups}")
+        if n_groups > self.core.capacity_groups:
+            raise ValueError(f"n_groups={n_groups} exceeds capacity_groups={self.core.capacity_groups}")
         t0 = time.monotonic()
         try:
             while not self.core.can_admit(n_groups):

@@ -83,7 +83,6 @@ class ChatFormat:
             raise ValueError("the tokenizer has no eos_token; set it to the end-of-turn token")
         self.eos_token_id: int = int(eos)
         self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
-        self._delta_cache: dict[str, str] = {}
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
         return self.tokenizer.apply_chat_template(

@@ -78,8 +78,12 @@ def train(
     mode: Annotated[str | None, typer.Option(
         help="sync (generate, then train) or async (overlapped, bounded staleness).")] = None,
     max_staleness: Annotated[int | None, typer.Option(
-        help="Async: most versions a trained rollout may lag the trainer (eta).")] = None,
+        help="Most versions a trained rollout may lag the trainer (eta); eta >= 1 is async mode.")] = None,
+    temperature: Annotated[float | None, typer.Option(
+        help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
+    print_config: Annotated[bool, typer.Option(
+        "--print-config", help="Print the fully resolved config as TOML and exit.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train a policy on an environment (sync or async mode)."""
@@ -92,18 +96,23 @@ def train(
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
+        "sampling": {"temperature": temperature} if temperature is not None else None,
     }
     try:
         cfg = load_config(config, overrides)
+        cfg.check_trainable()
+        if print_config:
+            typer.echo(cfg.resolved().to_toml())
+            return
         load_env(env, url=cfg.env_url, token=cfg.env_token)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     except RuntimeError as e:  # agentrl.remote.RemoteEnvError: the env server is unreachable or refuses
         _fail(str(e))
-    from agentrl.train import Trainer
+    from agentrl.train import TrainingRun
 
     try:
-        summary = _run(Trainer(cfg, resume=resume).run())
+        summary = _run(TrainingRun(cfg, resume=resume).run())
     except typer.Exit:  # Ctrl-C / SIGTERM: already reported, exit 130 (typer.Exit is a RuntimeError)
         raise
     except (FileNotFoundError, ValueError, RuntimeError) as e:
@@ -241,6 +250,12 @@ def bench_sync(ctx: typer.Context) -> None:
 def bench_pipeline(ctx: typer.Context) -> None:
     """Sync vs async RL on PolyTrace-shaped traces, simulated (--mix, --eta, --gpus, --lora, --out)."""
     _passthrough("agentrl.bench.pipeline", ctx)
+
+
+@bench_app.command("logprobs", context_settings=_PASSTHROUGH)
+def bench_logprobs(ctx: typer.Context) -> None:
+    """Engine vs trainer logprobs of sampled tokens at T = 1 and --temperature T (--episodes, --json)."""
+    _passthrough("agentrl.bench.logprobs", ctx)
 
 
 @bench_app.command("sandbox", context_settings=_PASSTHROUGH)

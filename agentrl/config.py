@@ -1,6 +1,8 @@
 """Typed run configuration, loadable from TOML, with one docstring per field.
 
-Precedence: defaults < the environment's preset (``agentrl.presets``) < TOML file (``--config run.toml``) < command-line flags.
+Precedence: defaults < the environment's preset (``agentrl.presets``) < TOML file (``--config run.toml``) <
+command-line flags. This module is a leaf of the package: it imports only the other config models (no
+runtime module, no torch, no vLLM), so every part of agentrl can import it.
 """
 
 from __future__ import annotations
@@ -9,12 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentrl.inference.server import VLLMServerConfig
-from agentrl.orchestrator import PipelineConfig
+from agentrl.inference.config import VLLMServerConfig
 from agentrl.presets import preset_for
-from agentrl.rollout import SamplingConfig
 from agentrl.trainer.config import TrainerConfig
 
 if sys.version_info >= (3, 11):
@@ -24,6 +24,77 @@ else:  # pragma: no cover
 
 DEFAULT_MODEL = "models/tiny"
 """The embedded default model, built on demand by ``agentrl model tiny``."""
+
+
+class SamplingConfig(BaseModel):
+    """How the policy samples during rollouts. Every field is sent with every request, so a model's own
+    sampling defaults (its ``generation_config.json``) never change the distribution behind the scenes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature. The engine reports logprobs at this temperature and the trainer scales its
+    logits by it (each trajectory carries the temperature it was sampled at). Training needs T > 0."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. The trainer does not reproduce truncation: training refuses top_p < 1
+    (evaluation may use it)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens; 0 disables. Training refuses top_k > 0, as for top_p."""
+    max_context_tokens: int = Field(2048, ge=16)
+    """Prompt plus completion may not exceed this many tokens (the engine's max_model_len)."""
+    max_parse_errors: int = Field(3, ge=1)
+    """Consecutive turns with only malformed tool calls before the episode stops (parse_error)."""
+
+    def training_problems(self) -> list[str]:
+        """Why this sampling cannot be trained on (empty: it can): the trainer computes logprobs of
+        ``softmax(logits / temperature)`` and nothing else."""
+        out = []
+        if self.temperature <= 0:
+            out.append(f"sampling.temperature = {self.temperature}: greedy decoding has no sampling "
+                       "distribution to train; use a temperature > 0")
+        if self.top_p < 1:
+            out.append(f"sampling.top_p = {self.top_p}: the trainer does not reproduce nucleus truncation, so "
+                       "its logprobs would not match the sampled distribution; use top_p = 1 for training")
+        if self.top_k > 0:
+            out.append(f"sampling.top_k = {self.top_k}: the trainer does not reproduce top-k truncation; use "
+                       "top_k = 0 for training")
+        return out
+
+
+class PipelineConfig(BaseModel):
+    """How rollouts and training overlap: the staleness bound, the bounded buffer and weight updates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_staleness: int | None = Field(None, ge=0)
+    """η: a trained group's oldest model token is at most this many versions behind the trainer. 0 is the
+    synchronous loop (``mode = "sync"``). Default: 0 in sync mode, 1 in async mode."""
+    drop_policy: Literal["drop_stale", "block"] = "block"
+    """``block``: batches are taken in admission order, so nothing goes stale and nothing is dropped;
+    ``drop_stale``: batches are taken in completion order, and groups overtaken past η are dropped (counted)."""
+    capacity_groups: int | None = Field(None, ge=1)
+    """Groups in flight plus buffered at most (back-pressure on the producer); default (η + 1) · groups
+    per step. Must hold at least one step's groups."""
+    update_mode: Literal["keep", "wait"] = "keep"
+    """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
+    (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
+    weight_sync: Literal["shm", "file"] = "shm"
+    """``shm``: copy adapter tensors into the engine's live LoRA slot through shared memory (falls back to
+    files if an engine refuses); ``file``: write the adapter to disk and ``load_lora_adapter`` it."""
+
+    @property
+    def eta(self) -> int:
+        """η, once resolved (``RunConfig`` resolves it from the mode)."""
+        if self.max_staleness is None:
+            raise ValueError("pipeline.max_staleness is unresolved: build the config through RunConfig")
+        return self.max_staleness
+
+    def capacity(self, groups_per_step: int) -> int:
+        """The buffer capacity in groups for ``groups_per_step`` groups per step."""
+        cap = self.capacity_groups or (self.eta + 1) * groups_per_step
+        if cap < groups_per_step:
+            raise ValueError(f"pipeline.capacity_groups = {cap} cannot hold one step's {groups_per_step} groups")
+        return cap
 
 
 class RunConfig(BaseModel):
@@ -47,11 +118,12 @@ class RunConfig(BaseModel):
     """JSONL file of held-out tasks; default: the environment's own test split."""
     model: str = DEFAULT_MODEL
     """Hugging Face model directory (or hub id where a hub is reachable). The default is built if missing."""
-    mode: Literal["sync", "async"] = "sync"
-    """``sync``: generate a batch, train, then sync. ``async``: generation and training overlap, with
-    rollouts at most ``pipeline.max_staleness`` versions behind (same code path, η = 0 for sync)."""
+    mode: Literal["sync", "async"] | None = None
+    """``sync``: generate a batch, train, then sync (η = 0). ``async``: generation and training overlap,
+    with rollouts at most ``pipeline.max_staleness`` (η ≥ 1) versions behind. Default: async when
+    ``pipeline.max_staleness`` ≥ 1 is set, else sync. A mode that contradicts η is an error."""
     pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
-    """Staleness bound, drop policy, update mode and weight-sync method (see ``agentrl.orchestrator``)."""
+    """Staleness bound, drop policy, buffer capacity, update mode and weight-sync method."""
     steps: int = Field(80, ge=1)
     """Number of optimizer steps."""
     tasks_per_step: int = Field(16, ge=1)
@@ -74,8 +146,8 @@ class RunConfig(BaseModel):
     """Save a resumable checkpoint every N steps (0: never)."""
     engine_warmup: bool = True
     """Before the first evaluation, send one burst of ``max_concurrency`` throwaway generations, so that
-    the engine's slow first batch (lazy kernel set-up) does not count against the evaluation's episode
-    wall clocks (see ``agentrl.inference.warmup``)."""
+    the engine's slow first batch (lazy kernel set-up) is not part of the first evaluation's figures
+    (see ``agentrl.inference.warmup``)."""
     keep_failed: bool = False
     """Train on failed episodes (env/inference errors) too. Default: they are logged but not trained on."""
     nproc: int = Field(1, ge=1)
@@ -91,6 +163,25 @@ class RunConfig(BaseModel):
     inference: VLLMServerConfig = Field(default_factory=lambda: VLLMServerConfig(model=DEFAULT_MODEL))
     """The local vLLM server, when ``endpoints`` is empty."""
 
+    @model_validator(mode="after")
+    def _resolve_mode(self) -> RunConfig:
+        """One rule: sync is η = 0, async is η ≥ 1; a contradiction names the setting to change."""
+        eta = self.pipeline.max_staleness
+        mode = self.mode or ("async" if eta else "sync")
+        if mode == "sync" and eta:
+            raise ValueError(
+                f"mode = 'sync' trains on-policy (max_staleness 0), but pipeline.max_staleness = {eta}: "
+                "use mode = 'async' (--mode async) to train on rollouts up to that many versions old, or "
+                "leave max_staleness out")
+        if mode == "async" and eta == 0:
+            raise ValueError(
+                "mode = 'async' overlaps generation and training, which needs pipeline.max_staleness >= 1 "
+                "(--max-staleness N); max_staleness 0 is mode = 'sync'")
+        self.mode = mode
+        self.pipeline.max_staleness = (0 if mode == "sync" else 1) if eta is None else eta
+        self.pipeline.capacity(self.tasks_per_step)  # raises when the capacity cannot hold a step
+        return self
+
     @property
     def run_dir(self) -> Path:
         return self.output_dir / self.name
@@ -102,6 +193,52 @@ class RunConfig(BaseModel):
         cfg.inference.model = cfg.model
         cfg.sampling.max_context_tokens = min(cfg.sampling.max_context_tokens, cfg.inference.max_model_len)
         return cfg
+
+    def training_problems(self) -> list[str]:
+        """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
+        out = self.sampling.training_problems()
+        if self.endpoints == [] and self.inference.logprobs_mode != "processed_logprobs" and (
+                self.sampling.temperature != 1.0):
+            out.append(f"inference.logprobs_mode = {self.inference.logprobs_mode!r} reports logprobs at "
+                       f"temperature 1 while rollouts sample at {self.sampling.temperature}; use "
+                       "'processed_logprobs'")
+        return out
+
+    def check_trainable(self) -> None:
+        """Raise ``ValueError`` listing :meth:`training_problems`, if any."""
+        problems = self.training_problems()
+        if problems:
+            raise ValueError("this configuration cannot train correctly:\n  " + "\n  ".join(problems))
+
+    def to_toml(self) -> str:
+        """The fully resolved config as TOML (what ``agentrl train --print-config`` prints)."""
+        return to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def _toml_value(v: Any) -> str:
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """``data`` (JSON-like: scalars, lists and nested tables) as TOML text; tables after scalars."""
+    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    lines = [*scalars]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            name = f"{prefix}{k}"
+            body = to_toml(v, prefix=f"{name}.")
+            lines += ["", f"[{name}]", body] if body else ["", f"[{name}]"]
+    return "\n".join(lines).strip("\n")
 
 
 def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

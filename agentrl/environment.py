@@ -35,9 +35,14 @@ model's tool calls to the decorated methods, calls ``reward(messages)`` and fina
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import contextvars
+import functools
 import inspect
 import json
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -61,12 +66,53 @@ class ToolArgumentError(ToolError):
     """The model called a tool with arguments that do not fit its schema (counted as malformed)."""
 
 
+class AgentTimeLimit(Exception):
+    """Raised by a tool when the episode's agent time budget is used up: the episode ends as ``timeout``
+    (``RemoteEnvironment`` raises it when its server session ran out of agent time)."""
+
+
+TOOL_THREADS = 256
+"""Threads that run synchronous (``def``) tools, shared by every environment in the process."""
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _tool_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The thread pool of synchronous tools (created on first use: no import side effects)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="agentrl-tool")
+        return _pool
+
+
+async def run_sync_tool(fn: Callable[..., Any], timeout_s: float, **kwargs: Any) -> tuple[Any, float]:
+    """``fn(**kwargs)`` in a worker thread, waited for at most ``timeout_s``; returns the result and the
+    seconds ``fn`` itself ran (measured in the thread: waiting for a thread or for the busy event loop to
+    pick the result up is not included).
+
+    The event loop keeps running other episodes meanwhile. A thread cannot be killed: after a timeout the
+    call is abandoned (its result dropped) and finishes in the background.
+    """
+
+    def timed() -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        result = fn(**kwargs)
+        return result, time.perf_counter() - t0
+
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, timed)
+    return await asyncio.wait_for(loop.run_in_executor(_tool_pool(), call), timeout=timeout_s)
+
+
 def tool(fn: F | None = None, *, name: str | None = None) -> Any:
     """Mark an `Environment` method as a tool the model can call.
 
     The JSON schema is derived from the type hints; the description and per-argument descriptions come
     from the docstring. The method may be sync or async and returns a string (or anything JSON-able).
-    Sync tools run inline on the event loop: make slow tools ``async``.
+    Async tools run on the event loop; sync (``def``) tools run in a worker thread, so a blocking tool
+    (``time.sleep``, ``subprocess.run``, a slow library) never stalls the other episodes. Both are bounded
+    by ``tool_timeout_s``. A sync tool must not touch asyncio objects of the loop.
     """
 
     def mark(f: F) -> F:
@@ -105,16 +151,32 @@ class Environment:
     """Optional system message placed before the opening prompt."""
     max_turns: ClassVar[int] = 8
     """Maximum number of model turns per episode."""
-    episode_timeout_s: ClassVar[float] = 120.0
-    """Wall-clock limit for one whole episode (generation, tools and reward)."""
+    agent_time_limit_s: ClassVar[float] = 120.0
+    """Seconds the agent's tool calls may take in total in one episode. Only time the agent's actions cost
+    counts: waiting for the inference engine (queueing, weight updates) and the environment's own
+    ``reset`` and ``reward`` do not. Running out ends the episode as ``timeout`` (scored 0, trained on)."""
+    wall_time_limit_s: ClassVar[float] = 3600.0
+    """Hard safety limit on one episode's wall clock, everything included. An episode cut by it ends as
+    ``wall_timeout``: an infrastructure failure, recorded and never trained on."""
     tool_timeout_s: ClassVar[float] = 60.0
-    """Wall-clock limit for one tool call."""
+    """Wall-clock limit for one tool call (a timed-out call is an error observation; the episode goes on)."""
     max_tokens_per_turn: ClassVar[int] = 256
     """Token budget of one model turn."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "episode_timeout_s" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__}.episode_timeout_s is no longer used: the episode clock was split into "
+                "agent_time_limit_s (the agent's tool time, the limit the model is judged by) and "
+                "wall_time_limit_s (a hard safety limit; episodes cut by it are infrastructure failures)")
 
     def __init__(self) -> None:
         self.task: Task = {}
         self.finished = False
+        self.last_tool_s: float | None = None
+        """Seconds the last tool call itself ran (in its thread for a sync tool; on the event loop for an
+        async one), set by ``call_tool``: what the agent's time limit is charged. None: not measured."""
 
     # ----- what subclasses define -------------------------------------------------------------
     @classmethod
@@ -202,10 +264,14 @@ class Environment:
         except ValueError as e:
             raise ToolArgumentError(str(e)) from e
         method = getattr(self, spec.attr)
+        self.last_tool_s = None
+        t0 = time.perf_counter()
         if inspect.iscoroutinefunction(method):
             result = await asyncio.wait_for(method(**kwargs), timeout=self.tool_timeout_s)
+            self.last_tool_s = time.perf_counter() - t0
         else:
-            result = method(**kwargs)
+            result, self.last_tool_s = await run_sync_tool(method, self.tool_timeout_s, **kwargs)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, timeout=self.tool_timeout_s)
+                self.last_tool_s = time.perf_counter() - t0
         return result if isinstance(result, str) else json.dumps(result)

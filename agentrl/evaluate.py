@@ -6,19 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.environment import Task, run_scope
-from agentrl.samples import rollout_stats
-from agentrl.types import Trajectory
+from agentrl.samples import metric_means, rollout_stats
 from agentrl.workers import RolloutWorkers
-
-
-def metric_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """``metric_<name>``: the mean of each per-episode metric (e.g. partial credit) over the episodes that
-    report it."""
-    sums: dict[str, list[float]] = {}
-    for t in trajs:
-        for k, v in t.metrics.items():
-            sums.setdefault(k, []).append(v)
-    return {f"metric_{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
 
 
 async def evaluate(

@@ -21,31 +21,11 @@ Both weights are detached. On-policy (``behav == prox == logp``) every ratio and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
 from torch import Tensor
 
-
-class LossConfig(BaseModel):
-    """Hyper-parameters of :func:`policy_loss`."""
-
-    clip_low: float = Field(0.2, ge=0.0, le=1.0)
-    """Lower PPO clip: the ratio is clipped below at ``1 - clip_low``."""
-    clip_high: float = Field(0.28, ge=0.0)
-    """Upper PPO clip: the ratio is clipped above at ``1 + clip_high`` (asymmetric, "clip-higher")."""
-    kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the KL penalty to the reference (base) policy, k3 estimator; 0 disables it."""
-    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
-    """``token_mean``: sum over masked tokens / number of masked tokens;
-    ``seq_mean``: mean over sequences of each sequence's masked-token mean."""
-    is_correction: Literal["none", "tis", "decoupled"] = "tis"
-    """Off-policy correction for the gap between the behaviour (inference) and proximal policies."""
-    tis_cap: float = Field(2.0, ge=1.0)
-    """Cap of the behaviour importance weight: truncation for ``tis``, drop threshold for ``decoupled``."""
-    adv_std_normalize: bool = True
-    """Divide group-centred rewards by the group's standard deviation (GRPO); else only centre them."""
+from agentrl.trainer.config import LossConfig
 
 
 def group_advantages(
@@ -75,11 +55,14 @@ def group_advantages(
     return adv_N
 
 
-def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor) -> Tensor:
-    """Per-position log-likelihood of the input tokens; position 0 (no context) gets 0.
+def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor, temperatures_B: Tensor | None = None) -> Tensor:
+    """Per-position log-likelihood of the input tokens under ``softmax(logits / temperature)``; position 0
+    (no context) gets 0. ``temperatures_B``: each sequence's sampling temperature (default 1).
 
-    Computed as ``logit[target] - logsumexp(logits)`` one sequence at a time, in float32, so no
-    full-size log-softmax of the whole batch is materialised.
+    The engine samples from the temperature-scaled distribution and reports its logprobs, so the ratios
+    and importance weights compare the same distribution on both sides. Computed as
+    ``logit[target] - logsumexp(logits)`` one sequence at a time, in float32, so no full-size
+    log-softmax of the whole batch is materialised.
     """
     B, T, _ = logits_B_T_V.shape
     out_B_T = logits_B_T_V.new_zeros((B, T), dtype=torch.float32)
@@ -88,6 +71,8 @@ def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor) -> Tensor:
     rows = []
     for b in range(B):
         logits_T_V = logits_B_T_V[b, :-1].float()
+        if temperatures_B is not None:
+            logits_T_V = logits_T_V / temperatures_B[b].to(logits_T_V)
         target_T = input_ids_B_T[b, 1:].unsqueeze(-1)
         picked_T = logits_T_V.gather(-1, target_T).squeeze(-1)
         rows.append(picked_T - torch.logsumexp(logits_T_V, dim=-1))

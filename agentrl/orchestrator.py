@@ -27,55 +27,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from agentrl.buffer import BufferConfig, RolloutBuffer, group_oldest_version
+from agentrl.buffer import RolloutBuffer, group_oldest_version
+from agentrl.config import PipelineConfig
 from agentrl.environment import Task
+from agentrl.protocols import EngineControl, GroupRunner, Publisher, Trainer
 from agentrl.types import Trajectory
 
 log = logging.getLogger(__name__)
 
 
-class PipelineConfig(BaseModel):
-    """How rollouts and training overlap (``mode = "async"``); ``sync`` mode uses η = 0 and ``block``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_staleness: int = Field(1, ge=0)
-    """η: a trained group's oldest model token is at most this many versions behind the trainer."""
-    drop_policy: Literal["drop_stale", "block"] = "block"
-    """``block``: batches are taken in admission order, so nothing goes stale and nothing is dropped;
-    ``drop_stale``: batches are taken in completion order, and groups overtaken past η are dropped (counted)."""
-    capacity_groups: int | None = Field(None, ge=1)
-    """Groups in flight plus buffered at most (back-pressure on the producer); default (η + 1) · groups per step."""
-    update_mode: Literal["keep", "wait"] = "keep"
-    """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
-    (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
-    weight_sync: Literal["shm", "file"] = "shm"
-    """``shm``: copy adapter tensors into the engine's live LoRA slot through shared memory (falls back to
-    files if an engine refuses); ``file``: write the adapter to disk and ``load_lora_adapter`` it."""
-
-
-class _Trainer(Protocol):
-    async def train(self, samples: list[Any]) -> dict[str, Any]: ...
-
-
-class _Publisher(Protocol):
-    async def publish(self, version: int) -> dict[str, float]: ...
-
-
-class _Engine(Protocol):
-    async def pause(self, mode: str = "keep") -> None: ...
-    async def resume(self) -> None: ...
-
-
-class _GroupRunner(Protocol):
-    async def run_group(self, task: Task, group_size: int) -> list[Trajectory]: ...
-
-
-async def live_update(engine: _Engine, publisher: _Publisher, version: int, *, paused: bool = True,
+async def live_update(engine: EngineControl, publisher: Publisher, version: int, *, paused: bool = True,
                       mode: str = "keep") -> dict[str, Any]:
     """Make ``version`` live in the engines. With ``paused``, generation is paused (``mode`` keep:
     in-flight requests frozen with their KV; wait: drained) around the copy and the version relabel,
@@ -116,30 +79,21 @@ class Activity:
         return self._busy + (self.clock() - self._since if self.active else 0.0)
 
 
-def buffer_config(mode: str, pipe: PipelineConfig, groups_per_step: int) -> BufferConfig:
-    """The buffer settings for ``mode``: sync is η = 0 with ``block``; async takes ``pipe``'s."""
-    eta = 0 if mode == "sync" else pipe.max_staleness
-    policy = "block" if mode == "sync" else pipe.drop_policy
-    cap = pipe.capacity_groups or (eta + 1) * groups_per_step
-    return BufferConfig(groups_per_step=groups_per_step, max_staleness=eta, drop_policy=policy,
-                        capacity_groups=max(cap, groups_per_step))
-
-
 class Orchestrator:
     """Runs the producer task and performs training steps; use as ``async with``."""
 
     def __init__(
         self,
         *,
-        runner: _GroupRunner,
-        trainer: _Trainer,
-        publisher: _Publisher,
-        engine: _Engine,
+        runner: GroupRunner,
+        trainer: Trainer,
+        publisher: Publisher,
+        engine: EngineControl,
         sample_task: Callable[[], Task],
-        buffer_cfg: BufferConfig,
+        pipeline: PipelineConfig,
+        groups_per_step: int,
         group_size: int,
         version: int = 0,
-        update_mode: str = "keep",
         normalize_std: bool = True,
         keep_failed: bool = False,
     ) -> None:
@@ -150,10 +104,12 @@ class Orchestrator:
         self.sample_task = sample_task
         self.group_size = group_size
         self.version = version
-        self.update_mode = update_mode
+        """The policy version: the one integer every part of the run takes its version from (see
+        ``agentrl.versions``); trained on, then published as ``version + 1``."""
+        self.update_mode = pipeline.update_mode
         self.normalize_std = normalize_std
         self.keep_failed = keep_failed
-        self.buffer = RolloutBuffer(buffer_cfg, start_version=version)
+        self.buffer = RolloutBuffer(pipeline, groups_per_step, start_version=version)
         self.generating = Activity()
         self.training = Activity()
         self.interrupted_groups = 0
@@ -226,7 +182,7 @@ class Orchestrator:
         samples, stats = to_samples(batch, normalize_std=self.normalize_std, keep_failed=self.keep_failed)
         self.training.enter()
         try:
-            train_metrics = await self.trainer.train(samples) if samples else {}
+            train_metrics = await self.trainer.train(samples, self.version) if samples else {}
         finally:
             self.training.exit()
         t2 = time.perf_counter()
@@ -255,7 +211,7 @@ class Orchestrator:
         mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
         self._tokens_total += stats.total_tokens
         buf = self.buffer.stats()
-        from agentrl.evaluate import metric_means
+        from agentrl.samples import metric_means
 
         return {
             **stats.as_metrics(),
@@ -264,7 +220,7 @@ class Orchestrator:
             **sync_metrics,
             "trained_on_version": trained_on,
             "wait_s": t1 - t0,
-            "gen_s": t1 - t0,
+            "gen_s": gen_busy,
             "train_s": t2 - t1,
             "sync_s": t3 - t2,
             "step_s": step_s,

@@ -17,17 +17,18 @@ returns the first result: a tool never runs twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import httpx
 
-from agentrl.environment import Environment, Task, ToolArgumentError, ToolError
+from agentrl.environment import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
+from agentrl.retry import RetriesExhausted, Retry, RetryPolicy
 from agentrl.types import Message
 
 log = logging.getLogger(__name__)
@@ -58,17 +59,15 @@ def _error_of(r: httpx.Response) -> tuple[str, str | None]:
     return str(body)[:300], None
 
 
-def _retry_after(r: httpx.Response | None, default: float) -> float:
-    if r is None:
-        return default
+def _retry_after(r: httpx.Response) -> float | None:
     try:
-        return min(30.0, max(0.0, float(r.headers.get("retry-after", ""))))
+        return float(r.headers.get("retry-after", ""))
     except ValueError:
-        return default
+        return None
 
 
 class _Retrying:
-    """Shared retry policy of the sync and async request paths."""
+    """The retry policy of the sync and async request paths (see ``agentrl.retry``)."""
 
     def __init__(
         self, url: str, token: str | None, timeout_s: float, max_retries: int, backoff_s: float
@@ -76,14 +75,12 @@ class _Retrying:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
-
-    def backoff(self, attempt: int) -> float:
-        return min(10.0, self.backoff_s * 2**attempt)
+        self.policy = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s, max_backoff_s=10.0)
 
     def outcome(self, method: str, path: str, r: httpx.Response, ok_status: Sequence[int]) -> Any:
-        """The JSON body of a success, None for an accepted status, or raise for a non-retryable error."""
+        """The JSON body of a success, None for an accepted status; ``Retry`` for a busy server, else raise."""
+        if r.status_code in RETRY_STATUS:
+            raise Retry(f"HTTP {r.status_code}: {_error_of(r)[0]}", retry_after_s=_retry_after(r))
         if r.status_code < 300:
             return r.json() if r.content else None
         if r.status_code in ok_status:
@@ -95,28 +92,26 @@ class _Retrying:
             code=code,
         )
 
-    def give_up(self, method: str, path: str, last: str) -> RemoteEnvError:
+    def give_up(self, method: str, path: str, e: RetriesExhausted) -> RemoteEnvError:
         return RemoteEnvError(
-            f"env server {self.url} failed {method} {path} after {self.max_retries + 1} "
-            f"attempts (is it running and reachable?); last error: {last}"
+            f"env server {self.url} failed {method} {path} after {len(e.errors)} "
+            f"attempts (is it running and reachable?); last error: {e}"
         )
 
     def request_sync(self, method: str, path: str, *, params: dict[str, Any] | None = None) -> Any:
-        last = ""
         with httpx.Client(timeout=self.timeout, headers=self.headers) as http:
-            for attempt in range(self.max_retries + 1):
-                resp = None
+
+            def attempt(_: int) -> Any:
                 try:
                     resp = http.request(method, self.url + path, params=params)
                 except httpx.TransportError as e:
-                    last = f"{type(e).__name__}: {e}"
-                else:
-                    if resp.status_code not in RETRY_STATUS:
-                        return self.outcome(method, path, resp, ())
-                    last = f"HTTP {resp.status_code}: {_error_of(resp)[0]}"
-                if attempt < self.max_retries:
-                    time.sleep(_retry_after(resp, self.backoff(attempt)))
-        raise self.give_up(method, path, last)
+                    raise Retry(f"{type(e).__name__}: {e}") from None
+                return self.outcome(method, path, resp, ())
+
+            try:
+                return self.policy.run_sync(attempt)
+            except RetriesExhausted as e:
+                raise self.give_up(method, path, e) from None
 
     async def request(
         self,
@@ -130,21 +125,19 @@ class _Retrying:
         retries: int | None = None,
     ) -> Any:
         headers = {"Idempotency-Key": key} if key else None
-        last = ""
-        tries = self.max_retries if retries is None else retries
-        for attempt in range(tries + 1):
-            resp = None
+        policy = self.policy if retries is None else dataclasses.replace(self.policy, max_retries=retries)
+
+        async def attempt(_: int) -> Any:
             try:
                 resp = await http.request(method, self.url + path, json=json, headers=headers)
             except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if resp.status_code not in RETRY_STATUS:
-                    return self.outcome(method, path, resp, ok_status)
-                last = f"HTTP {resp.status_code}: {_error_of(resp)[0]}"
-            if attempt < tries:
-                await asyncio.sleep(_retry_after(resp, self.backoff(attempt)))
-        raise self.give_up(method, path, last)
+                raise Retry(f"{type(e).__name__}: {e}") from None
+            return self.outcome(method, path, resp, ok_status)
+
+        try:
+            return await policy.run(attempt)
+        except RetriesExhausted as e:
+            raise self.give_up(method, path, e) from None
 
 
 class _either:
@@ -239,7 +232,8 @@ class RemoteEnvironment(Environment):
             "max_turns": int(info["max_turns"]),
             "max_tokens_per_turn": int(info["max_tokens_per_turn"]),
             "tool_timeout_s": float(info["tool_timeout_s"]),
-            "episode_timeout_s": float(info["episode_timeout_s"]),
+            "agent_time_limit_s": float(info["agent_time_limit_s"]),
+            "wall_time_limit_s": float(info["wall_time_limit_s"]),
             "url": url.rstrip("/"),
             "token": token,
             "remote_env": info["name"],
@@ -331,12 +325,15 @@ class RemoteEnvironment(Environment):
             "POST", f"/v1/sessions/{self.session_id}/step", json=body, key=uuid.uuid4().hex
         )
         obs = result["observations"][0] if result["observations"] else None
+        self.last_tool_s = obs.get("tool_s") if obs else None  # the server's measure, without the network
         if result["done"]:
             self.stop_reason = result.get("stop_reason")
             if self.stop_reason == "env_error":
                 raise RemoteEnvError(
                     f"the remote environment failed: {result.get('error')}", code="env_error"
                 )
+            if self.stop_reason == "timeout":  # the server session ran out of agent time
+                raise AgentTimeLimit(f"the server ended the episode: {result.get('error') or 'agent time used up'}")
             self.finished = True
         if obs is None:
             return ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agentrl.trainer.batch import TrainSample
@@ -29,6 +30,16 @@ class BatchStats:
         out = {k: float(v) for k, v in self.__dict__.items() if k != "stop_reasons"}
         out.update({f"stop_{k}": float(v) for k, v in self.stop_reasons.items()})
         return out
+
+
+def metric_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``metric_<name>``: the mean of each per-episode metric (e.g. partial credit) over the episodes that
+    report it."""
+    sums: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.metrics.items():
+            sums.setdefault(k, []).append(v)
+    return {f"metric_{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
 
 
 def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
@@ -80,6 +91,7 @@ def to_samples(
                     behav_logprobs=[0.0] * p + traj.logprobs,
                     advantage=float(adv),
                     versions=[-1] * p + traj.versions,
+                    temperature=traj.temperature,
                 )
             )
     stats.num_trained = len(samples)

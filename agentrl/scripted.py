@@ -14,9 +14,10 @@ import json
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
+from agentrl.config import SamplingConfig
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.inference.protocol import Generation
-from agentrl.rollout import SamplingConfig, run_episode
+from agentrl.rollout import run_episode
 from agentrl.types import Trajectory
 
 
@@ -117,8 +118,7 @@ async def run_scripted(env_cls: type[Environment], tasks: Sequence[Task], policy
 
 def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     """Success rate, mean reward, stop reasons, failures and the mean of every trajectory metric."""
-    from agentrl.evaluate import metric_means
-    from agentrl.samples import rollout_stats
+    from agentrl.samples import metric_means, rollout_stats
 
     out: dict[str, Any] = {k: v for k, v in rollout_stats(trajs).as_metrics().items() if not k.startswith("num_zero")}
     out.update(metric_means(trajs))

@@ -70,3 +70,19 @@ async def inference_stack(cfg: RunConfig, run_dir: Path) -> AsyncIterator[Infere
             await client.aclose()
         for server in servers:
             await asyncio.to_thread(server.stop)
+
+
+async def check_sampling_logprobs(stack: InferenceStack, cfg: RunConfig) -> None:
+    """Refuse to train at a temperature other than 1 on an engine whose logprobs are not of the sampled
+    distribution (vLLM's default ``--logprobs-mode raw_logprobs``): the trainer would compare the wrong
+    distribution. Servers agentrl starts report the sampled distribution; ``--endpoint`` servers are probed."""
+    if cfg.sampling.temperature == 1.0:
+        return  # at temperature 1 (top_p 1, top_k 0) raw and processed logprobs are the same
+    prompt = stack.chat.prompt_ids([{"role": "user", "content": "Hello"}], None)
+    found = await stack.client.reports_sampling_logprobs(prompt, model=cfg.inference.served_model_name)
+    raw = [url for url, ok in found.items() if not ok]
+    if raw:
+        raise ValueError(
+            f"inference endpoint(s) {', '.join(raw)} report logprobs at temperature 1, but rollouts sample "
+            f"at temperature {cfg.sampling.temperature}: the importance weights would be wrong. Start vLLM "
+            "with --logprobs-mode processed_logprobs (or train at temperature 1)")

@@ -9,22 +9,15 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Protocol
 
-
-class _Trainer(Protocol):
-    async def save_adapter(self, path: Path) -> dict[str, Any]: ...
-
-
-class _Engine(Protocol):
-    async def load_lora_adapter(self, name: str, path: str, inplace: bool = True) -> float: ...
-    async def set_weight_version(self, version: str) -> None: ...
+from agentrl.protocols import AdapterLoader, AdapterSaver
+from agentrl.versions import engine_label
 
 
 class FileAdapterSync:
     """Publish adapters through files: save (trainer) → load in place (every engine)."""
 
-    def __init__(self, trainer: _Trainer, engine: _Engine, adapter_dir: Path, name: str, keep: int = 2,
+    def __init__(self, trainer: AdapterSaver, engine: AdapterLoader, adapter_dir: Path, name: str, keep: int = 2,
                  set_version: bool = True) -> None:
         self.trainer = trainer
         self.engine = engine
@@ -41,7 +34,7 @@ class FileAdapterSync:
         t1 = time.perf_counter()
         await self.engine.load_lora_adapter(self.name, str(path.resolve()), inplace=True)
         if self.set_version:  # label the served weights: later tokens carry this version
-            await self.engine.set_weight_version(str(version))
+            await self.engine.set_weight_version(engine_label(version))
         t2 = time.perf_counter()
         self._prune()
         return {

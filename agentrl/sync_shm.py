@@ -19,27 +19,15 @@ import secrets
 import time
 import weakref
 from multiprocessing import shared_memory
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from agentrl.protocols import AdapterSource, EngineRPC, Publisher
+from agentrl.versions import engine_label
+
 UPDATE_METHOD = "agentrl_update_lora"
 _ALIGN = 64
-
-
-class _Trainer(Protocol):
-    async def get_adapter_tensors(self) -> dict[str, torch.Tensor]: ...
-
-
-class _Engine(Protocol):
-    async def collective_rpc(self, method: str, args: list[str] | None = None,
-                             kwargs: dict[str, str] | None = None, timeout: float | None = None) -> list[list[Any]]: ...
-    async def reset_prefix_cache(self) -> None: ...
-    async def set_weight_version(self, version: str) -> None: ...
-
-
-class _Fallback(Protocol):
-    async def publish(self, version: int) -> dict[str, float]: ...
 
 
 class SyncError(RuntimeError):
@@ -66,7 +54,7 @@ class SharedMemoryAdapterSync:
     with the old weights.
     """
 
-    def __init__(self, trainer: _Trainer, engine: _Engine, name: str, *, fallback: _Fallback | None = None,
+    def __init__(self, trainer: AdapterSource, engine: EngineRPC, name: str, *, fallback: Publisher | None = None,
                  set_version: bool = True, reset: str = "1", rpc_timeout_s: float = 30.0) -> None:
         self.trainer = trainer
         self.engine = engine
@@ -126,7 +114,7 @@ class SharedMemoryAdapterSync:
         t2 = time.perf_counter()
         assert self.shm is not None
         kwargs = {"adapter": self.name, "shm_name": self.shm.name, "meta_json": self._meta_json,
-                  "layout_id": self._layout_id, "weight_version": str(version) if self.set_version else "",
+                  "layout_id": self._layout_id, "weight_version": engine_label(version) if self.set_version else "",
                   "reset_prefix_cache": self.reset}
         results = await self.engine.collective_rpc(UPDATE_METHOD, kwargs=kwargs, timeout=self.rpc_timeout_s)
         t3 = time.perf_counter()
@@ -145,7 +133,7 @@ class SharedMemoryAdapterSync:
             calls.append(self.engine.reset_prefix_cache())
             reset_ok = -1.0  # done over HTTP; the client does not report vLLM's success flag
         if self.set_version and not all(w.get("version_set") for w in workers):
-            calls.append(self.engine.set_weight_version(str(version)))
+            calls.append(self.engine.set_weight_version(engine_label(version)))
         await asyncio.gather(*calls)  # both after the copy; their relative order does not matter
         t4 = time.perf_counter()
         in_engine_reset = max((float(w.get("reset_ms") or 0.0) for w in workers), default=0.0)

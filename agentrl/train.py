@@ -21,9 +21,9 @@ from agentrl.config import RunConfig
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
 from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run
-from agentrl.orchestrator import Orchestrator, buffer_config
+from agentrl.orchestrator import Orchestrator
 from agentrl.registry import load_env
-from agentrl.stack import InferenceStack, inference_stack
+from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
 from agentrl.sync import FileAdapterSync
 from agentrl.tasks import load_tasks
 from agentrl.workers import RolloutWorkers
@@ -37,10 +37,14 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-class Trainer:
-    """One training run (see module docstring). Use ``await Trainer(cfg).run()``."""
+class TrainingRun:
+    """One training run (see module docstring). Use ``await TrainingRun(cfg).run()``.
+
+    Raises ``ValueError`` at construction when the config cannot train correctly (e.g. ``top_p < 1``).
+    """
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
+        cfg.check_trainable()
         self.cfg = cfg.resolved()
         self.resume = resume
         self.progress = progress
@@ -50,6 +54,9 @@ class Trainer:
         self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", self.cfg.eval_tasks)[: self.cfg.eval_size]
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.version = 0
+        """The policy version before and after the training loop; while it runs, the orchestrator owns
+        it (read it through :meth:`policy_version`)."""
+        self.orch: Orchestrator | None = None
         self.step = 0
 
     async def run(self) -> dict[str, Any]:
@@ -62,6 +69,7 @@ class Trainer:
         t_start = time.perf_counter()
         # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
         async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir) as stack:
+            await check_sampling_logprobs(stack, cfg)
             trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=cfg.nproc)
             await asyncio.to_thread(trainer.start)
             try:
@@ -71,7 +79,7 @@ class Trainer:
                 workers = RolloutWorkers(
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
-                    policy_version=lambda: self.version,
+                    policy_version=self.policy_version,
                 )
                 first = None
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
@@ -95,6 +103,10 @@ class Trainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
+    def policy_version(self) -> int:
+        """The current policy version (the orchestrator's while the training loop runs)."""
+        return self.orch.version if self.orch is not None else self.version
+
     async def _maybe_resume(self, trainer: Any) -> None:
         if not self.resume:
             return
@@ -110,7 +122,7 @@ class Trainer:
     async def _checkpoint(self, trainer: Any) -> None:
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         await trainer.save_checkpoint(path)
-        (path / "state.json").write_text(json.dumps({"step": self.step, "version": self.version}))
+        (path / "state.json").write_text(json.dumps({"step": self.step, "version": self.policy_version()}))
 
     async def _warm_up(self, stack: InferenceStack) -> None:
         from agentrl.inference.warmup import warm_up
@@ -125,7 +137,7 @@ class Trainer:
     async def _evaluate(self, workers: RolloutWorkers) -> dict[str, float]:
         t0 = time.perf_counter()
         result = await evaluate(workers, self.eval_tasks, temperature=self.cfg.eval_temperature)
-        rec = {"kind": "eval", "step": self.step, "version": self.version, **result,
+        rec = {"kind": "eval", "step": self.step, "version": self.policy_version(), **result,
                "eval_s": time.perf_counter() - t0}
         self.metrics.write(rec)
         return result
@@ -148,11 +160,10 @@ class Trainer:
 
         cfg = self.cfg
         rng = random.Random(cfg.seed * 100_003 + self.step)
-        orch = Orchestrator(
+        self.orch = orch = Orchestrator(
             runner=workers, trainer=trainer, publisher=publisher, engine=client,
-            sample_task=lambda: rng.choice(self.train_tasks),
-            buffer_cfg=buffer_config(cfg.mode, cfg.pipeline, cfg.tasks_per_step),
-            group_size=cfg.group_size, version=self.version, update_mode=cfg.pipeline.update_mode,
+            sample_task=lambda: rng.choice(self.train_tasks), pipeline=cfg.pipeline,
+            groups_per_step=cfg.tasks_per_step, group_size=cfg.group_size, version=self.version,
             normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,
         )
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
@@ -166,10 +177,9 @@ class Trainer:
                         log.info("time limit of %.1f min reached", cfg.time_limit_min)
                         break
                     rec = await orch.step()
-                    self.version = orch.version
                     self.step += 1
                     wall = time.perf_counter() - t_start
-                    self.metrics.write({"kind": "train", "step": self.step, "version": self.version,
+                    self.metrics.write({"kind": "train", "step": self.step, "version": orch.version,
                                         "mode": cfg.mode, **rec, "wall_s": wall,
                                         "wall_train_s": time.perf_counter() - loop_t0 - eval_s})
                     bar.update(1)
@@ -184,4 +194,5 @@ class Trainer:
                     plot_run(self.metrics.path, self.run_dir / "reward_curve.png")
         finally:
             bar.close()
+            self.version, self.orch = orch.version, None
         plot_pipeline(self.metrics.path, self.run_dir / "pipeline.png")

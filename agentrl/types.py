@@ -7,7 +7,8 @@ A `Trajectory` holds one episode exactly as the engine saw it:
   tokens appended between turns. Turn k+1's prompt is always ``prompt_ids + completion_ids[:n]``;
 - ``loss_mask``: 1 on model-generated tokens, 0 on tool/template tokens (one entry per completion token);
 - ``logprobs``: the behaviour policy's logprob of each completion token (0.0 where the mask is 0);
-- ``versions``: the policy version that generated each completion token (-1 where the mask is 0).
+- ``versions``: the policy version that generated each completion token (-1 where the mask is 0);
+- ``temperature``: the sampling temperature, so the trainer scores the distribution that was sampled.
 
 Text is never re-tokenized to rebuild a sequence: the ids above are the ids the engine returned.
 """
@@ -30,7 +31,11 @@ class StopReason(str, enum.Enum):
     MAX_TOKENS = "max_tokens"
     """A generation was cut by its token budget or the context window."""
     TIMEOUT = "timeout"
-    """The per-episode wall clock ran out."""
+    """The agent's time budget (``Environment.agent_time_limit_s``: its tool calls) ran out. Trained on:
+    the agent spent that time."""
+    WALL_TIMEOUT = "wall_timeout"
+    """The hard wall-clock safety limit (``Environment.wall_time_limit_s``) ran out: the engine or the
+    environment was too slow. An infrastructure failure, never trained on."""
     PARSE_ERROR = "parse_error"
     """Too many consecutive malformed tool calls."""
     ENV_ERROR = "env_error"
@@ -41,7 +46,12 @@ class StopReason(str, enum.Enum):
     """The run was shut down while the episode was in flight."""
 
 
-FAILED_STOP_REASONS = frozenset({StopReason.ENV_ERROR, StopReason.INFERENCE_ERROR, StopReason.ABORTED})
+FAILED_STOP_REASONS = frozenset(
+    {StopReason.ENV_ERROR, StopReason.INFERENCE_ERROR, StopReason.ABORTED, StopReason.WALL_TIMEOUT})
+"""Stop reasons of episodes that broke (not the model's doing): recorded, never trained on by default."""
+SCORED_STOP_REASONS = frozenset(
+    {StopReason.COMPLETED, StopReason.MAX_TURNS, StopReason.MAX_TOKENS, StopReason.PARSE_ERROR})
+"""Stop reasons whose episodes are scored by ``reward()``; the others get reward 0."""
 
 
 class ToolCall(BaseModel):
@@ -86,10 +96,15 @@ class Timings(BaseModel):
     """Wall-clock seconds spent in each part of an episode."""
 
     generate_s: float = 0.0
+    """Waiting for the engine (queueing and paused updates included): never charged to the agent."""
     tool_s: float = 0.0
-    sandbox_s: float = 0.0
+    """In tool calls: what the agent's time limit counts."""
+    reset_s: float = 0.0
+    """In the environment's ``reset``."""
     reward_s: float = 0.0
+    """In the environment's ``reward``."""
     total_s: float = 0.0
+    """The whole episode."""
 
 
 class Trajectory(BaseModel):
@@ -104,6 +119,8 @@ class Trajectory(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     versions: list[int] = Field(default_factory=list)
+    temperature: float = 1.0
+    """Sampling temperature of every model token (the engine's logprobs are at this temperature)."""
     messages: list[Message] = Field(default_factory=list)
     reward: float = 0.0
     metrics: dict[str, float] = Field(default_factory=dict)

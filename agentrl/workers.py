@@ -7,8 +7,10 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from agentrl.chat import ChatFormat
+from agentrl.config import SamplingConfig
 from agentrl.environment import Environment, Task
-from agentrl.rollout import Generator, SamplingConfig, run_episode
+from agentrl.protocols import Generator
+from agentrl.rollout import run_episode
 from agentrl.types import Trajectory
 
 

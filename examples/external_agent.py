@@ -140,7 +140,7 @@ def rollout(
         "model": args.model,
         "sampling": {"temperature": args.temperature},
     }
-    r = env_server.post("/v1/rollouts", json=body, timeout=env["episode_timeout_s"] + 60)
+    r = env_server.post("/v1/rollouts", json=body, timeout=env["wall_time_limit_s"] + 60)
     r.raise_for_status()
     t = r.json()["trajectory"]
     return {

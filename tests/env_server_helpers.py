@@ -12,6 +12,15 @@ import agentrl
 from agentrl.server.config import ServerConfig
 
 TOKEN = "test-token-0123456789abcdef"
+BAD_REWARDS: dict[str, Any] = {
+    "nan": float("nan"),
+    "inf": float("-inf"),
+    "no_key": {"score": 1.0},
+    "text": "1.0",
+    "nan_metric": {"reward": 1.0, "partial": float("nan")},
+    "text_metric": {"reward": 1.0, "partial": "most"},
+}
+"""What ``Probe.reward`` returns for a task with ``bad_reward: <key>``: each breaks the reward rule."""
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -91,6 +100,8 @@ class Probe(agentrl.Environment):
     async def reward(self, messages: list[agentrl.Message]) -> dict[str, float]:
         if self.task.get("fail_reward"):
             raise ValueError("reward exploded")
+        if self.task.get("bad_reward"):
+            return BAD_REWARDS[self.task["bad_reward"]]
         last = messages[-1].content if messages else ""
         return {"reward": float(getattr(self, "answer", last) == "42"), "turns": float(len(messages))}
 

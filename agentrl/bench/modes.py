@@ -53,13 +53,14 @@ def _curve(run_dir: Path, window: int = 5) -> list[tuple[float, float]]:
 async def run_modes(env: str, steps: int, eta: int, out: Path, eval_every: int, eval_size: int,
                     extra: dict[str, Any]) -> dict[str, Any]:
     from agentrl.config import load_config
-    from agentrl.train import Trainer
+    from agentrl.train import TrainingRun
 
     for mode in ("sync", "async"):
         overrides = {"env": env, "name": mode, "output_dir": str(out), "steps": steps, "mode": mode,
                      "eval_every": eval_every, "eval_size": eval_size, "checkpoint_every": 0,
-                     "time_limit_min": None, "pipeline": {"max_staleness": eta}, **extra}
-        await Trainer(load_config(None, overrides)).run()
+                     "time_limit_min": None, "pipeline": {"max_staleness": eta if mode == "async" else 0},
+                     **extra}
+        await TrainingRun(load_config(None, overrides)).run()
     return compare(env, steps, eta, out)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from agentrl.bench.sim import PipelineSim, SimParams, SimResult
 from agentrl.bench.traces import MIXES, make_trace, mix_spec
-from agentrl.buffer import BufferConfig
+from agentrl.config import PipelineConfig
 
 
 def summarize(res: SimResult, slots: int) -> dict[str, Any]:
@@ -76,15 +76,15 @@ def run_pipeline_bench(
     groups_per_step = groups_per_step or max(1, p.slots // group_size)
     # async may need groups beyond `steps` batches: replacements for dropped groups, plus the lookahead
     trace = make_trace(spec, 2 * steps + eta + 2, groups_per_step, group_size, seed)
-    cfg = BufferConfig(groups_per_step=groups_per_step, max_staleness=eta,
-                       capacity_groups=capacity_groups or 4 * groups_per_step, drop_policy=drop_policy)
+    pipe = PipelineConfig(max_staleness=eta, capacity_groups=capacity_groups or 4 * groups_per_step,
+                          drop_policy=drop_policy)
     res_sync = PipelineSim(trace, p, "sync", steps).run()
-    res_async = PipelineSim(trace, p, "async", steps, cfg).run()
+    res_async = PipelineSim(trace, p, "async", steps, pipe).run()
     s, a = summarize(res_sync, p.slots), summarize(res_async, p.slots)
     out: dict[str, Any] = {
         "mix": mix, "seed": seed, "eta": eta, "steps": steps, "drop_policy": drop_policy,
         "groups_per_step": groups_per_step, "group_size": group_size,
-        "capacity_groups": cfg.capacity_groups,
+        "capacity_groups": pipe.capacity(groups_per_step),
         "async_over_sync": a["tokens_per_s"] / max(s["tokens_per_s"], 1e-12),
         "trainer_idle_sync": s["trainer_idle"], "trainer_idle_async": a["trainer_idle"],
         "inference_idle_sync": s["inference_idle"], "inference_idle_async": a["inference_idle"],

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.traces import MIXES, Episode, make_trace, mix_spec
-from agentrl.orchestrator import Orchestrator, PipelineConfig, buffer_config
-from agentrl.rollout import _token_versions
+from agentrl.config import PipelineConfig
+from agentrl.orchestrator import Orchestrator
 from agentrl.types import StopReason, Trajectory
+from agentrl.versions import token_versions
 
 ADAPTER = "bench-policy"
 
@@ -64,13 +65,14 @@ class TraceReplayer:
             n_out = min(self._n(turn.output_tokens), room)
             if n_out <= 0:
                 break
+            sent = self.version()
             gen = await self.client.generate(traj.prompt_ids + traj.completion_ids, max_tokens=n_out,
                                              temperature=1.0, model=ADAPTER, ignore_eos=True,
-                                             cache_salt=f"policy-v{self.version()}")
+                                             cache_salt=f"policy-v{sent}")
             traj.completion_ids += gen.token_ids
             traj.loss_mask += [1] * len(gen.token_ids)
             traj.logprobs += list(gen.logprobs)
-            traj.versions += _token_versions(gen, self.version())
+            traj.versions += token_versions(gen, sent)
             traj.num_turns = j + 1
             if j + 1 < len(ep.turns):
                 await asyncio.sleep(turn.tool_latency_s * self.time_scale)
@@ -87,21 +89,20 @@ class TraceReplayer:
 
 async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, groups: list[list[Episode]],
                     args: argparse.Namespace, version0: int) -> dict[str, Any]:
-    state = {"version": version0}
+    orch: Orchestrator | None = None  # the runner reads the orchestrator's policy version, the one source
     runner = TraceReplayer(client, groups, max_len=args.max_len, token_scale=args.token_scale,
-                           time_scale=args.time_scale, vocab=args.vocab, version=lambda: state["version"])
+                           time_scale=args.time_scale, vocab=args.vocab,
+                           version=lambda: orch.version if orch is not None else version0)
     counter = itertools.count()
-    pipe = PipelineConfig(max_staleness=args.eta, drop_policy="block")
+    pipe = PipelineConfig(max_staleness=args.eta if mode == "async" else 0, drop_policy="block")
     orch = Orchestrator(runner=runner, trainer=trainer, publisher=publisher, engine=client,
-                        sample_task=lambda: {"id": next(counter)},
-                        buffer_cfg=buffer_config(mode, pipe, args.groups_per_step), group_size=args.group_size,
-                        version=version0)
+                        sample_task=lambda: {"id": next(counter)}, pipeline=pipe,
+                        groups_per_step=args.groups_per_step, group_size=args.group_size, version=version0)
     recs = []
     t0 = time.perf_counter()
     async with orch:
         for _ in range(args.steps):
             recs.append(await orch.step())
-            state["version"] = orch.version
     wall = time.perf_counter() - t0
     trained_tokens = sum(r["total_tokens"] for r in recs)
     train_s = sum(r["train_s"] for r in recs)

@@ -24,7 +24,7 @@ class ShellEnv(Environment):
     system_prompt: ClassVar[str | None] = "Use the run tool to execute shell commands, then say done."
     max_turns: ClassVar[int] = 8
     tool_timeout_s: ClassVar[float] = 30.0
-    episode_timeout_s: ClassVar[float] = 300.0
+    agent_time_limit_s: ClassVar[float] = 300.0
     command_timeout_s: ClassVar[float] = 10.0
     """Limit of one command inside the sandbox."""
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.bench.traces import Episode, Trace
-from agentrl.buffer import BufferConfig, BufferCore, oldest_version
+from agentrl.buffer import BufferCore, oldest_version
+from agentrl.config import PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -113,14 +114,13 @@ class PipelineSim:
     """Replays the first groups of ``trace`` until ``steps`` train steps are done."""
 
     def __init__(self, trace: Trace, params: SimParams, mode: Literal["sync", "async"], steps: int,
-                 buffer_cfg: BufferConfig | None = None) -> None:
+                 pipeline: PipelineConfig | None = None) -> None:
         self.p, self.mode, self.n_steps = params, mode, steps
         self.groups = trace.groups
         self.B = trace.groups_per_step
         if mode == "async":
-            self.core: BufferCore[_Group] = BufferCore(buffer_cfg or BufferConfig(groups_per_step=self.B))
-            if self.core.cfg.groups_per_step != self.B:
-                raise ValueError("buffer groups_per_step must match the trace's")
+            pipe = pipeline or PipelineConfig(max_staleness=1, drop_policy="drop_stale")
+            self.core: BufferCore[_Group] = BufferCore(pipe, self.B)
         elif len(self.groups) < steps * self.B:
             raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
         self.t = self.w = 0.0

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
     args = ap.parse_args(argv)
 
-    from agentrl.inference.server import VLLMServer, VLLMServerConfig
+    from agentrl.inference import VLLMServer, VLLMServerConfig
 
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
         work = Path(args.work_dir or tmp)

@@ -7,10 +7,10 @@ from agentrl.inference.client import (
     InferenceClient,
     InferenceError,
 )
+from agentrl.inference.config import VLLMServerConfig
 from agentrl.inference.server import (
     ServerStartError,
     VLLMServer,
-    VLLMServerConfig,
     reap_stale,
     validate_model_dir,
 )

@@ -29,6 +29,7 @@ from agentrl.inference.protocol import (
     parse_generate,
 )
 from agentrl.inference.routing import Endpoint, EndpointPool
+from agentrl.retry import RetriesExhausted, Retry, RetryPolicy
 
 __all__ = ["ContextLengthError", "EndpointPool", "Generation", "InferenceClient", "InferenceError"]
 
@@ -54,8 +55,7 @@ class InferenceClient:
         self.pool = EndpointPool(endpoints)
         self.model = model
         self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.retry = RetryPolicy(max_retries=max_retries, backoff_s=backoff_s)
         # Waiting for a free pooled connection is local back-pressure (pool=None); every network step is bounded.
         # The connections are split over several small pools: httpcore's pool scans all its queued requests
         # against all its connections on every change, which at 100+ concurrent requests costs more CPU
@@ -84,10 +84,6 @@ class InferenceClient:
         """The endpoint base URLs."""
         return [e.url for e in self.pool.endpoints]
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before retry number ``attempt + 1`` (exponential, capped at 30 s)."""
-        return min(30.0, self.backoff_s * (2**attempt))
-
     async def _send(self, ep: Endpoint, method: str, path: str, *, timeout: float | None = None,
                     **kw: Any) -> httpx.Response:
         kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
@@ -98,18 +94,22 @@ class InferenceClient:
         return check_response(r, ep.url + path)
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
-                       stop_token_ids: list[int] | None = None, model: str | None = None, key: str | None = None,
-                       seed: int | None = None, cache_salt: str | None = None,
-                       ignore_eos: bool = False) -> Generation:
+                       top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
+                       key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
+                       ignore_eos: bool = False, top_logprobs: int = 0) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
+        Every sampling parameter is sent (penalties and ``min_p`` neutral), so a model's own sampling
+        defaults never change the distribution the logprobs describe. ``top_k = 0`` disables top-k.
         ``cache_salt`` partitions the engine's prefix cache: requests only reuse KV blocks computed under
         the same salt. The rollout loop salts with the policy version, so KV computed by old weights is
         never reused for a new version's request (in-flight requests keep their own KV).
         """
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "logprobs": 0,
+        sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                              "top_k": top_k if top_k > 0 else -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
                               "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
         if seed is not None:
             sp["seed"] = seed
@@ -122,26 +122,27 @@ class InferenceClient:
         if cache_salt:
             gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
         tried: list[str] = []
-        last = ""
-        for attempt in range(self.max_retries + 1):
+
+        async def attempt(_: int) -> Generation:
             ep = self.pool.pick(key, avoid=tried)
             ep.outstanding += 1
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
             except TransientError as e:
                 tried.append(ep.url)
-                last = f"{ep.url}: {e}"
-            else:
-                if len(gen.logprobs) != len(gen.token_ids):
-                    raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
-                                         f"{len(gen.logprobs)} logprobs", endpoint=ep.url)
-                return gen
+                raise Retry(f"{ep.url}: {e}") from None
             finally:
                 ep.outstanding -= 1
-            if attempt < self.max_retries:
-                await asyncio.sleep(self.backoff(attempt))
-        raise InferenceError(f"generate failed after {self.max_retries + 1} attempts on "
-                             f"{sorted(set(tried))}; last error: {last}", endpoint=tried[-1] if tried else None)
+            if len(gen.logprobs) != len(gen.token_ids):
+                raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
+                                     f"{len(gen.logprobs)} logprobs", endpoint=ep.url)
+            return gen
+
+        try:
+            return await self.retry.run(attempt)
+        except RetriesExhausted as e:
+            raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(tried))}; "
+                                 f"last error: {e}", endpoint=tried[-1] if tried else None) from None
 
     async def _generate_on(self, ep: Endpoint, gen_body: dict[str, Any], cmpl_body: dict[str, Any]) -> Generation:
         if ep.mode != "completions":
@@ -157,20 +158,22 @@ class InferenceClient:
 
     async def _call(self, ep: Endpoint, method: str, path: str, **kw: Any) -> httpx.Response:
         """One admin call on one endpoint, retrying transient failures with backoff."""
-        last = ""
-        for attempt in range(self.max_retries + 1):
+
+        async def attempt(_: int) -> httpx.Response:
             try:
                 return await self._send(ep, method, path, **kw)
             except TransientError as e:
-                last = str(e)
+                raise Retry(str(e)) from None
             except RouteUnavailable as e:
                 raise InferenceError(f"{e} (is the server started with VLLM_SERVER_DEV_MODE=1 and "
                                      "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)", endpoint=e.endpoint,
                                      status_code=e.status_code) from None
-            if attempt < self.max_retries:
-                await asyncio.sleep(self.backoff(attempt))
-        raise InferenceError(f"{method} {ep.url}{path} failed after {self.max_retries + 1} attempts; "
-                             f"last error: {last}", endpoint=ep.url)
+
+        try:
+            return await self.retry.run(attempt)
+        except RetriesExhausted as e:
+            raise InferenceError(f"{method} {ep.url}{path} failed after {len(e.errors)} attempts; "
+                                 f"last error: {e}", endpoint=ep.url) from None
 
     async def _broadcast(self, method: str, path: str, **kw: Any) -> list[float]:
         """Run one admin call on every endpoint concurrently; seconds per endpoint, or raise naming failures."""
@@ -242,6 +245,42 @@ class InferenceClient:
         if errors:
             raise InferenceError("; ".join(str(e) for e in errors))
         return results  # type: ignore[return-value]
+
+    async def reports_sampling_logprobs(self, prompt_ids: list[int], model: str | None = None) -> dict[str, bool]:
+        """Per endpoint: whether its logprobs describe the distribution it samples from (vLLM's
+        ``--logprobs-mode processed_logprobs``) rather than the model at temperature 1 (``raw_logprobs``).
+
+        Probe: the top-5 candidates of one token at temperature 1 and at 0.25. A raw-mode engine reports
+        the same logprobs for both; an engine reporting the sampled distribution sharpens them.
+        """
+
+        async def top(ep: Endpoint, temperature: float) -> dict[int, float]:
+            sp = {"max_tokens": 1, "temperature": temperature, "logprobs": 5, "seed": 0}
+            if ep.mode != "completions":
+                try:
+                    r = await self._send(ep, "POST", _GENERATE, json={
+                        "model": model or self.model, "token_ids": list(prompt_ids),
+                        "sampling_params": {**sp, "detokenize": False}})
+                    content = r.json()["choices"][0]["logprobs"]["content"][0]
+                    return {int(c["token_id"]): float(c["logprob"]) for c in content["top_logprobs"]}
+                except RouteUnavailable:
+                    ep.mode = "completions"
+            r = await self._send(ep, "POST", _COMPLETIONS, json={
+                "model": model or self.model, "prompt": list(prompt_ids), "return_token_ids": True, **sp})
+            cands = r.json()["choices"][0]["logprobs"]["top_logprobs"][0]
+            return {hash(k): float(v) for k, v in cands.items()}
+
+        async def one(ep: Endpoint) -> bool:
+            try:
+                t1, t025 = await top(ep, 1.0), await top(ep, 0.25)
+            except (TransientError, KeyError, IndexError, TypeError, ValueError) as e:
+                raise InferenceError(f"{ep.url}: logprobs probe failed: {type(e).__name__}: {e}",
+                                     endpoint=ep.url) from None
+            common = set(t1) & set(t025)
+            return any(abs(t1[k] - t025[k]) > 1e-3 for k in common) or not common
+
+        oks = await asyncio.gather(*(one(ep) for ep in self.pool.endpoints))
+        return {ep.url: ok for ep, ok in zip(self.pool.endpoints, oks, strict=True)}
 
     async def health(self) -> dict[str, bool]:
         """``GET /health`` on every endpoint (one try, short timeout)."""

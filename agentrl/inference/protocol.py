@@ -42,11 +42,13 @@ class Generation:
 
     token_ids: list[int]
     logprobs: list[float]
-    """Logprob of each sampled token (vLLM's default logprobs mode: raw, before temperature/top-p)."""
+    """Logprob of each sampled token, as the engine reports it: of the distribution it sampled from when
+    it runs with ``--logprobs-mode processed_logprobs`` (agentrl's servers do), else at temperature 1."""
     finish_reason: str
     """"stop" (EOS / stop token, which ends ``token_ids``), "length", or "abort" (e.g. ``pause(mode="abort")``)."""
-    weight_versions: list[tuple[str, int, int]] | None
-    """(version, start, end) spans over output-token indexes; None on the completions fallback."""
+    weight_versions: list[tuple[str | None, int, int]] | None
+    """(weight label, start, end) spans over output-token indexes (label None: the engine had none);
+    None on the completions fallback. :func:`agentrl.versions.token_versions` reads them."""
     routed_experts: Any | None
     """MoE routing as vLLM returns it (base64 ``.npy``), or None."""
     endpoint: str
@@ -95,7 +97,8 @@ def parse_generate(body: dict[str, Any], url: str) -> Generation:
         token_ids=list(ch["token_ids"]),
         logprobs=[float(c["logprob"]) for c in content],
         finish_reason=ch.get("finish_reason") or "stop",
-        weight_versions=[(str(s["version"]), int(s["start"]), int(s["end"])) for s in spans] if spans else None,
+        weight_versions=[(None if s.get("version") is None else str(s["version"]), int(s["start"]), int(s["end"]))
+                         for s in spans] if spans else None,
         routed_experts=ch.get("routed_experts"),
         endpoint=url,
     )

@@ -23,56 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+
+from agentrl.inference.config import VLLMServerConfig
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 
 
 class ServerStartError(RuntimeError):
     """The vLLM server exited or did not become healthy in time (the message carries the log tail)."""
-
-
-class VLLMServerConfig(BaseModel):
-    """How to launch one vLLM server."""
-
-    model: str
-    """Local model directory (config.json + weights + tokenizer)."""
-    served_model_name: str = "base"
-    """Name of the base model in the OpenAI API (LoRA adapters are addressed by their own names)."""
-    host: str = "127.0.0.1"
-    """Interface to bind."""
-    port: int = Field(0, ge=0, le=65535)
-    """TCP port; 0 picks a free one."""
-    dtype: str = "auto"
-    """Weights/activations dtype passed to vLLM (auto, float32, bfloat16, float16)."""
-    max_model_len: int = Field(2048, ge=16)
-    """Longest prompt + completion, in tokens."""
-    enable_lora: bool = True
-    """Serve LoRA adapters (needed for the RL weight sync)."""
-    max_lora_rank: int = Field(16, ge=1, le=512)
-    """Largest LoRA rank the engine reserves room for."""
-    max_loras: int = Field(2, ge=1, le=64)
-    """LoRA adapters resident in one batch."""
-    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
-    """Fraction of GPU memory vLLM may use (GPU builds only; ignored on CPU)."""
-    cpu_kvcache_gb: int = Field(1, ge=1, le=1024)
-    """KV-cache size in GiB on the CPU build (VLLM_CPU_KVCACHE_SPACE)."""
-    cpu_cores: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
-    """CPU only: run the server on these cores (a ``taskset`` list such as ``"0"`` or ``"0-3"``) and bind
-    its OpenMP threads there, so inference and a trainer pinned elsewhere do not compete for cores."""
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
-    """GPUs per engine (tensor parallelism)."""
-    seed: int = 0
-    """Engine seed."""
-    startup_timeout_s: float = Field(300.0, gt=0.0)
-    """Seconds to wait for ``GET /health`` to succeed."""
-    extra_args: list[str] = Field(default_factory=list)
-    """Extra command-line arguments appended verbatim."""
-    enable_prefix_caching: bool = True
-    """Reuse the KV cache of shared prompt prefixes (multi-turn episodes re-send their history)."""
-    worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
-    """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
-    None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
 
 
 def _is_cpu_build() -> bool:
@@ -228,7 +186,10 @@ class VLLMServer:
                "--model", c.model, "--served-model-name", c.served_model_name,
                "--host", c.host, "--port", str(self.port), "--dtype", c.dtype,
                "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
-               "--tensor-parallel-size", str(c.tensor_parallel_size), "--enable-scale-out"]
+               "--tensor-parallel-size", str(c.tensor_parallel_size), "--enable-scale-out",
+               # logprobs of the distribution actually sampled from; sampling defaults from the request only
+               # (a model's generation_config.json may set top_k/top_p/penalties the trainer cannot reproduce)
+               "--logprobs-mode", c.logprobs_mode, "--generation-config", "vllm"]
         cmd.append("--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching")
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]

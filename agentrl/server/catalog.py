@@ -59,7 +59,8 @@ class EnvCatalog:
             max_turns=cls.max_turns,
             max_tokens_per_turn=cls.max_tokens_per_turn,
             tool_timeout_s=cls.tool_timeout_s,
-            episode_timeout_s=cls.episode_timeout_s,
+            agent_time_limit_s=cls.agent_time_limit_s,
+            wall_time_limit_s=cls.wall_time_limit_s,
             accepts_task_payload=self.allow_task_payload,
         )
 

@@ -148,8 +148,12 @@ class EnvInfo(Wire):
     """The environment's token budget for one model turn (a hint for the client's sampler)."""
     tool_timeout_s: float
     """Wall-clock limit of one tool call."""
-    episode_timeout_s: float
-    """The environment's wall-clock limit for one whole episode (enforced by clients that run episodes)."""
+    agent_time_limit_s: float
+    """Seconds the agent's tool calls may take in total in one episode (the server enforces it; running
+    out ends the episode with ``stop_reason: timeout``). Time spent between steps is not counted."""
+    wall_time_limit_s: float
+    """The environment's hard wall-clock limit for one whole episode, for clients that run episodes
+    (``POST /v1/rollouts`` enforces it: ``stop_reason: wall_timeout``)."""
     accepts_task_payload: bool
     """Whether sessions may be created on a task object (else only on ``task_id``)."""
 
@@ -276,6 +280,8 @@ class Observation(Wire):
     """None if the tool succeeded. ``invalid_arguments``: unknown tool or arguments that do not fit its
     schema; ``tool_error``: the tool reported a problem; ``timeout``: the call ran out of time; ``env_error``:
     the environment itself failed (the episode ends with ``stop_reason: env_error``)."""
+    tool_s: float | None = None
+    """Seconds the tool itself ran: what the episode's agent time limit is charged (None: it did not run)."""
 
 
 class StepResult(Wire):

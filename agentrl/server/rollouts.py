@@ -29,12 +29,9 @@ NON_FINITE_LOGPROB = -1e9
 
 
 def finite(traj: Trajectory) -> Trajectory:
-    """``traj`` with every float JSON can carry (non-finite logprobs clamped, a non-finite reward an error)."""
+    """``traj`` with logprobs JSON can carry (non-finite ones clamped). Rewards and metrics are finite by
+    the episode's reward rule."""
     traj.logprobs = [x if math.isfinite(x) else NON_FINITE_LOGPROB for x in traj.logprobs]
-    traj.metrics = {k: v for k, v in traj.metrics.items() if math.isfinite(v)}
-    if not math.isfinite(traj.reward):
-        traj.error = (traj.error or "") + f"\nnon-finite reward {traj.reward} replaced by 0"
-        traj.reward = 0.0
     return traj
 
 
@@ -87,8 +84,10 @@ class RolloutService:
 
     async def run(self, req: RolloutRequest) -> RolloutResult:
         """One episode; inference and environment failures are recorded in the trajectory, not raised."""
+        from agentrl.config import SamplingConfig
         from agentrl.inference.client import InferenceClient
-        from agentrl.rollout import SamplingConfig, run_episode
+        from agentrl.rollout import run_episode
+        from agentrl.server.session import limits_of
 
         name, cls = self.catalog.resolve(req.env)
         task = self.catalog.task_for(name, req.task_id, req.split, req.task)
@@ -111,9 +110,8 @@ class RolloutService:
             )
             try:
                 sampling = SamplingConfig(**req.sampling.model_dump())
-                traj = await run_episode(
-                    cls, task, client, chat, sampling, model=req.model, group_id=req.group_id
-                )
+                traj = await run_episode(cls, task, client, chat, sampling, model=req.model,
+                                         group_id=req.group_id, limits=limits_of(self.config))
             finally:
                 await client.aclose()
         finally:

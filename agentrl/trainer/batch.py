@@ -27,11 +27,16 @@ class TrainSample:
     """The sequence's advantage (e.g. GRPO group-normalised reward)."""
     versions: list[int]
     """Policy version that generated each token; -1 where the mask is 0."""
+    temperature: float = 1.0
+    """Sampling temperature of the masked tokens: logprobs are of ``softmax(logits / temperature)``."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         if n == 0:
             raise ValueError("TrainSample.input_ids is empty")
+        if not self.temperature > 0:
+            raise ValueError(f"TrainSample.temperature must be > 0 (got {self.temperature}): greedy "
+                             "generations have no sampling distribution to train")
         for name in ("loss_mask", "behav_logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries, expected {n}")
@@ -46,7 +51,7 @@ class TrainSample:
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     """Right-pad samples into ``input_ids_B_T``, ``attention_mask_B_T``, ``loss_mask_B_T``,
-    ``behav_logprobs_B_T`` (float32), ``versions_B_T`` and ``advantages_B`` (float32)."""
+    ``behav_logprobs_B_T`` (float32), ``versions_B_T``, ``advantages_B`` and ``temperatures_B`` (float32)."""
     if not samples:
         raise ValueError("collate() needs at least one sample")
     B = len(samples)
@@ -71,6 +76,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
         "behav_logprobs_B_T": behav,
         "versions_B_T": versions,
         "advantages_B": torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32),
+        "temperatures_B": torch.tensor([float(s.temperature) for s in samples], dtype=torch.float32),
     }
 
 

@@ -49,9 +49,9 @@ def count_cores(cores: str) -> int:
 class TrainerProcess:
     """A ``torchrun`` trainer job and the connection to its rank 0.
 
-    ``start``, ``close`` and ``request`` block (each wait bounded by a timeout); the ops ``train``,
-    ``save_adapter``, ``get_adapter_tensors``, ``save_checkpoint`` and ``load_checkpoint`` are coroutines
-    running their blocking ``*_sync`` twins in a thread. Requests are serialised (one in flight at a time).
+    ``start``, ``close`` and ``request`` block (each wait bounded by a timeout); the ops (``train``,
+    ``logprobs``, ``save_adapter``, ``get_adapter_tensors``, ``save_checkpoint``, ``load_checkpoint``) are
+    coroutines that run one ``request`` in a thread. Requests are serialised (one in flight at a time).
     """
 
     def __init__(
@@ -249,54 +249,40 @@ class TrainerProcess:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- ops (blocking)
-    def train_sync(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> dict[str, Any]:
-        """One ``train`` request: the metrics (loss, grad_norm, clip_frac, is_weight_mean, kl, num_tokens,
-        time_s, version, ...)."""
-        return _payload(self.request("train", timeout_s=timeout_s, samples=list(samples)))
+    # ----------------------------------------------------------------- ops (coroutines; requests run in a thread)
+    async def arequest(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
+        """:meth:`request` in a thread, without the protocol fields (``ok``, ``id``)."""
+        return _payload(await asyncio.to_thread(self.request, op, timeout_s, **kwargs))
 
-    def save_adapter_sync(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
+    async def train(self, samples: Sequence[TrainSample], policy_version: int,
+                    timeout_s: float = 3600.0) -> dict[str, Any]:
+        """One ``train`` request on a batch of policy ``policy_version`` (the orchestrator's version, which
+        staleness is measured against): the metrics (loss, grad_norm, clip_frac, is_weight_mean, kl,
+        num_tokens, optimizer_step, staleness, time_s, ...)."""
+        return await self.arequest("train", timeout_s, samples=list(samples), policy_version=int(policy_version))
+
+    async def logprobs(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> list[list[float]]:
+        """The current policy's logprob of every token of every sample, at the sample's temperature
+        (position 0: 0.0); no update."""
+        return (await self.arequest("logprobs", timeout_s, samples=list(samples)))["logprobs"]
+
+    async def save_adapter(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
         """Write the adapter (or full model) directory at ``path``; returns ``path`` and ``bytes``."""
-        return _payload(self.request("save_adapter", timeout_s=timeout_s, path=str(Path(path).resolve())))
+        return await self.arequest("save_adapter", timeout_s, path=str(Path(path).resolve()))
 
-    def get_adapter_tensors_sync(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
+    async def get_adapter_tensors(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
         """The trainable tensors (peft key names for LoRA) as CPU tensors."""
         from safetensors.torch import load
 
-        return load(self.request("get_adapter_tensors", timeout_s=timeout_s)["data"])
-
-    def save_checkpoint_sync(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """Sharded checkpoint of trainable params, optimizer, version and RNGs at ``path``."""
-        return _payload(self.request("save_checkpoint", timeout_s=timeout_s, path=str(Path(path).resolve())))
-
-    def load_checkpoint_sync(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """Restore a checkpoint written by :meth:`save_checkpoint` (any world size); returns its version."""
-        return _payload(self.request("load_checkpoint", timeout_s=timeout_s, path=str(Path(path).resolve())))
-
-    # ----------------------------------------------------------------- ops (async: the blocking ones in a thread)
-    async def arequest(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
-        """:meth:`request` in a thread."""
-        return await asyncio.to_thread(self.request, op, timeout_s, **kwargs)
-
-    async def train(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> dict[str, Any]:
-        """:meth:`train_sync` in a thread."""
-        return await asyncio.to_thread(self.train_sync, samples, timeout_s)
-
-    async def save_adapter(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
-        """:meth:`save_adapter_sync` in a thread."""
-        return await asyncio.to_thread(self.save_adapter_sync, path, timeout_s)
-
-    async def get_adapter_tensors(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
-        """:meth:`get_adapter_tensors_sync` in a thread."""
-        return await asyncio.to_thread(self.get_adapter_tensors_sync, timeout_s)
+        return load((await self.arequest("get_adapter_tensors", timeout_s))["data"])
 
     async def save_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """:meth:`save_checkpoint_sync` in a thread."""
-        return await asyncio.to_thread(self.save_checkpoint_sync, path, timeout_s)
+        """Sharded checkpoint of trainable params, optimizer, optimizer step and RNGs at ``path``."""
+        return await self.arequest("save_checkpoint", timeout_s, path=str(Path(path).resolve()))
 
     async def load_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
-        """:meth:`load_checkpoint_sync` in a thread."""
-        return await asyncio.to_thread(self.load_checkpoint_sync, path, timeout_s)
+        """Restore a checkpoint written by :meth:`save_checkpoint` (any world size); returns its step."""
+        return await self.arequest("load_checkpoint", timeout_s, path=str(Path(path).resolve()))
 
     async def aclose(self, timeout_s: float = 30.0) -> int | None:
         """:meth:`close` in a thread."""

@@ -1,4 +1,4 @@
-"""Configuration of the FSDP2 trainer worker."""
+"""Configuration of the FSDP2 trainer worker and its policy loss (pure pydantic: no torch import)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,25 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from agentrl.loss import LossConfig
+
+class LossConfig(BaseModel):
+    """Hyper-parameters of :func:`policy_loss`."""
+
+    clip_low: float = Field(0.2, ge=0.0, le=1.0)
+    """Lower PPO clip: the ratio is clipped below at ``1 - clip_low``."""
+    clip_high: float = Field(0.28, ge=0.0)
+    """Upper PPO clip: the ratio is clipped above at ``1 + clip_high`` (asymmetric, "clip-higher")."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the KL penalty to the reference (base) policy, k3 estimator; 0 disables it."""
+    aggregation: Literal["token_mean", "seq_mean"] = "token_mean"
+    """``token_mean``: sum over masked tokens / number of masked tokens;
+    ``seq_mean``: mean over sequences of each sequence's masked-token mean."""
+    is_correction: Literal["none", "tis", "decoupled"] = "tis"
+    """Off-policy correction for the gap between the behaviour (inference) and proximal policies."""
+    tis_cap: float = Field(2.0, ge=1.0)
+    """Cap of the behaviour importance weight: truncation for ``tis``, drop threshold for ``decoupled``."""
+    adv_std_normalize: bool = True
+    """Divide group-centred rewards by the group's standard deviation (GRPO); else only centre them."""
 
 
 class TrainerConfig(BaseModel):

@@ -177,9 +177,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, path: str | Path, version: int
+    model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, path: str | Path, optimizer_step: int
 ) -> None:
-    """Collective: sharded (DCP) checkpoint of trainable params + optimizer, plus version and RNGs."""
+    """Collective: sharded (DCP) checkpoint of trainable params + optimizer, its step count and RNGs (the
+    policy version is the orchestrator's: it keeps it in its own ``state.json``)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     msd, osd = get_state_dict(model, optimizer, options=_state_options(cfg, full=False))
@@ -188,14 +189,14 @@ def save_checkpoint(
     torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        meta = {"version": version, "world_size": dist.get_world_size(), "lora": cfg.lora}
+        meta = {"optimizer_step": optimizer_step, "world_size": dist.get_world_size(), "lora": cfg.lora}
         (path / "agentrl_meta.json").write_text(json.dumps(meta))
 
 
 def load_checkpoint(
     model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, path: str | Path
 ) -> int:
-    """Collective: restore a :func:`save_checkpoint` directory (any world size); returns its version.
+    """Collective: restore a :func:`save_checkpoint` directory (any world size); returns its optimizer step.
 
     RNG states are restored only for ranks that exist in the checkpoint.
     """
@@ -221,4 +222,4 @@ def load_checkpoint(
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
-    return int(meta["version"])
+    return int(meta.get("optimizer_step", meta.get("version", 0)))

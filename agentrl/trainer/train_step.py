@@ -42,7 +42,11 @@ def _as_sample(s: TrainSample | dict[str, Any]) -> TrainSample:
 
 
 class TrainStep:
-    """Holds the policy version and runs ``train`` requests against a sharded model and its optimizer."""
+    """Runs ``train`` requests against a sharded model and its optimizer, counting optimizer steps.
+
+    The policy version is not the trainer's: each request says which version it trains
+    (``policy_version``, owned by the orchestrator), and staleness is measured against it.
+    """
 
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, device: torch.device
@@ -53,7 +57,8 @@ class TrainStep:
         self.device = device
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
-        self.version = 0
+        self.optimizer_step = 0
+        """Optimizer steps taken (``ppo_epochs × num_minibatches`` per ``train``); not a policy version."""
         self.pad_id = 0
         self._dummy = TrainSample([self.pad_id] * 2, [0, 0], [0.0, 0.0], 0.0, [-1, -1])
 
@@ -80,7 +85,7 @@ class TrainStep:
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         with ctx:
             out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
-        return token_logprobs(out.logits, ids)
+        return token_logprobs(out.logits, ids, batch["temperatures_B"])
 
     @torch.no_grad()
     def _precompute(self, plans: list[Plan], adapter: bool) -> list[list[Tensor]]:
@@ -99,8 +104,35 @@ class TrainStep:
             norm = norm.full_tensor()
         return float(norm)
 
-    def train(self, samples: Sequence[TrainSample | dict[str, Any]]) -> dict[str, Any]:
-        """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch; returns global metrics."""
+    @torch.no_grad()
+    def score(self, samples: Sequence[TrainSample | dict[str, Any]]) -> list[list[float]]:
+        """The current policy's logprob of every token of every sample (at its temperature; 0 at position
+        0), in sample order. No update; dropout off. Collective: every rank runs as many forwards."""
+        batch_samples = [_as_sample(s) for s in samples]
+        local_idx = list(range(len(batch_samples)))[self.rank :: self.world]
+        local = [batch_samples[i] for i in local_idx]
+        groups = micro_batches(local, self.cfg.micro_batch_tokens) if local else []
+        n = int(self._all_reduce([len(groups)], op=dist.ReduceOp.MAX)[0])
+        mine: dict[int, list[float]] = {}
+        self.model.eval()
+        try:
+            for k in range(n):
+                group = groups[k] if k < len(groups) else None
+                logp_B_T = self._logprobs(self._batch(None if group is None else [local[i] for i in group]))
+                for b, i in enumerate(group or []):
+                    mine[local_idx[i]] = logp_B_T[b, : len(local[i].input_ids)].cpu().tolist()
+        finally:
+            self.model.train()
+        if self.world > 1:
+            parts: list[Any] = [None] * self.world
+            dist.all_gather_object(parts, mine)
+            for part in parts:
+                mine.update(part)
+        return [mine[i] for i in range(len(batch_samples))]
+
+    def train(self, samples: Sequence[TrainSample | dict[str, Any]], policy_version: int) -> dict[str, Any]:
+        """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch of policy ``policy_version``;
+        returns global metrics."""
         t0 = time.perf_counter()
         batch_samples = [_as_sample(s) for s in samples]
         if not batch_samples:
@@ -108,7 +140,6 @@ class TrainStep:
         if sum(s.num_loss_tokens for s in batch_samples) == 0:
             raise ValueError("train: the batch has no loss tokens")
         cfg, lcfg = self.cfg, self.cfg.loss
-        version0 = self.version
         minibatches = split_minibatches(batch_samples, cfg.num_minibatches)
         local = [shard(mb, self.rank, self.world) for mb in minibatches]
         plans = [self._plan(mb) for mb in local]
@@ -156,7 +187,7 @@ class TrainStep:
                 grad_norms.append(self._clip_grads())
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                self.version += 1
+                self.optimizer_step += 1
         keys = list(sums)
         total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
         n_steps = len(grad_norms)
@@ -167,15 +198,17 @@ class TrainStep:
             num_tokens=int(sum(c[0] for c in counts)),
             num_samples=len(batch_samples),
             num_steps=n_steps,
-            version=self.version,
-            **self._staleness(batch_samples, version0),
+            optimizer_step=self.optimizer_step,
+            policy_version=policy_version,
+            **self._staleness(batch_samples, policy_version),
         )
         out["time_s"] = time.perf_counter() - t0
         return out
 
     @staticmethod
     def _staleness(samples: list[TrainSample], version: int) -> dict[str, float]:
-        """How many versions behind the trained policy the loss tokens were generated."""
+        """How many policy versions behind ``version`` (the policy being trained) the loss tokens were
+        generated; every epoch and minibatch of one request trains the same policy version."""
         lags = [
             version - v for s in samples for v, m in zip(s.versions, s.loss_mask, strict=True) if m and v >= 0
         ]

@@ -4,8 +4,9 @@ Rank 0 connects to the orchestrator (``AGENTRL_TRAINER_ADDR`` = ``host:port``, `
 = hex) and first sends ``{"ok": True, "ready": True, ...}`` once the model is built. Then, for every
 pickled request ``{"op": ..., "id": ..., ...}`` it receives, it broadcasts the request to all ranks, every
 rank runs the op, and rank 0 replies ``{"ok": True, "id": ..., ...}`` or ``{"ok": False, "id": ...,
-"error": "Type: msg", "traceback": ...}``. Ops: ``train``, ``save_adapter``, ``get_adapter_tensors``,
-``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
+"error": "Type: msg", "traceback": ...}``. Ops: ``train`` (``samples``, ``policy_version``), ``logprobs``
+(``samples``: the current policy's per-token logprobs, no update), ``save_adapter``,
+``get_adapter_tensors``, ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
 arguments, a missing path) leaves the worker serving; a rank failing alone inside a collective is fatal.
 """
 
@@ -60,7 +61,7 @@ class Worker:
             "device": str(self.device),
             "lora": self.cfg.lora,
             "trainable_params": self.num_trainable,
-            "version": self.step.version,
+            "optimizer_step": self.step.optimizer_step,
             "pid": os.getpid(),
         }
 
@@ -68,24 +69,27 @@ class Worker:
         """Run one op on this rank; the returned dict is the reply (meaningful on rank 0)."""
         op = req.get("op")
         if op == "ping":
-            return {"version": self.step.version}
+            return {"optimizer_step": self.step.optimizer_step}
         if op == "train":
-            return self.step.train(req["samples"])
+            return self.step.train(req["samples"], int(req["policy_version"]))
+        if op == "logprobs":
+            return {"logprobs": self.step.score(req["samples"])}
         if op == "save_adapter":
             size = model_io.save_adapter(self.model, self.cfg, req["path"])
-            return {"path": str(Path(req["path"]).resolve()), "bytes": size, "version": self.step.version}
+            return {"path": str(Path(req["path"]).resolve()), "bytes": size}
         if op == "get_adapter_tensors":
             from safetensors.torch import save
 
             tensors = model_io.gather_trainable(self.model, self.cfg)
             data = save(tensors) if self.rank == 0 else b""
-            return {"format": "safetensors", "data": data, "version": self.step.version}
+            return {"format": "safetensors", "data": data}
         if op == "save_checkpoint":
-            model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req["path"], self.step.version)
-            return {"path": str(req["path"]), "version": self.step.version}
+            model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req["path"], self.step.optimizer_step)
+            return {"path": str(req["path"]), "optimizer_step": self.step.optimizer_step}
         if op == "load_checkpoint":
-            self.step.version = model_io.load_checkpoint(self.model, self.optimizer, self.cfg, req["path"])
-            return {"path": str(req["path"]), "version": self.step.version}
+            step = model_io.load_checkpoint(self.model, self.optimizer, self.cfg, req["path"])
+            self.step.optimizer_step = step
+            return {"path": str(req["path"]), "optimizer_step": step}
         raise ValueError(f"unknown op {op!r}")
 
 

@@ -46,7 +46,8 @@ class SweEnv(Environment):
         "You fix bugs in Python repositories. Use the tools to explore and edit the code, then call submit."
     )
     max_turns: ClassVar[int] = 12
-    episode_timeout_s: ClassVar[float] = 300.0
+    agent_time_limit_s: ClassVar[float] = 300.0
+    wall_time_limit_s: ClassVar[float] = 1800.0
     tool_timeout_s: ClassVar[float] = 90.0
     max_tokens_per_turn: ClassVar[int] = 384
     config: ClassVar[SweConfig] = SweConfig()

@@ -27,7 +27,7 @@ def tiny_model_dir() -> Path:
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """One vLLM server (LoRA enabled, dev RL routes, token-in/token-out route) shared by the session."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.inference.server import VLLMServer, VLLMServerConfig
+    from agentrl.inference import VLLMServer, VLLMServerConfig
 
     cfg = VLLMServerConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, enable_lora=True,
                            max_lora_rank=16, max_loras=4, startup_timeout_s=300)

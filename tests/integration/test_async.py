@@ -14,9 +14,9 @@ from agentrl.config import load_config
 from agentrl.inference import InferenceClient
 from agentrl.metrics import read_jsonl
 from agentrl.orchestrator import live_update
-from agentrl.rollout import _token_versions
 from agentrl.sync_shm import SharedMemoryAdapterSync
-from agentrl.train import Trainer
+from agentrl.train import TrainingRun
+from agentrl.versions import token_versions
 from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ async def test_generation_spanning_an_update_keeps_its_prefix(vllm_server, tmp_p
                                          ignore_eos=True)
 
         ref = await greedy()
-        assert _token_versions(ref, -1) == [0] * N_TOKENS
+        assert token_versions(ref, -1) == [0] * N_TOKENS
         with SharedMemoryAdapterSync(trainer, client, NAME, reset="") as sync:
             trainer.tensors = random_lora(shapes, seed=7, std=0.5)  # far from v0: outputs must change
             start = await generated_tokens(vllm_server.url)
@@ -61,7 +61,7 @@ async def test_generation_spanning_an_update_keeps_its_prefix(vllm_server, tmp_p
                 await client.resume()
             gen = await running
         assert m["engine_ms"] > 0
-        versions = _token_versions(gen, -1)
+        versions = token_versions(gen, -1)
         assert 1 in versions, f"no token tagged v1: spans {gen.weight_versions}"
         k = versions.index(1)
         assert 0 < k < N_TOKENS, gen.weight_versions
@@ -79,7 +79,7 @@ async def test_async_training_run(vllm_server, tiny_model_dir: Path, tmp_path: P
         "pipeline": {"max_staleness": 1}, "eval_size": 8, "eval_every": 0, "checkpoint_every": 0,
         "time_limit_min": None, "adapter_name": "async-policy",
     }
-    summary = await Trainer(load_config(None, overrides), progress=False).run()
+    summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     run_dir = tmp_path / "async"
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["version"] for r in train] == [1, 2, 3, 4] and summary["steps"] == 4

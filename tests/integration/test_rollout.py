@@ -7,9 +7,10 @@ from typing import Any
 import pytest
 
 from agentrl.chat import ChatFormat
+from agentrl.config import SamplingConfig
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation, InferenceClient
-from agentrl.rollout import SamplingConfig, run_episode
+from agentrl.rollout import run_episode
 from agentrl.types import StopReason
 from agentrl.workers import RolloutWorkers
 

@@ -15,7 +15,7 @@ from agentrl.config import load_config
 from agentrl.envs.swe import SweEnv
 from agentrl.metrics import read_jsonl
 from agentrl.sandbox import engine_reachable
-from agentrl.train import Trainer
+from agentrl.train import TrainingRun
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ async def test_train_swe_two_steps(vllm_server, tiny_model_dir: Path, tmp_path: 
         "tasks_per_step": 2, "group_size": 2, "eval_size": 2, "time_limit_min": None,
         "inference": {"max_model_len": 1024}, "sampling": {"max_context_tokens": 1024},
     }
-    summary = await Trainer(load_config(None, overrides), progress=False).run()
+    summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     run_dir = tmp_path / name
     recs = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in recs if r["kind"] == "train"]

@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.metrics import read_jsonl
-from agentrl.train import Trainer
+from agentrl.train import TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
         "endpoints": [vllm_server.url], "steps": 2, "tasks_per_step": 4, "group_size": 4,
         "eval_size": 8, "eval_every": 0, "checkpoint_every": 1, "time_limit_min": None,
     }
-    summary = await Trainer(load_config(None, overrides), progress=False).run()
+    summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     run_dir = tmp_path / "e2e"
     recs = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in recs if r["kind"] == "train"]
@@ -46,6 +46,9 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
             assert r["train_num_tokens"] > 0 and r["train_loss"] == r["train_loss"]  # not NaN
             # sync mode is on-policy: behaviour (vLLM) and trainer logprobs agree, so IS weights are ~1
             assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
+            # one policy version: the trainer trained the version the orchestrator names, then published +1
+            assert r["train_policy_version"] == r["trained_on_version"] == r["version"] - 1
+            assert r["train_staleness_max"] == 0
         assert r["mode"] == "sync" and r["staleness_max"] == 0 and r["groups_interrupted"] == 0
     assert summary["steps"] == 2 and 0.0 <= summary["success_after"] <= 1.0
     assert (run_dir / "reward_curve.png").stat().st_size > 1000
@@ -56,7 +59,7 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
 
     # Resume: continues from step 2 to step 3 with the same version counter.
     overrides["steps"] = 3
-    summary = await Trainer(load_config(None, overrides), resume=True, progress=False).run()
+    summary = await TrainingRun(load_config(None, overrides), resume=True, progress=False).run()
     recs = read_jsonl(run_dir / "metrics.jsonl")
     train = [r for r in recs if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3] and train[-1]["version"] == 3

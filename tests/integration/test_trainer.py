@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -69,32 +68,37 @@ def lora_config(model: Path) -> TrainerConfig:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Drive a 1-rank and a 2-rank LoRA trainer through the same requests."""
+    """Drive a 1-rank and a 2-rank LoRA trainer through the same requests (policy versions 0, 1, ...)."""
     require(torch.distributed.is_available(), "torch.distributed is not available")
     cfg = lora_config(tiny_model)
     batch = make_batch()
     root = tmp_path_factory.mktemp("trainer-runs")
     r: dict[str, Any] = {"root": root}
-    with TrainerProcess(cfg, root / "w1", nproc=1, env=ENV) as tp:
-        r["w1_info"] = tp.info
-        r["w1"] = [tp.train_sync(batch) for _ in range(2)]
-        r["w1_saved"] = tp.save_adapter_sync(root / "w1" / "adapter")
-        r["w1_tensors"] = tp.get_adapter_tensors_sync()
-        tp.save_checkpoint_sync(root / "w1" / "ckpt")
-        r["w1_more"] = [tp.train_sync(batch) for _ in range(3)]
-        with pytest.raises(TrainerError, match="unknown op"):
-            tp.request("no_such_op", timeout_s=60)
-        r["w1_ping"] = tp.request("ping", timeout_s=60)
-    assert tp.proc is not None and tp.proc.returncode == 0
-    with TrainerProcess(cfg, root / "w2", nproc=2, env=ENV) as tp:
-        r["w2_info"] = tp.info
-        r["w2"] = [tp.train_sync(batch) for _ in range(2)]
-        tp.save_adapter_sync(root / "w2" / "adapter")
-        r["w2_tensors"] = tp.get_adapter_tensors_sync()
-        time.sleep(1.0)  # idle: rank 0 sends heartbeats that the other rank must absorb
-        tp.train_sync(batch)  # move away from the checkpointed state ...
-        r["w2_loaded"] = tp.load_checkpoint_sync(root / "w1" / "ckpt")  # ... and back (saved by 1 rank)
-        r["w2_resumed"] = [tp.train_sync(batch) for _ in range(2)]
+
+    async def drive() -> None:
+        with TrainerProcess(cfg, root / "w1", nproc=1, env=ENV) as tp:
+            r["w1_info"] = tp.info
+            r["w1"] = [await tp.train(batch, policy_version=v) for v in range(2)]
+            r["w1_saved"] = await tp.save_adapter(root / "w1" / "adapter")
+            r["w1_tensors"] = await tp.get_adapter_tensors()
+            await tp.save_checkpoint(root / "w1" / "ckpt")
+            r["w1_more"] = [await tp.train(batch, policy_version=v) for v in range(2, 5)]
+            with pytest.raises(TrainerError, match="unknown op"):
+                tp.request("no_such_op", timeout_s=60)
+            r["w1_ping"] = tp.request("ping", timeout_s=60)
+        assert tp.proc is not None and tp.proc.returncode == 0
+        with TrainerProcess(cfg, root / "w2", nproc=2, env=ENV) as tp:
+            r["w2_info"] = tp.info
+            r["w2"] = [await tp.train(batch, policy_version=v) for v in range(2)]
+            await tp.save_adapter(root / "w2" / "adapter")
+            r["w2_tensors"] = await tp.get_adapter_tensors()
+            r["w2_logprobs"] = await tp.logprobs(batch)
+            await asyncio.sleep(1.0)  # idle: rank 0 sends heartbeats that the other rank must absorb
+            await tp.train(batch, policy_version=2)  # move away from the checkpointed state ...
+            r["w2_loaded"] = await tp.load_checkpoint(root / "w1" / "ckpt")  # ... and back (saved by 1 rank)
+            r["w2_resumed"] = [await tp.train(batch, policy_version=v) for v in range(2, 4)]
+
+    asyncio.run(drive())
     return r
 
 
@@ -104,10 +108,11 @@ def test_one_and_two_ranks_agree(runs: dict[str, Any]) -> None:
         assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5)
         assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
         assert m1["num_tokens"] == m2["num_tokens"] == 65
-        assert m1["version"] == m2["version"]
+        assert m1["optimizer_step"] == m2["optimizer_step"]
         for key in ("is_weight_mean", "kl", "clip_frac"):
             assert m1[key] == pytest.approx(m2[key], rel=1e-4, abs=1e-7)
-    assert runs["w1"][1]["version"] == 4, "2 minibatches per call: 2 optimizer steps per call"
+    assert runs["w1"][1]["optimizer_step"] == 4, "2 minibatches per call: 2 optimizer steps per call"
+    assert [m["staleness_mean"] for m in runs["w1"]] == [0.0, 1.0], "against the policy version, not the steps"
     assert runs["w1"][0]["is_weight_mean"] != 1.0, "the batch is off-policy"
     t1, t2 = runs["w1_tensors"], runs["w2_tensors"]
     assert sorted(t1) == sorted(t2)
@@ -124,17 +129,25 @@ def test_loss_decreases_with_positive_advantages(runs: dict[str, Any]) -> None:
     assert losses[-1] < losses[0] - 0.05, losses
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert logps[-1] > logps[0], logps
-    assert metrics[-1]["version"] == 10
-    assert metrics[-1]["staleness_mean"] == 8.0, "tokens of version 0 trained at version 8"
-    assert runs["w1_ping"]["version"] == 10, "a failed op leaves the worker serving"
+    assert (metrics[-1]["optimizer_step"], metrics[-1]["policy_version"]) == (10, 4)
+    assert metrics[-1]["staleness_mean"] == 4.0, "tokens of policy 0 trained as policy 4"
+    assert runs["w1_ping"]["optimizer_step"] == 10, "a failed op leaves the worker serving"
 
 
 def test_checkpoint_resume_across_world_sizes(runs: dict[str, Any]) -> None:
-    assert runs["w2_loaded"]["version"] == 4
+    assert runs["w2_loaded"]["optimizer_step"] == 4
     for resumed, original in zip(runs["w2_resumed"], runs["w1_more"], strict=False):
-        assert resumed["version"] == original["version"]
+        assert resumed["optimizer_step"] == original["optimizer_step"]
         assert resumed["loss"] == pytest.approx(original["loss"], rel=1e-5)
         assert resumed["grad_norm"] == pytest.approx(original["grad_norm"], rel=1e-5)
+
+
+def test_logprobs_op_on_two_ranks(runs: dict[str, Any]) -> None:
+    """``logprobs`` returns every sample's per-token logprobs in order, whichever rank scored it."""
+    got = runs["w2_logprobs"]
+    assert [len(g) for g in got] == [len(s.input_ids) for s in make_batch()]
+    assert all(g[0] == 0.0 and all(x <= 0.0 for x in g) for g in got)
+    assert len({round(g[-1], 6) for g in got}) > 1
 
 
 def test_saved_adapter_loads_with_peft(runs: dict[str, Any], tiny_model: Path) -> None:
@@ -182,12 +195,12 @@ async def test_full_finetune_step_and_save(tiny_model: Path, tmp_path: Path) -> 
     await asyncio.to_thread(tp.start)
     try:
         assert tp.info["trainable_params"] > 100_000
-        metrics = await tp.train(make_batch())
+        metrics = await tp.train(make_batch(), policy_version=0)
         saved = await tp.save_adapter(tmp_path / "full" / "model")
     finally:
         assert await tp.aclose() == 0
     assert "ok" not in metrics and "id" not in metrics
-    assert metrics["version"] == 1 and torch.isfinite(torch.tensor(metrics["loss"]))
+    assert metrics["optimizer_step"] == 1 and torch.isfinite(torch.tensor(metrics["loss"]))
     out = Path(saved["path"])
     assert (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
     new = load_file(str(out / "model.safetensors"))

@@ -9,12 +9,12 @@ import pytest
 
 from agentrl.buffer import (
     BufferClosed,
-    BufferConfig,
     BufferCore,
     RolloutBuffer,
     group_oldest_version,
     oldest_version,
 )
+from agentrl.config import PipelineConfig
 from agentrl.types import Trajectory
 
 
@@ -25,8 +25,8 @@ def group(name: str, versions: list[int], size: int = 2) -> list[Trajectory]:
                        versions=list(versions)) for _ in range(size)]
 
 
-def cfg(b: int = 1, eta: int = 0, cap: int = 100, policy: str = "drop_stale") -> BufferConfig:
-    return BufferConfig(groups_per_step=b, max_staleness=eta, capacity_groups=cap, drop_policy=policy)
+def cfg(b: int = 1, eta: int = 0, cap: int = 100, policy: str = "drop_stale") -> tuple[PipelineConfig, int]:
+    return PipelineConfig(max_staleness=eta, capacity_groups=cap, drop_policy=policy), b
 
 
 async def blocked(aw, timeout: float = 0.05) -> bool:
@@ -48,7 +48,7 @@ def test_oldest_version_ignores_non_model_tokens() -> None:
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_admission_bound_is_eta_plus_one_batches_ahead(b: int, eta: int) -> None:
     """At trainer version v with v·B groups consumed, exactly (η+1)·B more groups may start."""
-    core: BufferCore[str] = BufferCore(cfg(b, eta))
+    core: BufferCore[str] = BufferCore(*cfg(b, eta))
     for v in range(4):
         n = 0
         while core.can_admit():
@@ -65,7 +65,7 @@ def test_admission_bound_is_eta_plus_one_batches_ahead(b: int, eta: int) -> None
 
 async def test_eta0_is_synchronous() -> None:
     """η=0: producers may start only the current step's groups; the next ones wait for new weights."""
-    buf = RolloutBuffer(cfg(b=2, eta=0))
+    buf = RolloutBuffer(*cfg(b=2, eta=0))
     assert [await buf.admit(), await buf.admit()] == [0, 0]
     assert await blocked(buf.admit())
     buf.put(group("a", [0, 0]))
@@ -80,7 +80,7 @@ async def test_eta0_is_synchronous() -> None:
 
 
 async def test_back_pressure_blocks_at_capacity_and_resumes_on_consume() -> None:
-    buf = RolloutBuffer(cfg(b=1, eta=10, cap=3))
+    buf = RolloutBuffer(*cfg(b=1, eta=10, cap=3))
     for _ in range(3):
         await buf.admit()
     assert await blocked(buf.admit())
@@ -95,18 +95,18 @@ async def test_back_pressure_blocks_at_capacity_and_resumes_on_consume() -> None
 
 
 async def test_release_frees_the_slot() -> None:
-    buf = RolloutBuffer(cfg(b=1, eta=0))
+    buf = RolloutBuffer(*cfg(b=1, eta=0))
     v = await buf.admit()
     assert await blocked(buf.admit())
     buf.release(v)
     assert await buf.admit() == 0
     assert buf.stats()["released"] == 1
     with pytest.raises(RuntimeError):
-        BufferCore(cfg()).release()
+        BufferCore(*cfg()).release()
 
 
 async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
-    buf = RolloutBuffer(cfg(b=1, eta=1))
+    buf = RolloutBuffer(*cfg(b=1, eta=1))
     slow, fast = await buf.admit(), await buf.admit()  # both at version 0
     buf.put(group("fast", [fast, fast]), fast)
     assert (await buf.get_batch(0))[0][0].task_id == "fast"
@@ -122,7 +122,7 @@ async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
 
 
 async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> None:
-    buf = RolloutBuffer(cfg(b=1, eta=1, policy="block"))
+    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="block"))
     slow, fast = await buf.admit(), await buf.admit()
     buf.put(group("fast", [fast]), fast)
     assert (await buf.get_batch(0))[0][0].task_id == "fast"
@@ -138,7 +138,7 @@ async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> Non
 
 
 async def test_fifo_order() -> None:
-    buf = RolloutBuffer(cfg(b=3, eta=1))
+    buf = RolloutBuffer(*cfg(b=3, eta=1))
     names = list("abcdef")
     for n in names:
         buf.put(group(n, [0]), await buf.admit())
@@ -149,14 +149,14 @@ async def test_fifo_order() -> None:
 
 
 def test_unadmitted_put_evicts_oldest_at_capacity() -> None:
-    core: BufferCore[str] = BufferCore(cfg(b=1, cap=2))
+    core: BufferCore[str] = BufferCore(*cfg(b=1, cap=2))
     for name in "abc":
         core.complete(name, oldest=0)
     assert (core.dropped_capacity, [e[2] for e in core.queue]) == (1, ["b", "c"])
 
 
 async def test_close_unblocks_producers_and_trainer() -> None:
-    buf = RolloutBuffer(cfg(b=1, eta=0))
+    buf = RolloutBuffer(*cfg(b=1, eta=0))
     await buf.admit()
     producer = asyncio.create_task(buf.admit())
     trainer = asyncio.create_task(buf.get_batch(0))
@@ -176,7 +176,7 @@ def test_random_interleavings_never_exceed_eta(policy: str, seed: int) -> None:
     rng = random.Random(seed)
     b, eta = rng.randint(1, 4), rng.randint(0, 3)
     cap = rng.randint(b, 4 * b + 4)
-    core: BufferCore[int] = BufferCore(cfg(b, eta, cap, policy))
+    core: BufferCore[int] = BufferCore(*cfg(b, eta, cap, policy))
     flight: list[int] = []  # admission versions of groups in flight
     for _ in range(400):
         action = rng.random()
@@ -208,7 +208,7 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
     """Real asyncio producers and trainer with random scheduling: every batch is fresh, close() ends all."""
     rng = random.Random(seed)
     b, eta, steps = rng.randint(1, 3), rng.randint(0, 2), 12
-    buf = RolloutBuffer(cfg(b, eta, cap=3 * b + 1))
+    buf = RolloutBuffer(*cfg(b, eta, cap=3 * b + 1))
     seen: list[int] = []
 
     async def producer() -> None:

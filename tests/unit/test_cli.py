@@ -10,8 +10,8 @@ from pathlib import Path
 CLI = [sys.executable, "-m", "agentrl.cli"]
 
 
-def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+def run(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def test_help_imports_no_heavy_library() -> None:
@@ -56,12 +56,12 @@ def test_interrupted_train_exits_130_cleanly(monkeypatch, tmp_path: Path) -> Non
     from typer.testing import CliRunner
 
     from agentrl import cli
-    from agentrl.train import Trainer
+    from agentrl.train import TrainingRun
 
-    async def interrupted(self: Trainer) -> dict:
+    async def interrupted(self: TrainingRun) -> dict:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, "run", interrupted)
+    monkeypatch.setattr(TrainingRun, "run", interrupted)
     monkeypatch.setattr(cli, "_setup", lambda verbose: None)  # keep pytest's own signal handlers
     r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--name", str(tmp_path / "r")])
     assert r.exit_code == 130, r.output
@@ -73,3 +73,22 @@ def test_sandbox_commands_answer_help_without_an_engine() -> None:
     for cmd in (["sandbox", "build", "--help"], ["sandbox", "gc", "--help"]):
         r = run(*cmd, timeout=60)
         assert r.returncode == 0 and "usage: agentrl sandbox" in r.stdout, (cmd, r.stdout, r.stderr)
+
+
+def test_print_config_prints_the_resolved_toml_and_starts_nothing(tmp_path: Path) -> None:
+    import tomllib
+
+    r = run("train", "--env", "calc", "--max-staleness", "2", "--temperature", "0.7", "--print-config",
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cfg = tomllib.loads(r.stdout)
+    assert (cfg["mode"], cfg["pipeline"]["max_staleness"], cfg["sampling"]["temperature"]) == ("async", 2, 0.7)
+    assert cfg["trainer"]["model_path"] == cfg["model"] == cfg["inference"]["model"]
+    assert list(tmp_path.iterdir()) == [], "--print-config must not create anything"
+
+
+def test_conflicting_mode_and_untrainable_sampling_are_clear_errors() -> None:
+    r = run("train", "--env", "calc", "--mode", "sync", "--max-staleness", "2", "--print-config")
+    assert r.returncode == 2 and "use mode = 'async'" in r.stderr
+    r = run("train", "--env", "calc", "--temperature", "0", "--print-config")
+    assert r.returncode == 2 and "greedy decoding has no sampling distribution" in r.stderr

@@ -73,9 +73,11 @@ def test_calc_episode_by_task_id(client: TestClient) -> None:
     r = step(client, s["session_id"], call("calculate", {"expression": task["expression"]}, cid="c1"))
     res = r.json()
     assert r.status_code == 200 and res["done"] is False and res["turn"] == 1
+    tool_s = res["observations"][0].pop("tool_s")
     assert res["observations"] == [
         {"tool_call_id": "c1", "name": "calculate", "content": str(task["answer"]), "error": None}
     ]
+    assert 0 <= tool_s < 1.0
     assert res["messages"] == [
         {"role": "tool", "tool_call_id": "c1", "name": "calculate", "content": str(task["answer"])}
     ]

@@ -46,7 +46,7 @@ def live_session(app: Any = APP) -> str:
     """The id of an open session of ``app`` whose episode is not over (a new one when needed)."""
     manager = app.state.manager
     for sid, s in manager.sessions.items():
-        if not s.done:
+        if not s.episode.done:
             return sid
     env = "calc" if len(manager.sessions) % 2 else "probe"
     task = {"id": f"fuzz-{uuid.uuid4().hex[:6]}", "question": "1 + 1?", "answer": 2}

@@ -8,7 +8,8 @@ import pydantic
 import pytest
 import torch
 
-from agentrl.loss import LossConfig, group_advantages, policy_loss, token_logprobs
+from agentrl.loss import group_advantages, policy_loss, token_logprobs
+from agentrl.trainer.config import LossConfig
 
 
 def reference_loss(logp, behav, adv, mask, cfg, prox=None, ref=None, n_tok=None, n_seq=None):
@@ -220,3 +221,17 @@ def test_group_advantages_centred_only_and_tensor_ids() -> None:
     assert abs(float(adv[[0, 2, 3]].sum())) < 1e-6
     with pytest.raises(ValueError):
         group_advantages(rewards, ["a", "b"], normalize_std=True)
+
+
+def test_token_logprobs_at_the_sampling_temperature() -> None:
+    """Each sequence is scored under softmax(logits / T) with its own T; T = 1 is the plain log-softmax."""
+    torch.manual_seed(0)
+    logits_B_T_V = torch.randn(2, 5, 11)
+    ids_B_T = torch.randint(0, 11, (2, 5))
+    temps_B = torch.tensor([0.7, 1.0])
+    got_B_T = token_logprobs(logits_B_T_V, ids_B_T, temps_B)
+    for b, t in enumerate(temps_B.tolist()):
+        ref_T = torch.log_softmax(logits_B_T_V[b, :-1] / t, dim=-1).gather(-1, ids_B_T[b, 1:, None])[:, 0]
+        assert torch.allclose(got_B_T[b, 1:], ref_T, atol=1e-6)
+    assert torch.allclose(got_B_T[1], token_logprobs(logits_B_T_V, ids_B_T)[1])
+    assert not torch.allclose(got_B_T[0], token_logprobs(logits_B_T_V, ids_B_T)[0], atol=1e-3)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.orchestrator import Activity, Orchestrator, PipelineConfig, buffer_config
+from agentrl.config import PipelineConfig
+from agentrl.orchestrator import Activity, Orchestrator
 from agentrl.types import StopReason, Trajectory
 
 
@@ -76,9 +77,11 @@ class FakeTrainer:
     def __init__(self, delay: float = 0.01) -> None:
         self.delay = delay
         self.batches: list[int] = []
+        self.policy_versions: list[int] = []
 
-    async def train(self, samples: list[Any]) -> dict[str, Any]:
+    async def train(self, samples: list[Any], policy_version: int) -> dict[str, Any]:
         self.batches.append(len(samples))
+        self.policy_versions.append(policy_version)
         await asyncio.sleep(self.delay)
         return {"loss": 0.0}
 
@@ -107,8 +110,8 @@ def make(mode: str, eta: int = 1, runner_kw: dict[str, Any] | None = None, train
     orch = Orchestrator(
         runner=runner, trainer=trainer, publisher=pub, engine=engine,
         sample_task=lambda: {"id": next(counter)},
-        buffer_cfg=buffer_config(mode, PipelineConfig(max_staleness=eta), groups_per_step=4),
-        group_size=2, update_mode=update_mode, version=version,
+        pipeline=PipelineConfig(max_staleness=0 if mode == "sync" else eta, update_mode=update_mode),
+        groups_per_step=4, group_size=2, version=version,
     )
     return orch, engine, runner, trainer, pub
 
@@ -191,8 +194,9 @@ def test_activity_accounts_overlapping_users() -> None:
     assert act.busy_s() == pytest.approx(4.0)
 
 
-def test_buffer_config_sync_is_eta_zero_block() -> None:
-    b = buffer_config("sync", PipelineConfig(max_staleness=3, drop_policy="drop_stale"), 8)
-    assert (b.max_staleness, b.drop_policy, b.capacity_groups) == (0, "block", 8)
-    b = buffer_config("async", PipelineConfig(max_staleness=2), 8)
-    assert (b.max_staleness, b.capacity_groups) == (2, 24)
+async def test_the_trainer_trains_the_orchestrators_version() -> None:
+    """One policy version: each train request names the version the orchestrator then publishes past."""
+    orch, engine, _, trainer, _ = make("async", eta=1, version=3)
+    recs = await run_steps(orch, 3)
+    assert trainer.policy_versions == [3, 4, 5] and orch.version == engine.version == 6
+    assert [r["trained_on_version"] for r in recs] == [3, 4, 5]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agentrl.inference.server import VLLMServer, VLLMServerConfig
+from agentrl.inference import VLLMServer, VLLMServerConfig
 from agentrl.trainer.client import count_cores
 from agentrl.trainer.config import TrainerConfig
 

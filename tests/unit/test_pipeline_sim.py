@@ -10,7 +10,7 @@ import pytest
 from agentrl.bench.pipeline import main, run_pipeline_bench
 from agentrl.bench.sim import PipelineSim, SimParams
 from agentrl.bench.traces import make_trace
-from agentrl.buffer import BufferConfig
+from agentrl.config import PipelineConfig
 
 SMALL = SimParams(slots=16, decode_half_n=8.0)
 B, G = 4, 4
@@ -80,8 +80,8 @@ def test_async_respects_eta(eta: int, policy: str) -> None:
 def test_weight_updates_split_in_flight_turns() -> None:
     """Partial rollouts: with overlap some trained groups hold tokens of more than one version."""
     trace = make_trace("math", 12, B, G, seed=0)
-    sim = PipelineSim(trace, SMALL, "async", 5, BufferConfig(groups_per_step=B, max_staleness=2,
-                                                              capacity_groups=4 * B))
+    sim = PipelineSim(trace, SMALL, "async", 5, PipelineConfig(max_staleness=2, capacity_groups=4 * B,
+                                                                drop_policy="drop_stale"))
     sim.run()
     mixed = [ep for _, _, ep in sim.decoding if len(ep.tokens_by_version) > 1]
     mixed += [ep for _, _, g in sim.core.queue for ep in g.members if len(ep.tokens_by_version) > 1]

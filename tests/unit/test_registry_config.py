@@ -60,9 +60,59 @@ def test_cli_flag_set_is_pinned() -> None:
     }
     assert flags["train"] == sorted(
         ["--env", "--config", "--model", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
-         "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--resume", "--verbose", "-v"]
+         "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
+         "--print-config", "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
         ["--env", "--config", "--model", "--adapter", "--n", "--temperature", "--tasks", "--endpoint",
          "--policy", "--verbose", "-v"]
     )
+
+
+def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:
+    """One rule: sync is η = 0, async is η ≥ 1; a mode that contradicts η says what to change."""
+    cfg = RunConfig()
+    assert (cfg.mode, cfg.pipeline.max_staleness) == ("sync", 0)
+    cfg = RunConfig(pipeline={"max_staleness": 2})
+    assert (cfg.mode, cfg.pipeline.max_staleness) == ("async", 2), "--max-staleness 2 alone is async"
+    assert RunConfig(mode="async").pipeline.max_staleness == 1
+    with pytest.raises(ValueError, match=r"mode = 'sync' trains on-policy .* use mode = 'async'"):
+        RunConfig(mode="sync", pipeline={"max_staleness": 2})
+    with pytest.raises(ValueError, match="max_staleness 0 is mode = 'sync'"):
+        RunConfig(mode="async", pipeline={"max_staleness": 0})
+    with pytest.raises(ValueError, match="cannot hold one step"):
+        RunConfig(tasks_per_step=8, pipeline={"capacity_groups": 4})
+    cfg = load_config(None, {"mode": "async", "pipeline": {"max_staleness": 3}})
+    assert (cfg.pipeline.capacity(cfg.tasks_per_step), cfg.pipeline.eta) == (4 * cfg.tasks_per_step, 3)
+
+
+def test_training_refuses_what_the_trainer_cannot_reproduce() -> None:
+    assert RunConfig(sampling={"temperature": 0.7}).training_problems() == []
+    for sampling, what in (({"top_p": 0.9}, "top_p"), ({"top_k": 20}, "top_k"), ({"temperature": 0.0}, "greedy")):
+        problems = RunConfig(sampling=sampling).training_problems()
+        assert len(problems) == 1 and what in problems[0], problems
+        with pytest.raises(ValueError, match="cannot train correctly"):
+            RunConfig(sampling=sampling).check_trainable()
+    raw = RunConfig(sampling={"temperature": 0.7}, inference={"model": "m", "logprobs_mode": "raw_logprobs"})
+    assert "processed_logprobs" in raw.training_problems()[0]
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
+    cfg = load_config(None, {"mode": "async", "steps": 3, "sampling": {"temperature": 0.7}}).resolved()
+    path = tmp_path / "resolved.toml"
+    path.write_text(cfg.to_toml())
+    again = load_config(path).resolved()
+    assert again == cfg and "[pipeline]" in path.read_text() and "[trainer.loss]" in path.read_text()
+
+
+def test_config_module_is_a_leaf() -> None:
+    """Importing the config pulls in no runtime module of agentrl (and neither torch nor vLLM)."""
+    import subprocess
+    import sys
+
+    runtime = ("torch", "vllm", "agentrl.orchestrator", "agentrl.evaluate", "agentrl.stack", "agentrl.train",
+               "agentrl.rollout", "agentrl.buffer", "agentrl.workers", "agentrl.episode")
+    code = f"import sys, agentrl.config; print(sorted(m for m in sys.modules if m in {runtime!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -15,12 +15,13 @@ import pytest
 
 import agentrl
 from agentrl.chat import ChatFormat
+from agentrl.config import SamplingConfig
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation
 from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.registry import load_env
 from agentrl.remote import RemoteEnvError, RemoteEnvironment
-from agentrl.rollout import SamplingConfig, run_episode
+from agentrl.rollout import run_episode
 from agentrl.server import create_app
 from agentrl.types import StopReason
 from tests.env_server_helpers import TOKEN, Probe, ThreadServer, config

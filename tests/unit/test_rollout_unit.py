@@ -9,9 +9,10 @@ import pytest
 
 import agentrl
 from agentrl.chat import ChatFormat
+from agentrl.config import SamplingConfig
 from agentrl.inference.client import Generation, InferenceError
 from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.rollout import SamplingConfig, run_episode
+from agentrl.rollout import run_episode
 from agentrl.types import StopReason
 
 
@@ -106,16 +107,16 @@ async def test_tool_ends_episode_and_limits(chat: ChatFormat) -> None:
 
 async def test_failures_are_recorded_as_data(chat: ChatFormat) -> None:
     class Broken(Adder):
-        episode_timeout_s = 0.2
+        wall_time_limit_s = 0.2
 
         async def reward(self, messages: list[agentrl.Message]) -> float:
             raise ZeroDivisionError("bad reward")
 
     traj = await run_episode(Broken, {"id": "t"}, Scripted(chat, ["The answer is 7."]), chat, SamplingConfig())
     assert traj.stop_reason == StopReason.ENV_ERROR and traj.error.startswith("ZeroDivisionError: bad reward")
-    slow = Scripted(chat, ["x"], delay=5)
+    slow = Scripted(chat, ["x"], delay=5)  # the engine never answers in time: infrastructure, not the agent
     traj = await run_episode(Broken, {"id": "t"}, slow, chat, SamplingConfig())
-    assert traj.stop_reason == StopReason.TIMEOUT and traj.failed is False
+    assert traj.stop_reason == StopReason.WALL_TIMEOUT and traj.failed and traj.reward == 0.0
 
     class Dead:
         async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:

@@ -1,0 +1,54 @@
+"""How to launch one vLLM server (pure pydantic: imported by the run config without starting anything)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class VLLMServerConfig(BaseModel):
+    """How to launch one vLLM server."""
+
+    model: str
+    """Local model directory (config.json + weights + tokenizer)."""
+    served_model_name: str = "base"
+    """Name of the base model in the OpenAI API (LoRA adapters are addressed by their own names)."""
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 picks a free one."""
+    dtype: str = "auto"
+    """Weights/activations dtype passed to vLLM (auto, float32, bfloat16, float16)."""
+    max_model_len: int = Field(2048, ge=16)
+    """Longest prompt + completion, in tokens."""
+    enable_lora: bool = True
+    """Serve LoRA adapters (needed for the RL weight sync)."""
+    max_lora_rank: int = Field(16, ge=1, le=512)
+    """Largest LoRA rank the engine reserves room for."""
+    max_loras: int = Field(2, ge=1, le=64)
+    """LoRA adapters resident in one batch."""
+    gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
+    """Fraction of GPU memory vLLM may use (GPU builds only; ignored on CPU)."""
+    cpu_kvcache_gb: int = Field(1, ge=1, le=1024)
+    """KV-cache size in GiB on the CPU build (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_cores: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    """CPU only: run the server on these cores (a ``taskset`` list such as ``"0"`` or ``"0-3"``) and bind
+    its OpenMP threads there, so inference and a trainer pinned elsewhere do not compete for cores."""
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    """GPUs per engine (tensor parallelism)."""
+    seed: int = 0
+    """Engine seed."""
+    startup_timeout_s: float = Field(300.0, gt=0.0)
+    """Seconds to wait for ``GET /health`` to succeed."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments appended verbatim."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes (multi-turn episodes re-send their history)."""
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = "processed_logprobs"
+    """Which logprobs the engine reports (``--logprobs-mode``). ``processed_logprobs``: of the distribution
+    the token was sampled from (after temperature), which the trainer reproduces; ``raw_logprobs`` (vLLM's
+    default): of the model at temperature 1, wrong for training at any other temperature."""
+    worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
+    """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
+    None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
