@@ -32,3 +32,18 @@ def test_bench_pipeline_real_mode(tiny_model_dir: Path, capsys: pytest.CaptureFi
     assert 0 <= r["max_staleness_seen"] <= eta
     assert sum(r["staleness_hist"].values()) == 3 * 2
     assert r["update_ms_p50_async"] > 0
+
+
+def test_bench_logprobs_engine_and_trainer_agree(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench logprobs`` on its own vLLM server and torchrun trainer: at T = 0.7 the engine's
+    logprobs and the trainer's (scaled by the trajectory's temperature) agree, and a trainer that ignored
+    the temperature would not."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.bench.logprobs import main
+
+    assert main(["--temperature", "0.7", "--episodes", "16", "--json", "--model", str(tiny_model_dir)]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["temperature"] == 0.7 and r["tokens"] > 100 and r["failed_episodes"] == 0
+    assert abs(r["is_weight_mean"] - 1.0) <= 0.03 and abs(r["t1"]["is_weight_mean"] - 1.0) <= 0.03
+    assert r["logprob_mae"] < 1e-3 and r["mae_ratio_vs_t1"] <= 1.5 and r["targets_met"] is True
+    assert r["untempered"]["logprob_mae"] > 10 * r["logprob_mae"], "the check must see a missing temperature"
