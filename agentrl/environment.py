@@ -160,6 +160,10 @@ class Environment:
     ``wall_timeout``: an infrastructure failure, recorded and never trained on."""
     tool_timeout_s: ClassVar[float] = 60.0
     """Wall-clock limit for one tool call (a timed-out call is an error observation; the episode goes on)."""
+    reset_timeout_s: ClassVar[float] = 300.0
+    """Wall-clock limit for ``reset`` (not charged to the agent; running past it is an ``env_error``)."""
+    reward_timeout_s: ClassVar[float] = 300.0
+    """Wall-clock limit for ``reward``, e.g. a test suite (not charged to the agent; past it: ``env_error``)."""
     max_tokens_per_turn: ClassVar[int] = 256
     """Token budget of one model turn."""
 

@@ -74,12 +74,12 @@ class EpisodeStateError(RuntimeError):
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """Wall-clock limits on the environment's own work (never charged to the agent)."""
+    """A driver's limits on top of the environment class's own (never charged to the agent)."""
 
-    reset_timeout_s: float = 300.0
-    """``reset`` (start a sandbox, check out a repository, ...)."""
-    reward_timeout_s: float = 300.0
-    """``reward`` (grading may run a test suite)."""
+    reset_timeout_s: float | None = None
+    """Cap on ``Environment.reset_timeout_s`` (None: the environment's own limit)."""
+    reward_timeout_s: float | None = None
+    """Cap on ``Environment.reward_timeout_s`` (None: the environment's own limit)."""
     close_timeout_s: float = 30.0
     """``close``."""
     step_timeout_s: float | None = None
@@ -179,6 +179,16 @@ class Episode:
         return self.phase in (Phase.OVER, Phase.SCORED) or self.stop_reason is not None
 
     @property
+    def reset_timeout_s(self) -> float:
+        """The limit on ``reset``: the environment's, capped by the driver's."""
+        return min(self.env_cls.reset_timeout_s, self.limits.reset_timeout_s or math.inf)
+
+    @property
+    def reward_timeout_s(self) -> float:
+        """The limit on ``reward``: the environment's, capped by the driver's."""
+        return min(self.env_cls.reward_timeout_s, self.limits.reward_timeout_s or math.inf)
+
+    @property
     def agent_time_left_s(self) -> float:
         """Seconds of tool time the agent has left."""
         return self.env_cls.agent_time_limit_s - self.agent_s
@@ -200,7 +210,7 @@ class Episode:
         try:
             self.env = self.env_cls()
             self.env.task = self.task
-            opening = await asyncio.wait_for(self.env.reset(self.task), timeout=self.limits.reset_timeout_s)
+            opening = await asyncio.wait_for(self.env.reset(self.task), timeout=self.reset_timeout_s)
             if isinstance(opening, str):
                 if self.env.system_prompt:
                     self.messages.append(Message(role="system", content=self.env.system_prompt))
@@ -208,7 +218,7 @@ class Episode:
             else:
                 self.messages.extend(Message.model_validate(m) for m in opening)
         except asyncio.TimeoutError:
-            self._fail(f"reset timed out after {self.limits.reset_timeout_s}s")
+            self._fail(f"reset timed out after {self.reset_timeout_s}s")
             raise EnvFailure(self.error) from None
         except asyncio.CancelledError:
             self.end(StopReason.ABORTED, "CancelledError: the episode was cancelled during reset")
@@ -291,10 +301,10 @@ class Episode:
             t0 = time.perf_counter()
             try:
                 result = await asyncio.wait_for(self.env.reward(list(messages or self.messages)),
-                                                timeout=self.limits.reward_timeout_s)
+                                                timeout=self.reward_timeout_s)
                 self.reward, self.metrics = check_reward(result, f"{self.env_cls.__name__}.reward()")
             except asyncio.TimeoutError:
-                self._fail(f"TimeoutError: reward timed out after {self.limits.reward_timeout_s}s")
+                self._fail(f"TimeoutError: reward timed out after {self.reward_timeout_s}s")
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -48,6 +48,7 @@ class SweEnv(Environment):
     max_turns: ClassVar[int] = 12
     agent_time_limit_s: ClassVar[float] = 300.0
     wall_time_limit_s: ClassVar[float] = 1800.0
+    reward_timeout_s: ClassVar[float] = 600.0  # grading: a fresh sandbox and the hidden tests (test_timeout_s)
     tool_timeout_s: ClassVar[float] = 90.0
     max_tokens_per_turn: ClassVar[int] = 384
     config: ClassVar[SweConfig] = SweConfig()

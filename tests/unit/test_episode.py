@@ -236,3 +236,22 @@ async def test_a_blocking_tool_past_its_timeout_is_an_observation(chat: ChatForm
     traj = await run_episode(Quick, {"id": "t"}, Scripted(chat, script), chat, SamplingConfig())
     assert time.perf_counter() - t0 < 0.9, "the loop waited for the blocked thread"
     assert traj.messages[2].content == "Error: tool nap timed out after 0.2s" and traj.reward == 1.0
+
+
+async def test_reset_and_reward_limits_are_the_envs_capped_by_the_driver() -> None:
+    class SlowReward(Napper):
+        reward_timeout_s = 0.3
+
+        async def reward(self, messages: list[agentrl.Message]) -> float:
+            await asyncio.sleep(0.2)
+            return 1.0
+
+    ep = Episode(SlowReward, {"id": "t"})
+    await ep.open()
+    await ep.step("done")
+    assert await ep.score() == (1.0, {}), "0.2 s of grading fits the environment's own 0.3 s"
+    ep = Episode(SlowReward, {"id": "t"}, EpisodeLimits(reward_timeout_s=0.1))
+    await ep.open()
+    await ep.step("done")
+    assert await ep.score() == (0.0, {}) and ep.stop_reason is StopReason.ENV_ERROR
+    assert ep.error == "TimeoutError: reward timed out after 0.1s"
