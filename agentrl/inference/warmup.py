@@ -3,9 +3,9 @@
 A fresh vLLM server runs its first large batch several times slower than later ones: kernels and buffers
 are prepared lazily for each new batch shape (measured on the embedded CPU defaults: 128 concurrent
 generations took 9.3 s cold and 2.8 s warm). Without a warm-up, that cost lands on the first evaluation's
-episodes and counts against their wall-clock limits, so a slow machine reports a baseline that is lower
-than the policy's. One burst of throwaway generations at the run's concurrency, with prompt lengths and
-generation lengths spread out (so decode batches shrink through every size), pays it up front.
+episodes and in its timings (never in the agent's time limit, which counts only tool time). One burst of
+throwaway generations at the run's concurrency, with prompt lengths and generation lengths spread out (so
+decode batches shrink through every size), pays it up front.
 """
 
 from __future__ import annotations
