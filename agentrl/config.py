@@ -231,13 +231,10 @@ def _toml_value(v: Any) -> str:
 
 def to_toml(data: dict[str, Any], prefix: str = "") -> str:
     """``data`` (JSON-like: scalars, lists and nested tables) as TOML text; tables after scalars."""
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    lines = [*scalars]
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     for k, v in data.items():
         if isinstance(v, dict):
-            name = f"{prefix}{k}"
-            body = to_toml(v, prefix=f"{name}.")
-            lines += ["", f"[{name}]", body] if body else ["", f"[{name}]"]
+            lines += ["", f"[{prefix}{k}]", to_toml(v, prefix=f"{prefix}{k}.")]
     return "\n".join(lines).strip("\n")
 
 

@@ -82,17 +82,21 @@ def to_samples(
             if abs(adv) < 1e-8:
                 stats.num_zero_advantage += 1
                 continue
-            traj.check()
-            p = len(traj.prompt_ids)
-            samples.append(
-                TrainSample(
-                    input_ids=traj.prompt_ids + traj.completion_ids,
-                    loss_mask=[0] * p + traj.loss_mask,
-                    behav_logprobs=[0.0] * p + traj.logprobs,
-                    advantage=float(adv),
-                    versions=[-1] * p + traj.versions,
-                    temperature=traj.temperature,
-                )
-            )
+            samples.append(sample_of(traj, float(adv)))
     stats.num_trained = len(samples)
     return samples, stats
+
+
+def sample_of(traj: Trajectory, advantage: float, temperature: float | None = None) -> TrainSample:
+    """The trainer sample of one trajectory: prompt and completion aligned per position (prompt positions
+    masked out), scored at ``temperature`` (default: the one the trajectory was sampled at)."""
+    traj.check()
+    p = len(traj.prompt_ids)
+    return TrainSample(
+        input_ids=traj.prompt_ids + traj.completion_ids,
+        loss_mask=[0] * p + traj.loss_mask,
+        behav_logprobs=[0.0] * p + traj.logprobs,
+        advantage=advantage,
+        versions=[-1] * p + traj.versions,
+        temperature=traj.temperature if temperature is None else temperature,
+    )

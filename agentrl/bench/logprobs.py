@@ -35,17 +35,9 @@ ADAPTER = "bench-logprobs"
 
 def _samples(trajs: list[Any], temperature: float | None = None) -> list[Any]:
     """Trainer samples of the episodes' tokens (advantage 0: only scored), optionally re-tempered."""
-    from agentrl.trainer.batch import TrainSample
+    from agentrl.samples import sample_of
 
-    out = []
-    for t in trajs:
-        if t.failed or not t.completion_ids:
-            continue
-        p = len(t.prompt_ids)
-        out.append(TrainSample(input_ids=t.prompt_ids + t.completion_ids, loss_mask=[0] * p + t.loss_mask,
-                               behav_logprobs=[0.0] * p + t.logprobs, advantage=0.0,
-                               versions=[-1] * p + t.versions, temperature=temperature or t.temperature))
-    return out
+    return [sample_of(t, 0.0, temperature) for t in trajs if not t.failed and t.completion_ids]
 
 
 def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str, float]:

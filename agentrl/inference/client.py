@@ -96,7 +96,7 @@ class InferenceClient:
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                        top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
                        key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
-                       ignore_eos: bool = False, top_logprobs: int = 0) -> Generation:
+                       ignore_eos: bool = False) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
         Every sampling parameter is sent (penalties and ``min_p`` neutral), so a model's own sampling
@@ -109,7 +109,7 @@ class InferenceClient:
             raise ValueError("prompt_ids must not be empty")
         sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                               "top_k": top_k if top_k > 0 else -1, "min_p": 0.0, "repetition_penalty": 1.0,
-                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
+                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": 0,
                               "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
         if seed is not None:
             sp["seed"] = seed
@@ -144,17 +144,20 @@ class InferenceClient:
             raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(tried))}; "
                                  f"last error: {e}", endpoint=tried[-1] if tried else None) from None
 
-    async def _generate_on(self, ep: Endpoint, gen_body: dict[str, Any], cmpl_body: dict[str, Any]) -> Generation:
+    async def _generate_on(self, ep: Endpoint, gen_body: dict[str, Any], cmpl_body: dict[str, Any],
+                           parsers: tuple[Any, Any] = (parse_generate, parse_completions)) -> Any:
+        """One generation request on ``ep``: the token-in/out route, or ``/v1/completions`` where that route
+        is unavailable (detected once); the answer is read by ``parsers`` (one per route)."""
         if ep.mode != "completions":
             try:
                 r = await self._send(ep, "POST", _GENERATE, json=gen_body)
                 ep.mode = "generate"
-                return parse_body(parse_generate, r, ep.url)
+                return parse_body(parsers[0], r, ep.url)
             except RouteUnavailable as e:
                 log.warning("%s; falling back to %s on %s", e, _COMPLETIONS, ep.url)
                 ep.mode = "completions"
         r = await self._send(ep, "POST", _COMPLETIONS, json=cmpl_body)
-        return parse_body(parse_completions, r, ep.url)
+        return parse_body(parsers[1], r, ep.url)
 
     async def _call(self, ep: Endpoint, method: str, path: str, **kw: Any) -> httpx.Response:
         """One admin call on one endpoint, retrying transient failures with backoff."""
@@ -254,26 +257,25 @@ class InferenceClient:
         the same logprobs for both; an engine reporting the sampled distribution sharpens them.
         """
 
-        async def top(ep: Endpoint, temperature: float) -> dict[int, float]:
+        def top_generate(body: dict[str, Any], url: str) -> dict[object, float]:
+            content = body["choices"][0]["logprobs"]["content"][0]
+            return {int(c["token_id"]): float(c["logprob"]) for c in content["top_logprobs"]}
+
+        def top_completions(body: dict[str, Any], url: str) -> dict[object, float]:
+            return {k: float(v) for k, v in body["choices"][0]["logprobs"]["top_logprobs"][0].items()}
+
+        async def top(ep: Endpoint, temperature: float) -> dict[object, float]:
             sp = {"max_tokens": 1, "temperature": temperature, "logprobs": 5, "seed": 0}
-            if ep.mode != "completions":
-                try:
-                    r = await self._send(ep, "POST", _GENERATE, json={
-                        "model": model or self.model, "token_ids": list(prompt_ids),
-                        "sampling_params": {**sp, "detokenize": False}})
-                    content = r.json()["choices"][0]["logprobs"]["content"][0]
-                    return {int(c["token_id"]): float(c["logprob"]) for c in content["top_logprobs"]}
-                except RouteUnavailable:
-                    ep.mode = "completions"
-            r = await self._send(ep, "POST", _COMPLETIONS, json={
-                "model": model or self.model, "prompt": list(prompt_ids), "return_token_ids": True, **sp})
-            cands = r.json()["choices"][0]["logprobs"]["top_logprobs"][0]
-            return {hash(k): float(v) for k, v in cands.items()}
+            name = model or self.model
+            return await self._generate_on(
+                ep, {"model": name, "token_ids": list(prompt_ids), "sampling_params": {**sp, "detokenize": False}},
+                {"model": name, "prompt": list(prompt_ids), "return_token_ids": True, **sp},
+                parsers=(top_generate, top_completions))
 
         async def one(ep: Endpoint) -> bool:
             try:
                 t1, t025 = await top(ep, 1.0), await top(ep, 0.25)
-            except (TransientError, KeyError, IndexError, TypeError, ValueError) as e:
+            except (TransientError, InferenceError) as e:
                 raise InferenceError(f"{ep.url}: logprobs probe failed: {type(e).__name__}: {e}",
                                      endpoint=ep.url) from None
             common = set(t1) & set(t025)
