@@ -1,7 +1,7 @@
 """``agentrl bench logprobs``: do the engine and the trainer agree on the distribution that was sampled?
 
-Starts one vLLM server (the embedded tiny model, ``--logprobs-mode processed_logprobs``) and one torchrun
-trainer, makes the adapter non-trivial with one training step, publishes it (η = 0: the engine serves
+Starts one vLLM server (the embedded tiny model, ``--logprobs-mode processed_logprobs``; or uses
+``--endpoint``) and one torchrun trainer, makes the adapter non-trivial with one training step, publishes it (η = 0: the engine serves
 exactly the trainer's weights), then samples ``--episodes`` calc episodes at temperature 1 and at
 ``--temperature`` T and has the trainer score the same tokens. Per temperature it reports, over sampled
 tokens:
@@ -67,13 +67,15 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     model = str(args.model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
     work = Path(tempfile.mkdtemp(prefix="agentrl-bench-logprobs-"))
     tasks = list(CalcEnv.tasks("train"))[: args.episodes]
-    server = VLLMServer(VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16), work)
+    server = None if args.endpoint else VLLMServer(
+        VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16), work)
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=2e-3, lora_rank=16, lora_alpha=32.0), work)
-    await asyncio.to_thread(server.start)
+    if server is not None:
+        await asyncio.to_thread(server.start)
     try:
         await asyncio.to_thread(trainer.start)
         chat = await asyncio.to_thread(load_chat_format, model)
-        async with InferenceClient([server.url], timeout_s=600) as client:
+        async with InferenceClient([args.endpoint or server.url], timeout_s=600) as client:
             sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
             await sync.publish(0)
 
@@ -103,7 +105,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 out["t1" if temperature == 1.0 else "tT"] = res
     finally:
         await asyncio.to_thread(trainer.close)
-        await asyncio.to_thread(server.stop)
+        if server is not None:
+            await asyncio.to_thread(server.stop)
     t_res = out.pop("tT", out["t1"])
     out.update(t_res)
     out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
@@ -116,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature to check (> 0)")
     parser.add_argument("--episodes", type=int, default=64, help="calc episodes per temperature")
     parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
+    parser.add_argument("--endpoint", default=None,
+                        help="a running vLLM server of --model (LoRA enabled, --logprobs-mode processed_logprobs) "
+                             "to use instead of starting one")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if not args.temperature > 0:

@@ -34,14 +34,16 @@ def test_bench_pipeline_real_mode(tiny_model_dir: Path, capsys: pytest.CaptureFi
     assert r["update_ms_p50_async"] > 0
 
 
-def test_bench_logprobs_engine_and_trainer_agree(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``agentrl bench logprobs`` on its own vLLM server and torchrun trainer: at T = 0.7 the engine's
+def test_bench_logprobs_engine_and_trainer_agree(vllm_server, tiny_model_dir: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench logprobs`` on the session vLLM server and its own torchrun trainer: at T = 0.7 the engine's
     logprobs and the trainer's (scaled by the trajectory's temperature) agree, and a trainer that ignored
     the temperature would not."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from agentrl.bench.logprobs import main
 
-    assert main(["--temperature", "0.7", "--episodes", "16", "--json", "--model", str(tiny_model_dir)]) == 0
+    assert main(["--temperature", "0.7", "--episodes", "16", "--json", "--model", str(tiny_model_dir),
+                 "--endpoint", vllm_server.url]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["temperature"] == 0.7 and r["tokens"] > 100 and r["failed_episodes"] == 0
     assert abs(r["is_weight_mean"] - 1.0) <= 0.03 and abs(r["t1"]["is_weight_mean"] - 1.0) <= 0.03
