@@ -47,6 +47,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from agentrl import gcpause
 from agentrl.schema import function_schema, validate_arguments
 from agentrl.types import Message
 
@@ -86,19 +87,46 @@ def _tool_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-async def run_sync_tool(fn: Callable[..., Any], timeout_s: float, **kwargs: Any) -> tuple[Any, float]:
-    """``fn(**kwargs)`` in a worker thread, waited for at most ``timeout_s``; returns the result and the
-    seconds ``fn`` itself ran (measured in the thread: waiting for a thread or for the busy event loop to
-    pick the result up is not included).
+def own_clock() -> tuple[float, float]:
+    """A start mark for :func:`own_time_since`: the wall clock and the process's garbage-collection time."""
+    gcpause.install()
+    return time.perf_counter(), gcpause.paused_s()
+
+
+def own_time_since(mark: tuple[float, float]) -> float:
+    """Wall seconds since ``mark`` less the full garbage collections that ran meanwhile (they stop every
+    thread and are the process's doing, not the tool's)."""
+    wall = time.perf_counter() - mark[0]
+    return max(0.0, wall - (gcpause.paused_s() - mark[1]))
+
+
+@dataclass
+class ToolTime:
+    """The seconds one tool call ran, written where it ran (a sync tool's worker thread), also when the
+    tool raised; ``None`` while it has not finished (a call abandoned at its timeout)."""
+
+    seconds: float | None = None
+
+
+async def run_sync_tool(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float,
+                        spent: ToolTime | None = None) -> Any:
+    """``fn(**kwargs)`` in a worker thread, waited for at most ``timeout_s``.
+
+    ``spent`` receives the seconds ``fn`` itself ran, measured in the thread, whether it returned or
+    raised: waiting for a free thread or for the busy event loop to pick the result up is not included,
+    nor are full garbage collections (see :mod:`agentrl.gcpause`).
 
     The event loop keeps running other episodes meanwhile. A thread cannot be killed: after a timeout the
     call is abandoned (its result dropped) and finishes in the background.
     """
+    spent = spent if spent is not None else ToolTime()
 
-    def timed() -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        result = fn(**kwargs)
-        return result, time.perf_counter() - t0
+    def timed() -> Any:
+        mark = own_clock()
+        try:
+            return fn(**kwargs)
+        finally:
+            spent.seconds = own_time_since(mark)
 
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, timed)
@@ -259,6 +287,7 @@ class Environment:
         Raises ToolArgumentError for an unknown tool or bad arguments, ToolError for tool-reported
         errors, TimeoutError when the tool runs past ``tool_timeout_s``. Other exceptions propagate.
         """
+        self.last_tool_s = 0.0  # a call refused before it runs costs the agent nothing
         specs = self.tool_specs()
         spec = specs.get(name)
         if spec is None:
@@ -268,14 +297,16 @@ class Environment:
         except ValueError as e:
             raise ToolArgumentError(str(e)) from e
         method = getattr(self, spec.attr)
-        self.last_tool_s = None
-        t0 = time.perf_counter()
-        if inspect.iscoroutinefunction(method):
-            result = await asyncio.wait_for(method(**kwargs), timeout=self.tool_timeout_s)
-            self.last_tool_s = time.perf_counter() - t0
-        else:
-            result, self.last_tool_s = await run_sync_tool(method, self.tool_timeout_s, **kwargs)
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, timeout=self.tool_timeout_s)
-                self.last_tool_s = time.perf_counter() - t0
+        spent = ToolTime()  # set by a sync tool's thread; otherwise the wall time since ``mark``
+        mark = own_clock()
+        try:
+            if inspect.iscoroutinefunction(method):
+                result = await asyncio.wait_for(method(**kwargs), timeout=self.tool_timeout_s)
+            else:
+                result = await run_sync_tool(method, kwargs, self.tool_timeout_s, spent)
+                if inspect.isawaitable(result):
+                    spent.seconds = None  # it goes on on the event loop: measured from the start
+                    result = await asyncio.wait_for(result, timeout=self.tool_timeout_s)
+        finally:  # on an error too: the tool's time was spent
+            self.last_tool_s = spent.seconds if spent.seconds is not None else own_time_since(mark)
         return result if isinstance(result, str) else json.dumps(result)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl import gcpause
 from agentrl.config import RunConfig
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
@@ -81,6 +82,7 @@ class TrainingRun:
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
                     policy_version=self.policy_version,
                 )
+                log.info("start-up heap frozen: %d objects kept out of garbage collections", gcpause.freeze_heap())
                 first = None
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
                     if cfg.engine_warmup:

@@ -152,7 +152,10 @@ async def test_an_overloaded_engine_produces_no_timeout_negatives(vllm_server, c
     trajs = [t for g in groups for t in g]
     waited = sorted(t.timings.generate_s for t in trajs)
     assert waited[len(waited) // 2] > 4 * TightCalc.agent_time_limit_s, f"engine not overloaded: {waited[-5:]}"
-    reasons = {t.stop_reason for t in trajs}
-    assert StopReason.TIMEOUT not in reasons and not any(t.failed for t in trajs), reasons
+    bad = [(t.stop_reason.value, t.error, round(t.timings.tool_s, 4)) for t in trajs
+           if t.stop_reason is StopReason.TIMEOUT or t.failed]
+    assert not bad, bad[:5]
+    # microsecond calculator calls: what is charged is their own time, not the busy process's stalls
+    assert max(t.timings.tool_s for t in trajs) < 0.4 * TightCalc.agent_time_limit_s
     _, stats = to_samples(groups)
     assert stats.stop_reasons.get("timeout", 0) == 0 and stats.num_episodes == 256

@@ -5,6 +5,7 @@ the agent's tool time is charged to it; synchronous tools run in threads under t
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from collections.abc import Iterator
@@ -168,6 +169,65 @@ async def test_the_agents_own_tool_time_runs_out_as_timeout(chat: ChatFormat) ->
     traj = await run_episode(Tight, {"id": "t"}, Scripted(chat, script), chat, SamplingConfig())
     assert (traj.stop_reason, traj.reward, traj.failed, traj.num_turns) == (StopReason.TIMEOUT, 0.0, False, 2)
     assert "tool time" in traj.error and 0.6 <= traj.timings.tool_s < 0.9
+
+
+class Collector(Napper):
+    """A tool during which the process runs a full garbage collection (here the tool starts it itself)."""
+
+    @agentrl.tool
+    def sweep(self) -> str:
+        """Collect garbage.
+        """
+        gc.collect()
+        return "swept"
+
+
+async def test_garbage_collections_are_not_charged_to_the_agent(chat: ChatFormat) -> None:
+    """A full collection stops every thread; in a process with a large heap it lasts long enough to use up
+    a tight agent budget. It is the process's doing: the tool is not charged for it."""
+    heap = [[i] for i in range(1_500_000)]  # container objects the collector has to scan
+    t0 = time.perf_counter()
+    gc.collect()
+    full = time.perf_counter() - t0
+
+    class Tight(Collector):
+        agent_time_limit_s = full / 2
+
+    try:
+        traj = await run_episode(Tight, {"id": "t"}, Scripted(chat, [call("sweep"), "The answer is 42."]), chat,
+                                 SamplingConfig())
+    finally:
+        del heap
+    assert full > 0.02, f"the heap was too small to test anything ({full:.3f} s per collection)"
+    assert (traj.stop_reason, traj.reward) == (StopReason.COMPLETED, 1.0), traj.error
+    assert traj.timings.tool_s < full / 4, (traj.timings.tool_s, full)
+
+
+class Failing(Napper):
+    @agentrl.tool
+    def fail(self) -> str:
+        """Work briefly, then report an error.
+        """
+        time.sleep(0.05)
+        raise agentrl.ToolError("no such file")
+
+
+async def test_a_failing_sync_tool_is_charged_its_own_time_not_the_busy_loops(chat: ChatFormat) -> None:
+    """The event loop is held for 0.5 s (other episodes' work) while the tool's thread finishes in 0.05 s:
+    the tool error is an observation, and the agent is charged the 0.05 s its tool ran."""
+
+    class Tight(Failing):
+        agent_time_limit_s = 0.3
+
+    async def busy_loop() -> None:
+        await asyncio.sleep(0.01)
+        time.sleep(0.5)  # noqa: ASYNC251 (the point: a loop held by other work)
+
+    script = Scripted(chat, [call("fail"), "The answer is 42."])
+    traj, _ = await asyncio.gather(run_episode(Tight, {"id": "t"}, script, chat, SamplingConfig()), busy_loop())
+    assert traj.messages[2].content == "Error: no such file"
+    assert (traj.stop_reason, traj.reward) == (StopReason.COMPLETED, 1.0), traj.error
+    assert 0.05 <= traj.timings.tool_s < 0.2, traj.timings
 
 
 async def test_the_hard_wall_clock_is_an_infrastructure_failure(chat: ChatFormat) -> None:
