@@ -25,6 +25,7 @@ from agentrl.inference import (
     reap_stale,
 )
 from tests.conftest import require
+from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
 
 pytestmark = pytest.mark.integration
 
@@ -146,32 +147,27 @@ async def test_same_path_reload_with_prefix_cache_reset(vllm_server, adapters, t
             await c.unload_lora_adapter(name)
 
 
-async def _interrupted(c: InferenceClient, action, n: int = 900):
-    """Run a long greedy generation (``ignore_eos``: the embedded model may stop early) and apply
-    ``action`` while it runs (shorter waits on a fast machine)."""
-    for delay in (0.15, 0.08, 0.04, 0.02):
-        task = asyncio.create_task(c.generate(PROMPT[:2], max_tokens=n, temperature=0.0, ignore_eos=True))
-        await asyncio.sleep(delay)
+async def _interrupted(c: InferenceClient, url: str, action, n: int = 900):
+    """Run a long greedy generation (``ignore_eos``: the embedded model may stop early), freeze the engine
+    once it has produced a few tokens (read from its counter, not guessed from a delay: a fast engine
+    finishes before a fixed delay, a busy one has not started), apply ``action`` and resume."""
+    start = await generated_tokens(url)
+    task = asyncio.create_task(c.generate(PROMPT[:2], max_tokens=n, temperature=0.0, ignore_eos=True))
+    try:
+        await pause_mid_generation(c, url, task, start, first=8, total=n)
         await action()
-        g = await task
-        if len(g.weight_versions or []) > 1 or g.finish_reason == "abort":
-            return g
-    raise AssertionError(f"the action never interrupted the generation: {g.finish_reason}, {g.weight_versions}")
+    finally:
+        await c.resume()
+    return await task
 
 
 async def test_pause_keep_and_weight_version_spans(vllm_server) -> None:
     async with InferenceClient([vllm_server.url]) as c:
         await c.set_weight_version("10")
 
-        async def bump() -> None:
-            await c.pause("keep")
-            await c.set_weight_version("11")
-            await c.resume()
-
         try:
-            g = await _interrupted(c, bump)
+            g = await _interrupted(c, vllm_server.url, lambda: c.set_weight_version("11"))
         finally:
-            await c.resume()
             await c.set_weight_version(DEFAULT_VERSION)
         spans = g.weight_versions
         assert [v for v, _, _ in spans] == ["10", "11"] and g.finish_reason == "length"
@@ -180,10 +176,7 @@ async def test_pause_keep_and_weight_version_spans(vllm_server) -> None:
 
 async def test_pause_abort_returns_partial_generation(vllm_server) -> None:
     async with InferenceClient([vllm_server.url]) as c:
-        try:
-            g = await _interrupted(c, lambda: c.pause("abort"))
-        finally:
-            await c.resume()
+        g = await _interrupted(c, vllm_server.url, lambda: c.pause("abort"))
         assert g.finish_reason == "abort" and len(g.token_ids) == len(g.logprobs) < 900
         assert (await c.generate(PROMPT, max_tokens=2)).finish_reason == "length"
 
