@@ -103,11 +103,13 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "calc"
-    """Run name: outputs go to ``<output_dir>/<name>/``."""
+    """Run name: outputs go to ``<output_dir>/<name>/``. Default (through ``load_config``): the
+    environment's registered name, else its class name in lower case."""
     output_dir: Path = Path("runs")
     """Parent directory of run directories."""
     env: str = "calc"
-    """Environment name (``calc``), or ``package.module:Class``."""
+    """Environment: a registered name (``calc``), ``package.module:Class`` (found from the current
+    directory too) or ``path/to/file.py:Class``."""
     env_url: str | None = None
     """Base URL of an ``agentrl serve-env`` server: ``env`` then runs there, through ``RemoteEnvironment``."""
     env_token: str | None = Field(None, exclude=True, repr=False)
@@ -245,6 +247,12 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def default_run_name(env: str) -> str:
+    """The run name used when none is given: the environment's registered name, else its class name in
+    lower case (``my_env.py:Weather`` -> ``weather``)."""
+    return env.rpartition(":")[2].lower() if ":" in env else env
+
+
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored)."""
     data: dict[str, Any] = {}
@@ -257,6 +265,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
     merged = _deep_update(_deep_update(preset_for(env), data), clean)
+    merged.setdefault("name", default_run_name(env))
     model = merged.get("model", DEFAULT_MODEL)
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):

@@ -1,6 +1,9 @@
 """A complete custom tool environment: a tiny key-value store the agent must query.
 
-Train it with:  agentrl train --env examples.custom_env:Lookup --model <a chat model directory>
+Check its tools and reward, then train it (from the repository root)::
+
+    agentrl eval --env examples.custom_env:Lookup --policy oracle
+    agentrl train --env examples.custom_env:Lookup --model <a chat model directory>
 """
 
 from __future__ import annotations
@@ -47,4 +50,9 @@ class Lookup(agentrl.Environment):
 
     async def reward(self, messages: list[agentrl.Message]) -> float:
         return float(getattr(self, "answer", "") == CAPITALS[self.task["country"]])
+
+    @classmethod
+    def reference_solution(cls, task: agentrl.Task) -> list[tuple[str, dict]]:
+        """What a perfect agent does (``agentrl eval --policy oracle`` replays it)."""
+        return [("capital_of", {"country": task["country"]}), ("submit", {"answer": CAPITALS[task["country"]]})]
 
