@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "Environment": "agentrl.environment",
     "tool": "agentrl.environment",
     "ToolError": "agentrl.environment",
+    "ToolArgumentError": "agentrl.environment",
     "Task": "agentrl.environment",
     "Trajectory": "agentrl.types",
     "Message": "agentrl.types",
@@ -44,7 +45,7 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.chat import ChatFormat
     from agentrl.config import RunConfig, SamplingConfig
-    from agentrl.environment import Environment, Task, ToolError, tool
+    from agentrl.environment import Environment, Task, ToolArgumentError, ToolError, tool
     from agentrl.episode import Episode
     from agentrl.inference.client import InferenceClient
     from agentrl.inference.server import VLLMServer

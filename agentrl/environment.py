@@ -261,6 +261,12 @@ class Environment:
         self.finished = True
 
     # ----- machinery ---------------------------------------------------------------------------
+    def __setattr__(self, attr: str, value: Any) -> None:
+        if any(spec.attr == attr for spec in type(self).tool_specs().values()):
+            raise AttributeError(f"{type(self).__name__}.{attr} is a tool; assigning self.{attr} would hide it "
+                                 "from the model's calls. Store the value under another name.")
+        super().__setattr__(attr, value)
+
     @classmethod
     def tool_specs(cls) -> dict[str, ToolSpec]:
         """All tools of this class, by name (cached per class)."""
