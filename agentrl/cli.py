@@ -54,7 +54,8 @@ def _run(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-EnvOpt = Annotated[str, typer.Option("--env", help="Environment name (calc) or package.module:Class.")]
+EnvOpt = Annotated[str, typer.Option(
+    "--env", help="Environment: a name (calc), package.module:Class (from the current directory) or file.py:Class.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the embedded tiny model).")]
 EndpointOpt = Annotated[
@@ -89,10 +90,10 @@ def train(
     """Train a policy on an environment (sync or async mode)."""
     _setup(verbose)
     from agentrl.config import load_config
-    from agentrl.registry import UnknownEnvironmentError, load_env
+    from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
 
     overrides = {
-        "env": env, "model": model, "name": name or (env if ":" not in env else None), "steps": steps,
+        "env": canonical_spec(env), "model": model, "name": name, "steps": steps,
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
@@ -138,8 +139,9 @@ def eval_(
     """Report the success rate on the held-out split (optionally with a LoRA adapter)."""
     _setup(verbose)
     from agentrl.config import load_config
-    from agentrl.registry import UnknownEnvironmentError, load_env
+    from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
 
+    env = canonical_spec(env)
     try:
         load_env(env)
         cfg = load_config(config, {"env": env, "model": model, "eval_tasks": tasks, "endpoints": endpoint or None})
@@ -190,6 +192,26 @@ def envs() -> None:
 
     for name, target in sorted(known_envs().items()):
         typer.echo(f"{name}\t{target}")
+
+
+@app.command("init-env")
+def init_env(
+    name: Annotated[str, typer.Argument(help="Environment name: NAME.py and class NameInCamelCase.")],
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write the files.")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
+) -> None:
+    """Write a runnable environment (tasks, a typed tool, reward, reference solution) and its tests."""
+    from agentrl.scaffold import class_name, write_env
+
+    try:
+        paths = write_env(name, directory, force=force)
+    except (ValueError, FileExistsError, OSError) as e:
+        _fail(str(e))
+    spec = f"{paths[0] if directory != Path('.') else paths[0].name}:{class_name(name)}"
+    typer.echo(f"wrote {paths[0]} and {paths[1]}. Next:\n"
+               f"  agentrl eval --env {spec} --policy oracle    # the reference solution scores 1.0\n"
+               f"  python -m pytest {paths[1]}\n"
+               f"  agentrl train --env {spec} --model <chat model dir>")
 
 
 @app.command("serve-env")
