@@ -3,7 +3,6 @@ session vLLM server, and a short async training run with torchrun."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from agentrl.orchestrator import live_update
 from agentrl.sync_shm import SharedMemoryAdapterSync
 from agentrl.train import TrainingRun
 from agentrl.versions import token_versions
-from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
+from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +50,9 @@ async def test_generation_spanning_an_update_keeps_its_prefix(vllm_server, tmp_p
         assert token_versions(ref, -1) == [0] * N_TOKENS
         with SharedMemoryAdapterSync(trainer, client, NAME, reset="") as sync:
             trainer.tensors = random_lora(shapes, seed=7, std=0.5)  # far from v0: outputs must change
-            start = await generated_tokens(vllm_server.url)
-            running = asyncio.create_task(greedy())
             try:
-                await pause_mid_generation(client, vllm_server.url, running, start, first=N_FIRST,
-                                           total=N_TOKENS)
+                running = await start_paused_mid_generation(client, vllm_server.url, greedy, first=N_FIRST,
+                                                            total=N_TOKENS)
                 m = await live_update(client, sync, 1, paused=True, mode="keep")
             finally:
                 await client.resume()

@@ -25,7 +25,7 @@ from agentrl.inference import (
     reap_stale,
 )
 from tests.conftest import require
-from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
+from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration
 
@@ -151,10 +151,9 @@ async def _interrupted(c: InferenceClient, url: str, action, n: int = 900):
     """Run a long greedy generation (``ignore_eos``: the embedded model may stop early), freeze the engine
     once it has produced a few tokens (read from its counter, not guessed from a delay: a fast engine
     finishes before a fixed delay, a busy one has not started), apply ``action`` and resume."""
-    start = await generated_tokens(url)
-    task = asyncio.create_task(c.generate(PROMPT[:2], max_tokens=n, temperature=0.0, ignore_eos=True))
     try:
-        await pause_mid_generation(c, url, task, start, first=8, total=n)
+        task = await start_paused_mid_generation(
+            c, url, lambda: c.generate(PROMPT[:2], max_tokens=n, temperature=0.0, ignore_eos=True), first=8, total=n)
         await action()
     finally:
         await c.resume()

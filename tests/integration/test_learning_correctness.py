@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,7 +29,7 @@ from agentrl.samples import to_samples
 from agentrl.sync_shm import SharedMemoryAdapterSync
 from agentrl.types import StopReason
 from agentrl.workers import RolloutWorkers
-from tests.integration.vllm_metrics import generated_tokens, pause_mid_generation
+from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration
 
@@ -91,11 +90,11 @@ class UpdateMidGeneration:
         self.generation: Generation | None = None
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
-        start = await generated_tokens(self.url)
         kw["stop_token_ids"] = []  # run to the token budget
-        running = asyncio.create_task(self.client.generate(prompt_ids, **kw, ignore_eos=True))
         try:
-            await pause_mid_generation(self.client, self.url, running, start, first=8, total=kw["max_tokens"])
+            running = await start_paused_mid_generation(
+                self.client, self.url, lambda: self.client.generate(prompt_ids, **kw, ignore_eos=True),
+                first=8, total=kw["max_tokens"])
             await live_update(self.client, self.sync, 1, paused=True, mode="keep")
             self.state["version"] = 1
         finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 
@@ -19,6 +21,10 @@ async def generated_tokens(url: str) -> float:
     values = re.findall(r"^vllm:generation_tokens_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M)
     assert values, "vllm:generation_tokens_total missing from /metrics"
     return sum(float(v) for v in values)
+
+
+class EngineOutran(AssertionError):
+    """The generation finished within one resume -> pause round trip (a loaded machine stalled the pause)."""
 
 
 async def pause_mid_generation(client: InferenceClient, url: str, running: asyncio.Task, start: float, *, first: int, total: int,
@@ -39,9 +45,29 @@ async def pause_mid_generation(client: InferenceClient, url: str, running: async
         while (again := await generated_tokens(url) - start) != produced:
             produced = again
         if running.done() or produced >= total:
-            raise AssertionError(f"the generation finished ({produced:.0f} of {total} tokens) in one "
+            raise EngineOutran(f"the generation finished ({produced:.0f} of {total} tokens) in one "
                                  "resume -> pause round trip; the engine outran the test")
         if produced >= first:
             return produced
         assert time.monotonic() < deadline, f"only {produced:.0f} tokens after {timeout_s:.0f} s"
         await client.resume()
+
+
+async def start_paused_mid_generation(client: InferenceClient, url: str, request: Callable[[], Awaitable[Any]], *,
+                                      first: int, total: int, attempts: int = 3) -> asyncio.Task:
+    """Start ``request()`` (a generation of ``total`` tokens) and return its task with the engine paused
+    ("keep") after it produced at least ``first`` tokens and before it finished. A generation that ran to
+    its end inside one resume -> pause round trip (a pause request stalled on a loaded machine) did not
+    test anything: it is started again, ``attempts`` times at most. The caller resumes the engine."""
+    for attempt in range(1, attempts + 1):
+        start = await generated_tokens(url)
+        running = asyncio.ensure_future(request())
+        try:
+            await pause_mid_generation(client, url, running, start, first=first, total=total)
+            return running
+        except EngineOutran:
+            await client.resume()
+            await running
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
