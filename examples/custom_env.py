@@ -1,8 +1,15 @@
 """A complete custom tool environment: a tiny key-value store the agent must query.
 
-Check its tools and reward, then train it (from the repository root)::
+.. doc-test: repo
+
+Check its tools and reward (from the repository root; the reference solution scores 1.0)::
 
     agentrl eval --env examples.custom_env:Lookup --policy oracle
+
+.. doc-test: skip: needs a chat model directory of your own and minutes of training
+
+Then train it::
+
     agentrl train --env examples.custom_env:Lookup --model <a chat model directory>
 """
 

@@ -1,10 +1,14 @@
 """An agent outside agentrl: it plays an environment served by ``agentrl serve-env`` using only ``openai``
 (to sample from any OpenAI-compatible server) and ``httpx`` (to talk to the environment server).
 
+.. doc-test: skip: two servers that run until stopped; tests/integration/test_env_server_e2e.py runs this example against both
+
 Start the servers (any OpenAI-compatible model server works; here the embedded model on vLLM)::
 
     agentrl serve-env --env calc --port 8765            # prints the bearer token
     python -m vllm.entrypoints.openai.api_server --model models/tiny --served-model-name base --port 8000
+
+.. doc-test: skip: needs the two servers above and the token the first one printed
 
 then::
 
