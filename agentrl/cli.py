@@ -216,7 +216,7 @@ def init_env(
 
 @app.command("serve-env")
 def serve_env(
-    env: Annotated[list[str] | None, typer.Option("--env", help="Environment to serve (repeatable; default calc).")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", help="Environment to serve, named as for train (repeatable; default calc).")] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (default 8765; 0: any free port).")] = None,
     token: Annotated[str | None, typer.Option(envvar="AGENTRL_ENV_TOKEN", show_envvar=True,

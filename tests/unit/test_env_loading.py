@@ -157,3 +157,29 @@ def test_init_env_writes_an_environment_whose_checks_pass_at_once(tmp_path: Path
     assert again.returncode == 2 and "already exist" in again.stderr
     bad = _cli("init-env", "Stock-Count", cwd=tmp_path)
     assert bad.returncode == 2 and "cannot name an environment" in bad.stderr
+
+
+def test_serve_env_serves_an_env_file_named_relative_to_the_current_directory(tmp_path: Path) -> None:
+    import re
+    import signal
+
+    import httpx
+
+    stem, _ = write_env(tmp_path / "envs")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.Popen([AGENTRL, "serve-env", "--env", f"envs/{stem}.py:Echo", "--port", "0", "--no-auth"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if m := re.search(r"serving (\S+) on (http://\S+)", line):
+                break
+        else:
+            raise AssertionError(f"serve-env exited ({proc.wait()}) without serving")
+        assert m.group(1) == stem
+        envs = httpx.get(f"{m.group(2)}/v1/envs", timeout=10).json()
+        assert [e["name"] for e in envs["envs"]] == [stem]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
