@@ -47,7 +47,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from agentrl import gcpause
 from agentrl.schema import function_schema, validate_arguments
 from agentrl.types import Message
 
@@ -87,19 +86,6 @@ def _tool_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-def own_clock() -> tuple[float, float]:
-    """A start mark for :func:`own_time_since`: the wall clock and the process's garbage-collection time."""
-    gcpause.install()
-    return time.perf_counter(), gcpause.paused_s()
-
-
-def own_time_since(mark: tuple[float, float]) -> float:
-    """Wall seconds since ``mark`` less the full garbage collections that ran meanwhile (they stop every
-    thread and are the process's doing, not the tool's)."""
-    wall = time.perf_counter() - mark[0]
-    return max(0.0, wall - (gcpause.paused_s() - mark[1]))
-
-
 @dataclass
 class ToolTime:
     """The seconds one tool call ran, written where it ran (a sync tool's worker thread), also when the
@@ -113,8 +99,7 @@ async def run_sync_tool(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_
     """``fn(**kwargs)`` in a worker thread, waited for at most ``timeout_s``.
 
     ``spent`` receives the seconds ``fn`` itself ran, measured in the thread, whether it returned or
-    raised: waiting for a free thread or for the busy event loop to pick the result up is not included,
-    nor are full garbage collections (see :mod:`agentrl.gcpause`).
+    raised: waiting for a free thread or for the busy event loop to pick the result up is not included.
 
     The event loop keeps running other episodes meanwhile. A thread cannot be killed: after a timeout the
     call is abandoned (its result dropped) and finishes in the background.
@@ -122,11 +107,11 @@ async def run_sync_tool(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_
     spent = spent if spent is not None else ToolTime()
 
     def timed() -> Any:
-        mark = own_clock()
+        t0 = time.perf_counter()
         try:
             return fn(**kwargs)
         finally:
-            spent.seconds = own_time_since(mark)
+            spent.seconds = time.perf_counter() - t0
 
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, timed)
@@ -303,8 +288,8 @@ class Environment:
         except ValueError as e:
             raise ToolArgumentError(str(e)) from e
         method = getattr(self, spec.attr)
-        spent = ToolTime()  # set by a sync tool's thread; otherwise the wall time since ``mark``
-        mark = own_clock()
+        spent = ToolTime()  # set by a sync tool's thread; otherwise the wall time since ``t0``
+        t0 = time.perf_counter()
         try:
             if inspect.iscoroutinefunction(method):
                 result = await asyncio.wait_for(method(**kwargs), timeout=self.tool_timeout_s)
@@ -314,5 +299,5 @@ class Environment:
                     spent.seconds = None  # it goes on on the event loop: measured from the start
                     result = await asyncio.wait_for(result, timeout=self.tool_timeout_s)
         finally:  # on an error too: the tool's time was spent
-            self.last_tool_s = spent.seconds if spent.seconds is not None else own_time_since(mark)
+            self.last_tool_s = spent.seconds if spent.seconds is not None else time.perf_counter() - t0
         return result if isinstance(result, str) else json.dumps(result)

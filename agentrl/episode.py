@@ -48,15 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.environment import (
-    AgentTimeLimit,
-    Environment,
-    Task,
-    ToolArgumentError,
-    ToolError,
-    own_clock,
-    own_time_since,
-)
+from agentrl.environment import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
 from agentrl.types import SCORED_STOP_REASONS, Message, StopReason, ToolCall
 
 log = logging.getLogger(__name__)
@@ -367,7 +359,7 @@ class Episode:
             return obs(f"Error: the step's time limit of {self.limits.step_timeout_s}s was used up before "
                        f"{name} ran", "timeout")
         env.last_tool_s = None
-        mark = own_clock()
+        t0 = time.perf_counter()
         try:
             pending = env.call_tool(name, call.arguments)
             result = obs(await (pending if step_left is None else asyncio.wait_for(pending, timeout=step_left)))
@@ -380,7 +372,7 @@ class Episode:
             self.end(StopReason.TIMEOUT, f"TimeoutError: {e}")
             result = obs(f"Error: {e}", "timeout")
         except asyncio.TimeoutError:
-            if step_left is not None and time.perf_counter() - mark[0] >= step_left:
+            if step_left is not None and time.perf_counter() - t0 >= step_left:
                 result = obs(f"Error: tool {name} timed out: the step's time limit of "
                              f"{self.limits.step_timeout_s}s ran out", "timeout")
             else:
@@ -390,7 +382,7 @@ class Episode:
             self._fail(error_text(e, f"tool {name}", trace=self.traces))
             result = obs(f"Error: the environment failed while running {name}: {error_text(e)}", "env_error")
         finally:  # also on cancellation: the time was spent
-            charged = env.last_tool_s if env.last_tool_s is not None else own_time_since(mark)
+            charged = env.last_tool_s if env.last_tool_s is not None else time.perf_counter() - t0
             self.agent_s += charged
         result.tool_s = charged
         return result

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 
-from agentrl import __version__, gcpause
+from agentrl import __version__, heap
 from agentrl.server.auth import BearerAuth, make_auth
 from agentrl.server.catalog import EnvCatalog
 from agentrl.server.config import ServerConfig
@@ -103,7 +103,7 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
             await _sandbox_gc(owner=None)
         started = await _setup_runs(catalog, config.owner or "env-server")
         manager.start()
-        gcpause.freeze_heap()
+        heap.freeze_heap()
         try:
             yield
         finally:

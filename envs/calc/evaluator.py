@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import threading
 from collections.abc import Callable
 
 MAX_CHARS = 200
@@ -27,6 +28,11 @@ MAX_EXPONENT = 64
 MAX_MAGNITUDE = 1e15
 
 Number = int | float
+
+
+_PARSE_LOCK = threading.Lock()
+"""``ast.parse`` one thread at a time: the tool runs in worker threads, and on CPython 3.11 the AST
+constructor keeps one recursion counter for all threads ("AST constructor recursion depth mismatch")."""
 
 
 class CalcError(ValueError):
@@ -124,7 +130,8 @@ def safe_eval(expression: str) -> int | float:
     if not expression.strip():
         raise CalcError("empty expression")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with _PARSE_LOCK:
+            tree = ast.parse(expression.strip(), mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise CalcError(f"invalid expression: {getattr(e, 'msg', None) or e}") from None
     _check_structure(tree)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.chat import ChatFormat
 from agentrl.config import SamplingConfig
 from agentrl.envs.calc import CalcEnv
+from agentrl.heap import freeze_heap
 from agentrl.inference import InferenceClient
 from agentrl.inference.protocol import Generation
 from agentrl.orchestrator import live_update
@@ -143,11 +145,16 @@ class TightCalc(CalcEnv):
 
 async def test_an_overloaded_engine_produces_no_timeout_negatives(vllm_server, chat: ChatFormat) -> None:
     """256 episodes at once on one CPU engine: each waits seconds for its turns, far past the agent's 0.5 s,
-    and none ends as ``timeout`` (nor fails): the queueing is not the agent's doing."""
+    and none ends as ``timeout`` (nor fails): the queueing is not the agent's doing. The heap is frozen
+    first, as ``agentrl train`` does, so that full garbage collections stay short."""
+    freeze_heap()
     async with InferenceClient([vllm_server.url]) as client:
         await client.set_weight_version("0")
         workers = RolloutWorkers(TightCalc, client, chat, SamplingConfig(), max_concurrency=256)
-        groups = await workers.run_groups(list(CalcEnv.tasks("train"))[:64], 4)
+        try:
+            groups = await workers.run_groups(list(CalcEnv.tasks("train"))[:64], 4)
+        finally:
+            gc.unfreeze()
     trajs = [t for g in groups for t in g]
     waited = sorted(t.timings.generate_s for t in trajs)
     assert waited[len(waited) // 2] > 4 * TightCalc.agent_time_limit_s, f"engine not overloaded: {waited[-5:]}"
