@@ -54,11 +54,13 @@ async def pause_mid_generation(client: InferenceClient, url: str, running: async
 
 
 async def start_paused_mid_generation(client: InferenceClient, url: str, request: Callable[[], Awaitable[Any]], *,
-                                      first: int, total: int, attempts: int = 3) -> asyncio.Task:
+                                      first: int, total: int, attempts: int = 5) -> asyncio.Task:
     """Start ``request()`` (a generation of ``total`` tokens) and return its task with the engine paused
     ("keep") after it produced at least ``first`` tokens and before it finished. A generation that ran to
-    its end inside one resume -> pause round trip (a pause request stalled on a loaded machine) did not
-    test anything: it is started again, ``attempts`` times at most. The caller resumes the engine."""
+    its end inside one resume -> pause round trip did not test anything: it is started again,
+    ``attempts`` times at most. (The engine core can run far ahead of the API server, which counts the
+    tokens and answers the pause; on a loaded machine one round trip can outlast a whole generation.)
+    The caller resumes the engine."""
     for attempt in range(1, attempts + 1):
         start = await generated_tokens(url)
         running = asyncio.ensure_future(request())
