@@ -102,9 +102,10 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "calc"
-    """Run name: outputs go to ``<output_dir>/<name>/``. Default (through ``load_config``): the
-    environment's registered name, else its class name in lower case."""
+    name: str | None = None
+    """Run name: outputs go to ``<output_dir>/<name>/``. An explicit name that holds another run is refused
+    (unless resuming it). Default: the environment's registered name, else its class name in lower case,
+    with the first free suffix (``calc``, ``calc-2``, ...); see ``agentrl.rundir``."""
     output_dir: Path = Path("runs")
     """Parent directory of run directories."""
     env: str = "calc"
@@ -186,7 +187,8 @@ class RunConfig(BaseModel):
 
     @property
     def run_dir(self) -> Path:
-        return self.output_dir / self.name
+        """``<output_dir>/<name>`` (before ``rundir.open_run`` settles a default name: without its suffix)."""
+        return self.output_dir / (self.name or default_run_name(self.env))
 
     def resolved(self) -> RunConfig:
         """A copy where the trainer and server point at ``model`` and the context lengths agree."""
@@ -265,7 +267,6 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
     merged = _deep_update(_deep_update(preset_for(env), data), clean)
-    merged.setdefault("name", default_run_name(env))
     model = merged.get("model", DEFAULT_MODEL)
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):

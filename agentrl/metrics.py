@@ -9,16 +9,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.atomic import write_atomic
+
 
 class MetricsWriter:
-    """Appends metric records to a JSONL file (one flush per record, so a crash loses nothing)."""
+    """Appends metric records to a JSONL file (one flush per record, so a crash loses nothing); with
+    ``run_id``, every record carries it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run_id: str | None = None) -> None:
         self.path = Path(path)
+        self.run_id = run_id
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
-        rec = {"time": time.time(), **record}
+        rec = {"time": time.time(), **({"run_id": self.run_id} if self.run_id else {}), **record}
         with self.path.open("a") as f:
             f.write(json.dumps(rec, default=_jsonable) + "\n")
 
@@ -74,9 +78,26 @@ def plot_curves(
     return out
 
 
-def plot_run(metrics_path: Path, out: Path) -> Path:
-    """The reward curve of a training run: train reward per step and held-out success per eval."""
+def supersede_after(metrics_path: Path, step: int) -> int:
+    """On resume from the checkpoint of ``step``: move the records of later steps (written before a crash,
+    and about to be redone) to ``metrics.superseded.jsonl`` beside it, and drop a torn last line, so that
+    the metrics read as one run. The rewrite is atomic; returns how many records moved."""
+    if not metrics_path.is_file():
+        return 0
     recs = read_jsonl(metrics_path)
+    keep = [r for r in recs if int(r.get("step", 0)) <= step]
+    later = [r for r in recs if int(r.get("step", 0)) > step]
+    if later:
+        with metrics_path.with_name("metrics.superseded.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in later)
+    write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+    return len(later)
+
+
+def plot_run(metrics_path: Path, out: Path, run_id: str | None = None) -> Path:
+    """The reward curve of a training run: train reward per step and held-out success per eval (of the
+    records of ``run_id`` when given)."""
+    recs = [r for r in read_jsonl(metrics_path) if run_id is None or r.get("run_id", run_id) == run_id]
     train = [(r["step"], r["reward_mean"]) for r in recs if r.get("kind") == "train"]
     evals = [(r["step"], r["success"]) for r in recs if r.get("kind") == "eval"]
     return plot_curves(

@@ -17,13 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl import gcpause
+from agentrl import heap
+from agentrl.atomic import write_atomic
 from agentrl.config import RunConfig
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
-from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run
+from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
 from agentrl.orchestrator import Orchestrator
 from agentrl.registry import load_env
+from agentrl.rundir import open_run
 from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
 from agentrl.sync import FileAdapterSync
 from agentrl.tasks import load_tasks
@@ -46,14 +48,16 @@ class TrainingRun:
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
         cfg.check_trainable()
-        self.cfg = cfg.resolved()
+        cfg = cfg.resolved()
         self.resume = resume
         self.progress = progress
+        self.env_cls: type[Environment] = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
+        self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", cfg.tasks)
+        self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", cfg.eval_tasks)[: cfg.eval_size]
+        # the run directory: a fresh one claimed for this run, or the checked one being resumed
+        self.cfg, self.run_id = open_run(cfg, resume=resume)
         self.run_dir = self.cfg.run_dir
-        self.env_cls: type[Environment] = load_env(self.cfg.env, url=self.cfg.env_url, token=self.cfg.env_token)
-        self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", self.cfg.tasks)
-        self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", self.cfg.eval_tasks)[: self.cfg.eval_size]
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id)
         self.version = 0
         """The policy version before and after the training loop; while it runs, the orchestrator owns
         it (read it through :meth:`policy_version`)."""
@@ -66,7 +70,7 @@ class TrainingRun:
 
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()
         # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
         async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir) as stack:
@@ -82,7 +86,7 @@ class TrainingRun:
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
                     policy_version=self.policy_version,
                 )
-                log.info("start-up heap frozen: %d objects kept out of garbage collections", gcpause.freeze_heap())
+                log.info("start-up heap frozen: %d objects kept out of garbage collections", heap.freeze_heap())
                 first = None
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
                     if cfg.engine_warmup:
@@ -94,7 +98,7 @@ class TrainingRun:
                 await trainer.save_adapter(self.run_dir / "final_adapter")
             finally:
                 await asyncio.to_thread(trainer.close)
-        plot_run(self.metrics.path, self.run_dir / "reward_curve.png")
+        plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
         summary = {
             "run_dir": str(self.run_dir),
             "steps": self.step,
@@ -102,7 +106,7 @@ class TrainingRun:
             "success_after": last["success"],
             "wall_s": time.perf_counter() - t_start,
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
 
     def policy_version(self) -> int:
@@ -115,16 +119,21 @@ class TrainingRun:
         ckpt = _latest_checkpoint(self.run_dir)
         if ckpt is None:
             log.warning("--resume: no checkpoint in %s, starting from scratch", self.run_dir)
-            return
-        await trainer.load_checkpoint(ckpt)
-        state = json.loads((ckpt / "state.json").read_text())
-        self.step, self.version = int(state["step"]), int(state["version"])
-        log.info("resumed from %s (step %d)", ckpt, self.step)
+            moved = supersede_after(self.metrics.path, -1)
+        else:
+            await trainer.load_checkpoint(ckpt)
+            state = json.loads((ckpt / "state.json").read_text())
+            self.step, self.version = int(state["step"]), int(state["version"])
+            moved = supersede_after(self.metrics.path, self.step)
+            log.info("resumed from %s (step %d)", ckpt, self.step)
+        if moved:
+            log.info("--resume: %d metric records of the interrupted steps moved to metrics.superseded.jsonl", moved)
 
     async def _checkpoint(self, trainer: Any) -> None:
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         await trainer.save_checkpoint(path)
-        (path / "state.json").write_text(json.dumps({"step": self.step, "version": self.policy_version()}))
+        # written last, atomically: a checkpoint without it is incomplete and never resumed from
+        write_atomic(path / "state.json", json.dumps({"step": self.step, "version": self.policy_version()}))
 
     async def _warm_up(self, stack: InferenceStack) -> None:
         from agentrl.inference.warmup import warm_up
@@ -193,7 +202,7 @@ class TrainingRun:
                         eval_s += time.perf_counter() - t
                     if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         await self._checkpoint(trainer)
-                    plot_run(self.metrics.path, self.run_dir / "reward_curve.png")
+                    plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
         finally:
             bar.close()
             self.version, self.orch = orch.version, None

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +90,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--eval-size", type=int, default=200)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--out", type=Path, default=Path("runs/modes"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="parent of the sync/ and async/ run directories (default: a new runs/modes-<time>)")
     ap.add_argument("--inference-cores", default=None, help="CPU: pin the vLLM server to these cores (e.g. 0)")
     ap.add_argument("--trainer-cores", default=None, help="CPU: pin the trainer to these cores (e.g. 1)")
     ap.add_argument("--report-only", action="store_true", help="summarise and plot existing runs in --out")
     args = ap.parse_args(argv)
+    if args.out is None:
+        if args.report_only:
+            ap.error("--report-only needs the --out of the runs to report on")
+        args.out = Path("runs") / time.strftime("modes-%Y%m%d-%H%M%S")
     extra: dict[str, Any] = {"model": args.model} if args.model else {}
     if args.inference_cores:
         extra["inference"] = {"cpu_cores": args.inference_cores}
