@@ -8,7 +8,7 @@ import secrets
 import socket
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _OWNER: str | None = None
 
@@ -43,6 +43,10 @@ class SandboxConfig(BaseModel):
     """Size cap of the workspace tmpfs, MiB (its pages count against ``mem_mb``)."""
     tmp_mb: int = Field(128, ge=1, le=65536)
     """Size cap of the /tmp tmpfs, MiB (its pages count against ``mem_mb``)."""
+    headroom_mb: int = Field(256, ge=16, le=1048576)
+    """Memory kept for processes when both tmpfs are full: ``workspace_mb + tmp_mb + headroom_mb`` must fit in
+    ``mem_mb``, so that filling the disk gives "No space left on device" instead of an OOM kill of the
+    sandbox itself."""
     user: str = Field("1000:1000", pattern=r"^\d+:\d+$")
     """``uid:gid`` that commands run as (the image's ``agent`` user). Root (uid 0) is refused."""
     keeper_user: str = Field("1001:1001", pattern=r"^\d+:\d+$")
@@ -50,8 +54,9 @@ class SandboxConfig(BaseModel):
     kill them and the post-timeout reaper (``kill -9 -1`` as ``user``) spares them."""
     pids_limit: int = Field(128, ge=16, le=32768)
     """Maximum number of processes/threads in the container (fork bombs stop here)."""
-    mem_mb: int = Field(512, ge=32, le=1048576)
-    """Memory limit, MiB; swap is disabled (memswap = memory), so exceeding it OOM-kills inside the container."""
+    mem_mb: int = Field(1024, ge=32, le=1048576)
+    """Memory limit, MiB, tmpfs pages included; swap is disabled (memswap = memory), so exceeding it
+    OOM-kills inside the container (reported in ``ExecResult.oom_killed`` and the output)."""
     cpus: float = Field(1.0, gt=0.01, le=256)
     """CPU quota in CPUs (CFS quota, ``nano_cpus``)."""
     nofile: int = Field(1024, ge=64, le=1048576)
@@ -91,6 +96,16 @@ class SandboxConfig(BaseModel):
             raise ValueError("sandboxed processes never run as root (uid/gid 0)")
         return v
 
+    @model_validator(mode="after")
+    def _disk_fits_in_memory(self) -> SandboxConfig:
+        need = self.workspace_mb + self.tmp_mb + self.headroom_mb
+        if need > self.mem_mb:
+            raise ValueError(
+                f"workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + headroom_mb ({self.headroom_mb}) = "
+                f"{need} MiB does not fit in mem_mb ({self.mem_mb}): tmpfs pages count against the memory limit, so "
+                f"a full workspace would OOM-kill the sandbox. Raise mem_mb to {need} or lower the sizes.")
+        return self
+
     @property
     def uid_gid(self) -> tuple[int, int]:
         """``user`` as integers."""
@@ -112,6 +127,9 @@ class ExecResult:
     """Wall-clock seconds seen by the host."""
     truncated: bool = False
     """Whether ``output`` was cut (a marker shows where and how many bytes were dropped)."""
+    oom_killed: bool = False
+    """Whether the kernel killed a process of the command for memory (the output then ends with
+    ``[killed: out of memory, limit N MiB]``; the exit status is usually 137)."""
 
     @property
     def ok(self) -> bool:

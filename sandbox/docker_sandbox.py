@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import posixpath
+import re
 import socket
 import tempfile
 import time
@@ -40,6 +41,9 @@ from ._util import (
 from .config import ExecResult, SandboxConfig, default_owner
 
 __all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
+OOM_COUNTER_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
+"""Prints the container cgroup's ``oom_kill N`` line (cgroup v2, or v1 on kernels that count kills)."""
+
 log = logging.getLogger("agentrl.sandbox")
 
 
@@ -57,6 +61,7 @@ class DockerSandbox:
         self._closed = False
         self._helper: ExecHelper | None = None
         self._helper_failures = 0
+        self._oom_kills_seen = 0  # the container's OOM-kill counter when last read (a new one starts at 0)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def __aenter__(self) -> DockerSandbox:
@@ -204,8 +209,29 @@ class DockerSandbox:
         timed_out = host_gave_up or (code in (124, 137) and duration >= t * 0.98)
         if timed_out:
             await self._reap()
-        return ExecResult(exit_code=-1 if code is None else code, output=buf.getvalue().decode("utf-8", "replace"),
-                          timed_out=timed_out, duration=duration, truncated=buf.truncated)
+        output = buf.getvalue().decode("utf-8", "replace")
+        oom = code == 137 and not timed_out and await self._oom_killed_since_last_look()
+        if oom:
+            output += f"\n[killed: out of memory, limit {cfg.mem_mb} MiB]"
+        return ExecResult(exit_code=-1 if code is None else code, output=output, timed_out=timed_out,
+                          duration=duration, truncated=buf.truncated, oom_killed=oom)
+
+    async def _oom_killed_since_last_look(self) -> bool:
+        """Whether the container's cgroup counted an OOM kill since the last look (cgroup v2
+        ``memory.events`` or v1 ``memory.oom_control``: ``oom_kill N``)."""
+        out = OutputBuffer(4096)
+        try:
+            await to_thread(run_exec, self._client.api, self.id, ["sh", "-c", OOM_COUNTER_SCRIPT],
+                            user=self.config.user, workdir="/", env=None, deadline_s=10,
+                            sink=lambda _s, p: out.add(p))
+        except Exception as e:
+            log.warning("reading the OOM counter of sandbox %s failed: %s", self.id[:12], e)
+            return False
+        counts = [int(m) for m in re.findall(rb"^oom_kill (\d+)$", out.getvalue(), re.M)]
+        if not counts:
+            return False
+        seen, self._oom_kills_seen = self._oom_kills_seen, max(counts)
+        return max(counts) > seen
 
     async def reset(self) -> None:
         """Kill every process of the sandbox user (what a timeout does); files are kept."""

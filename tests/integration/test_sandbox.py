@@ -162,3 +162,16 @@ async def test_pool_single_use_and_fast(sandbox_image: str, owner: str) -> None:
             assert (await b.exec("ls /workspace")).output == ""  # never sees a previous episode
         assert pool.stats["acquired_warm"] == 2
     assert gc(owner=owner) == []  # close() destroyed the warm ones
+
+
+async def test_a_full_disk_is_an_error_message_and_the_sandbox_stays_usable(sb: DockerSandbox) -> None:
+    """Default budgets: both tmpfs fit in the memory limit with room to spare, so filling them is "No space
+    left on device", not an OOM kill of the sandbox (which is what a 512 MiB limit did before)."""
+    for target in ("big", "/tmp/big"):
+        r = await sb.exec(f"head -c 2000M /dev/zero > {target}", timeout=60)
+        assert r.exit_code != 0 and "No space left on device" in r.output and not r.oom_killed, r
+    alive = await sb.exec("echo alive && python3 -c \"a = bytearray(128 << 20); print(len(a))\"")
+    assert alive.output == f"alive\n{128 << 20}\n", alive
+    r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(4096)]\"", timeout=60)
+    assert r.exit_code == 137 and r.oom_killed and f"limit {sb.config.mem_mb} MiB" in r.output, r
+    assert (await sb.exec("rm big /tmp/big && echo ok")).output == "ok\n"

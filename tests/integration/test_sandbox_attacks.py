@@ -29,7 +29,8 @@ def image() -> str:
 
 @pytest.fixture
 async def sb(image: str) -> AsyncIterator[DockerSandbox]:
-    async with DockerSandbox(SandboxConfig(image=image, owner=OWNER, mem_mb=256)) as box:
+    cfg = SandboxConfig(image=image, owner=OWNER, mem_mb=512, workspace_mb=128, tmp_mb=128, headroom_mb=256)
+    async with DockerSandbox(cfg) as box:
         yield box
         ok = await box.exec("echo ok", timeout=10)
         assert ok.output == "ok\n", f"sandbox unusable after the attack: {ok}"
@@ -80,6 +81,7 @@ async def test_fork_bomb_is_contained(sb: DockerSandbox, tail: str) -> None:
 async def test_memory_bomb_is_oom_killed(sb: DockerSandbox) -> None:
     r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(2048)]; print('survived')\"", timeout=60)
     assert r.exit_code == 137 and not r.timed_out and "survived" not in r.output, r
+    assert r.oom_killed and r.output.endswith(f"[killed: out of memory, limit {sb.config.mem_mb} MiB]"), r
     assert (await sb.exec("python3 -c \"a = bytearray(64 << 20); print(len(a))\"")).output == f"{64 << 20}\n"
 
 

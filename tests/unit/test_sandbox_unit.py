@@ -108,7 +108,7 @@ def test_config_defaults_are_safe() -> None:
     assert kw["network_mode"] == "none" and kw["read_only"] is True
     assert kw["cap_drop"] == ["ALL"] and kw["security_opt"] == ["no-new-privileges"]
     assert not any("seccomp" in s or "apparmor" in s for s in kw["security_opt"])
-    assert kw["mem_limit"] == kw["memswap_limit"] == "512m"
+    assert kw["mem_limit"] == kw["memswap_limit"] == "1024m"
     assert kw["pids_limit"] == 128 and kw["nano_cpus"] == 10**9
     assert kw["command"] == ["sleep", "3600"] and kw["init"] is True
     assert kw["user"] == "1001:1001" != cfg.user == "1000:1000"
@@ -124,6 +124,15 @@ def test_config_bounds() -> None:
         with pytest.raises(ValidationError):
             SandboxConfig(**bad)
     assert SandboxConfig.model_fields["network_mode"].description  # attribute docstrings are exported
+
+
+def test_the_disk_must_fit_in_memory_so_a_full_disk_cannot_oom_the_sandbox() -> None:
+    cfg = SandboxConfig()
+    assert cfg.workspace_mb + cfg.tmp_mb + cfg.headroom_mb <= cfg.mem_mb
+    with pytest.raises(ValidationError, match=r"workspace_mb \(512\) \+ tmp_mb \(128\) \+ headroom_mb \(256\) = 896 MiB "
+                                              r"does not fit in mem_mb \(512\).*Raise mem_mb to 896"):
+        SandboxConfig(mem_mb=512)
+    assert SandboxConfig(mem_mb=512, workspace_mb=128).mem_mb == 512
 
 
 def test_gc_reasons() -> None:
