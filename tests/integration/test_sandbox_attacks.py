@@ -29,7 +29,8 @@ def image() -> str:
 
 @pytest.fixture
 async def sb(image: str) -> AsyncIterator[DockerSandbox]:
-    cfg = SandboxConfig(image=image, owner=OWNER, mem_mb=512, workspace_mb=128, tmp_mb=128, headroom_mb=256)
+    # a small memory limit keeps the bombs short; the disks shrink with it (they must fit in it)
+    cfg = SandboxConfig(image=image, owner=OWNER, mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=160)
     async with DockerSandbox(cfg) as box:
         yield box
         ok = await box.exec("echo ok", timeout=10)
@@ -58,7 +59,7 @@ async def test_writes_outside_workspace_fail(sb: DockerSandbox) -> None:
         r = await sb.exec(f"echo pwned > {path}")
         assert r.exit_code != 0 and "Read-only file system" in r.output, (path, r)
     assert (await sb.exec("echo fine > /workspace/f && echo fine > /tmp/f")).ok
-    r = await sb.exec("head -c 300M /dev/zero > /tmp/fill")  # tmpfs size caps (128 MiB)
+    r = await sb.exec("head -c 300M /dev/zero > /tmp/fill")  # tmpfs size cap (32 MiB here)
     assert r.exit_code != 0 and "No space left" in r.output
     assert (await sb.exec("test ! -e /var/run/docker.sock && test ! -e /run/docker.sock")).ok
 
