@@ -72,7 +72,9 @@ class McpEndpoint:
         """(result, a new session id to answer in ``Mcp-Session-Id``)."""
         if method == "initialize":
             version = params.get("protocolVersion")
-            session, opened = await self.sessions.open(params.get("_meta", {}).get("agentrl", {}), client)
+            meta = params.get("_meta")
+            task = meta.get("agentrl") if isinstance(meta, dict) else None
+            session, opened = await self.sessions.open(task or {}, client)
             prompt = "\n\n".join(m.get("content") or "" for m in opened["observation"]["messages"])
             return {
                 "protocolVersion": version if version in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0],
@@ -141,6 +143,9 @@ class McpEndpoint:
             return JSONResponse(_error(rid, err.code, err.message, err.data))
         except ValidationError as e:
             return JSONResponse(_error(rid, INVALID_PARAMS, "Invalid params", validation_detail(e)))
+        except Exception as e:  # a bug: logged, answered as JSON-RPC, never a stack trace
+            log.exception("MCP %s failed", msg["method"][:64])
+            return JSONResponse(_error(rid, INTERNAL_ERROR, f"internal error: {type(e).__name__}"))
         headers = {"Mcp-Session-Id": new_sid} if new_sid else None
         return JSONResponse({"jsonrpc": "2.0", "id": rid, "result": result}, headers=headers)
 

@@ -14,6 +14,7 @@ data" are the same as on ``/v1``. This module only translates:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import uuid
 from typing import Any, Literal
@@ -186,14 +187,16 @@ class OpenEnvSessions:
             session.touch()
             return tool_list_observation(self.catalog, session.env_name)
         if isinstance(action, CallTool):
-            result = await session.step(self.one_call(action.tool_name, action.arguments, action.count_turn), key)
+            cid = f"call_{hashlib.sha256(key.encode()).hexdigest()[:12]}" if key else None  # a retry is the same
+            result = await session.step(self.one_call(action.tool_name, action.arguments, action.count_turn, cid),
+                                        key)
             return call_observation(action.tool_name, result)
         return turn_observation(await session.step(action, key))
 
     @staticmethod
-    def one_call(name: str, arguments: dict[str, Any], count_turn: bool = True) -> StepRequest:
-        """A step running one tool call."""
-        call = ToolCallIn(id=f"call_{uuid.uuid4().hex[:12]}", function=FunctionCall(name=name, arguments=arguments))
+    def one_call(name: str, arguments: dict[str, Any], count_turn: bool = True, cid: str | None = None) -> StepRequest:
+        """A step running one tool call (``cid``: its call id; default a fresh one)."""
+        call = ToolCallIn(id=cid or f"call_{uuid.uuid4().hex[:12]}", function=FunctionCall(name=name, arguments=arguments))
         return StepRequest(content="", tool_calls=[call], count_turn=count_turn)
 
     def state(self, session_id: str | None) -> dict[str, Any]:
