@@ -9,7 +9,9 @@ when it gave none). A tool result with ``done`` ends the episode.
 Tasks: OpenEnv environments choose their task at ``reset`` (usually from a seed), so a split is a list of
 seeds: ``train`` is seeds 0..9999, ``test`` seeds 1000000..1000499 (disjoint). The opening prompt is the
 reset observation's ``prompt``/``question``/``instructions``/``text``/``message`` (the first that is a
-string), or its ``messages`` when it carries chat messages, else the observation as JSON.
+string), or its ``messages`` when it carries chat messages, else the observation as JSON. A server whose
+actions include the assistant's turn (agentrl's own, through its capability URL) also gets the model's
+final answer, so environments that score it (calc) work too.
 
 Every network call has a timeout; a broken connection or a server error ends the episode as an
 environment failure (recorded as data, like any other).
@@ -41,6 +43,10 @@ class OpenEnvError(RuntimeError):
     """The OpenEnv server was unreachable, refused a request, or answered an error."""
 
 
+def _field(message: Any, key: str) -> Any:
+    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
+
+
 def _ws_url(base: str) -> str:
     base = base.rstrip("/")
     for http, ws in (("http://", "ws://"), ("https://", "wss://")):
@@ -67,6 +73,14 @@ def _text_of(result: Any) -> tuple[str, bool]:
     return (result if isinstance(result, str) else json.dumps(result)), False
 
 
+def _takes_turns(action_schema: Any) -> bool:
+    """Whether an OpenEnv action schema has an assistant-turn form (a ``content`` property)."""
+    if not isinstance(action_schema, dict):
+        return False
+    forms = action_schema.get("anyOf") or action_schema.get("oneOf") or [action_schema]
+    return any(isinstance(f, dict) and "content" in (f.get("properties") or {}) for f in forms)
+
+
 def opening(observation: dict[str, Any]) -> str | list[dict[str, Any]]:
     """The opening prompt (or chat messages) of a reset observation."""
     messages = observation.get("messages")
@@ -87,6 +101,9 @@ class OpenEnvEnvironment(Environment):
     """Timeout of each request and each WebSocket reply."""
     tools: ClassVar[list[dict[str, Any]]] = []
     """The server's tools as OpenAI function schemas, filled by ``bind``."""
+    accepts_turns: ClassVar[bool] = False
+    """Whether the server's actions include an assistant turn (``content``; agentrl's servers do): then an
+    episode the model ends with a final answer sends that answer as a last step, which the server scores."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +121,8 @@ class OpenEnvEnvironment(Environment):
                 listed = r.json()
                 meta = http.get(url + "/metadata")
                 info = meta.json() if meta.status_code == 200 else {}
+                schema = http.get(url + "/schema")
+                action = schema.json().get("action", {}) if schema.status_code == 200 else {}
         except (httpx.HTTPError, ValueError) as e:
             raise OpenEnvError(f"OpenEnv server {url}: tools/list failed: {type(e).__name__}: {e}") from None
         if "error" in listed:
@@ -116,7 +135,7 @@ class OpenEnvEnvironment(Environment):
             raise OpenEnvError(f"OpenEnv server {url} lists no MCP tools: the agent would have nothing to call")
         name = str(info.get("name") or "openenv")
         return type(f"OpenEnv{name.title().replace('-', '').replace('_', '')}", (cls,), {
-            "name": name, "url": url, "timeout_s": timeout_s, "tools": tools,
+            "name": name, "url": url, "timeout_s": timeout_s, "tools": tools, "accepts_turns": _takes_turns(action),
             "__doc__": info.get("description") or cls.__doc__, "_tool_spec_cache": {}})
 
     @classmethod
@@ -173,8 +192,10 @@ class OpenEnvEnvironment(Environment):
                 raise ToolArgumentError(f"arguments are not valid JSON: {e.msg}") from None
         if not isinstance(arguments, dict):
             raise ToolArgumentError("arguments must be a JSON object")
-        result = await self._request({"type": "step", "data": {"type": "call_tool", "tool_name": name,
-                                                               "arguments": arguments}})
+        action: dict[str, Any] = {"type": "call_tool", "tool_name": name, "arguments": arguments}
+        if type(self).accepts_turns:  # the agent loop counts the model's turns itself
+            action["count_turn"] = False
+        result = await self._request({"type": "step", "data": action})
         self._record(result)
         obs = result.get("observation") or {}
         error = obs.get("error")
@@ -191,7 +212,12 @@ class OpenEnvEnvironment(Environment):
         return text
 
     async def reward(self, messages: list[Any]) -> dict[str, float]:
-        """The sum of the rewards the server returned in this episode (0 when none)."""
+        """The sum of the rewards the server returned in this episode (0 when none). An episode the model
+        ended with a final answer sends it first, as a last turn, to a server that takes turns."""
+        if type(self).accepts_turns and not self.finished and self._ws is not None:
+            final = next((m for m in reversed(messages) if _field(m, "role") == "assistant"), None)
+            if final is not None and not _field(final, "tool_calls"):
+                self._record(await self._request({"type": "step", "data": {"content": _field(final, "content") or ""}}))
         return {"reward": float(sum(self._rewards)), "server_rewards": float(len(self._rewards))}
 
     async def close(self) -> None:

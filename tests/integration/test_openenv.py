@@ -234,3 +234,34 @@ async def test_limits_and_ttl_hold(tmp_path: Path) -> None:
                 await a.step(_turn("1+1"))
             await b.reset(seed=1)  # the slot is free again
         assert s.stop() == 0, s.log_tail()
+
+
+async def test_agentrl_consumes_its_own_server_through_openenv(server: ServerProcess, tasks: list[dict]) -> None:
+    """Both ways at once: the agent loop runs calc episodes on ``--env openenv:<capability URL>``; the
+    tool calls go over OpenEnv's WebSocket, and the final answer (a turn) is scored by the server."""
+    from agentrl.registry import load_env
+    from agentrl.scripted import run_scripted, tool_call_text
+
+    cls = await asyncio.to_thread(load_env, f"openenv:{server.openenv_url}")
+    assert cls.accepts_turns and [t["function"]["name"] for t in cls.tool_schemas()] == ["calculate"]
+    by_id = {t["id"]: t for t in tasks}
+
+    class Script:
+        name = "script"
+
+        def __init__(self, right: bool) -> None:
+            self.right = right
+
+        def turns(self, env_cls: Any, task: dict[str, Any]) -> list[str]:
+            t = by_id[task["task_id"]]
+            answer = t["answer"] if self.right else -1
+            return [tool_call_text("calculate", {"expression": t["expression"]}), f"The answer is {answer}."]
+
+    episodes = [{"id": f"ep-{i}", "task_id": t["id"], "split": "test"} for i, t in enumerate(tasks)]
+    for right in (True, False):
+        trajs = await run_scripted(cls, episodes, Script(right))
+        assert [t.reward for t in trajs] == [1.0 if right else 0.0] * len(tasks), [t.error for t in trajs]
+        assert not any(t.failed for t in trajs)
+        tool_msgs = [[m.content for m in t.messages if m.role == "tool"] for t in trajs]
+        assert tool_msgs == [[str(t["answer"])] for t in tasks]
+    assert await _wait_sessions(server, 0) == 0
