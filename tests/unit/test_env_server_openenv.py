@@ -129,6 +129,8 @@ def test_http_routes(client: TestClient) -> None:
     assert client.get(BASE + "/metadata", params={"env": "probe"}).json()["name"] == "probe"
     assert client.post(BASE + "/close", json={"session_id": sid}).json() == {"session_id": sid, "closed": True}
     assert client.post(BASE + "/close", json={"session_id": sid}).status_code == 404
+    metrics = client.get("/metrics", headers=AUTH).text  # routes are labelled by template: no capability
+    assert 'route="/openenv/{capability}/step"' in metrics and mint(TOKEN) not in metrics
 
 
 def test_mcp_handshake_sessions_and_errors(client: TestClient) -> None:
