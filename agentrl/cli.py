@@ -55,7 +55,7 @@ def _run(coro: Any) -> Any:
 
 
 EnvOpt = Annotated[str, typer.Option(
-    "--env", help="Environment: a name (calc), package.module:Class (from the current directory) or file.py:Class.")]
+    "--env", help="Environment: a name (calc), package.module:Class (from the current directory), file.py:Class, or openenv:URL (an OpenEnv server).")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the embedded tiny model).")]
 EndpointOpt = Annotated[

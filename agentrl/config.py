@@ -110,7 +110,7 @@ class RunConfig(BaseModel):
     """Parent directory of run directories."""
     env: str = "calc"
     """Environment: a registered name (``calc``), ``package.module:Class`` (found from the current
-    directory too) or ``path/to/file.py:Class``."""
+    directory too), ``path/to/file.py:Class``, or ``openenv:<url>`` (an OpenEnv server's environment)."""
     env_url: str | None = None
     """Base URL of an ``agentrl serve-env`` server: ``env`` then runs there, through ``RemoteEnvironment``."""
     env_token: str | None = Field(None, exclude=True, repr=False)
@@ -251,7 +251,9 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def default_run_name(env: str) -> str:
     """The run name used when none is given: the environment's registered name, else its class name in
-    lower case (``my_env.py:Weather`` -> ``weather``)."""
+    lower case (``my_env.py:Weather`` -> ``weather``); ``openenv`` for an OpenEnv server (``openenv:<url>``)."""
+    if env.startswith("openenv:"):
+        return "openenv"
     return env.rpartition(":")[2].lower() if ":" in env else env
 
 

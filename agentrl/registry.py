@@ -49,6 +49,8 @@ def known_envs() -> dict[str, str]:
 
 def is_file_target(spec: str) -> bool:
     """Whether ``spec`` names a file (``path/to/file.py:Class``) rather than a module."""
+    if spec.startswith("openenv:"):
+        return False
     where = spec.rpartition(":")[0]
     return where.endswith(".py") or "/" in where or os.sep in where
 
@@ -165,7 +167,12 @@ def _import_target(target: str) -> type[Environment]:
 def load_env(name: str, url: str | None = None, token: str | None = None) -> type[Environment]:
     """Resolve an environment class from a registered name, ``package.module:Class`` or
     ``path/to/file.py:Class``; with ``url``, environment ``name`` served by ``agentrl serve-env`` at
-    ``url`` (a bound ``RemoteEnvironment``)."""
+    ``url`` (a bound ``RemoteEnvironment``); ``openenv:<url>``: the environment of an OpenEnv server (a bound
+    ``OpenEnvEnvironment``: its MCP tools, observations and rewards)."""
+    if name.startswith("openenv:"):
+        from agentrl.openenv_client import PREFIX, OpenEnvEnvironment
+
+        return OpenEnvEnvironment.bind(name[len(PREFIX):])
     if url:
         from agentrl.remote import RemoteEnvironment
 

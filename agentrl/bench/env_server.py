@@ -226,6 +226,8 @@ class ServerProcess:
         self.env_vars = dict(env_vars or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.openenv_url = ""
+        """The capability URL printed at start (``openenv: <url>``), for OpenEnv and MCP clients."""
 
     def start(self, timeout_s: float = 60.0) -> ServerProcess:
         """Start and wait until ``/health`` answers; raises RuntimeError with the log tail otherwise."""
@@ -247,6 +249,9 @@ class ServerProcess:
             if not self.url:
                 m = re.search(r"on (http://\S+) ", self.log_path.read_text(errors="replace"))
                 self.url = m.group(1) if m else ""
+            if not self.openenv_url:
+                m = re.search(r"^openenv: (\S+)$", self.log_path.read_text(errors="replace"), re.M)
+                self.openenv_url = m.group(1) if m else ""
             if self.url:
                 try:
                     if httpx.get(self.url + "/health", timeout=2).status_code == 200:

@@ -14,12 +14,17 @@ from fastapi.responses import PlainTextResponse
 
 from agentrl import __version__, heap
 from agentrl.server.auth import BearerAuth, make_auth
+from agentrl.server.capability import CLIENT_PATTERN
+from agentrl.server.capability import base_url as capability_url
 from agentrl.server.catalog import EnvCatalog
 from agentrl.server.config import ServerConfig
 from agentrl.server.errors import install_error_handlers
 from agentrl.server.limits import BodyLimit
 from agentrl.server.manager import SessionManager
+from agentrl.server.mcp import mcp_router
 from agentrl.server.metrics import Metrics, RequestMetrics
+from agentrl.server.openenv import openenv_router
+from agentrl.server.openenv_map import OpenEnvSessions
 from agentrl.server.protocol import (
     Closed,
     CreateSession,
@@ -249,6 +254,22 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
         with its token data. Inference or environment failures end the episode with a failed
         ``stop_reason`` and an ``error``; they are not HTTP errors."""
         return await rollouts.run(body)
+
+    @app.post(
+        "/v1/openenv/clients", dependencies=auth, responses=_errors(400, 401, 413, 422), tags=["openenv"]
+    )
+    async def openenv_client(
+        request: Request,
+        client: Annotated[str, Body(embed=True, pattern=CLIENT_PATTERN, description="Client name.")],
+    ) -> dict[str, str]:
+        """The capability URL of an OpenEnv or MCP client named ``client``: the base URL to give a stock
+        ``openenv-core`` client (its ``/ws``, ``/mcp``, ``/reset``, ... are under it)."""
+        return {"client": client, "url": capability_url(str(request.base_url), token if config.auth else None,
+                                                        client)}
+
+    openenv = OpenEnvSessions(manager, catalog)
+    app.include_router(openenv_router(openenv, token if config.auth else None))
+    app.include_router(mcp_router(openenv, token if config.auth else None))
 
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     if config.auth:

@@ -16,6 +16,9 @@ from agentrl.server.errors import ApiError
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 """Routes that need no token: liveness and the API description."""
 
+CAPABILITY_PREFIX = "/openenv/"
+"""Routes under this prefix carry their credential in the path (a capability URL) and check it themselves."""
+
 TOKEN_ENV = "AGENTRL_ENV_TOKEN"
 """Environment variable holding the token, for the server (when ``--token`` is not given) and clients."""
 
@@ -66,7 +69,8 @@ class BearerAuth:
         self.expected = token.encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path in PUBLIC_PATHS or path.startswith(CAPABILITY_PREFIX):
             await self.app(scope, receive, send)
             return
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)

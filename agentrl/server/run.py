@@ -9,6 +9,7 @@ import socket
 import sys
 
 from agentrl.server.auth import TOKEN_ENV, generate_token
+from agentrl.server.capability import base_url as capability_url
 from agentrl.server.config import ServerConfig
 
 log = logging.getLogger("agentrl.server")
@@ -83,6 +84,7 @@ def serve(config: ServerConfig) -> None:
             file=sys.stderr,
             flush=True,
         )
+    print(f"openenv: {capability_url(url, token)}", file=sys.stderr, flush=True)
     uv = uvicorn.Config(
         app,
         log_level="info" if config.access_log else "warning",
@@ -90,6 +92,7 @@ def serve(config: ServerConfig) -> None:
         timeout_graceful_shutdown=10,
         timeout_keep_alive=30,
         server_header=False,
+        ws_max_size=config.max_request_bytes,
     )
     server = uvicorn.Server(uv)
     try:
