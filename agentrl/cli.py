@@ -83,8 +83,14 @@ def train(
     temperature: Annotated[float | None, typer.Option(
         help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
+    inference_gpus: Annotated[str | None, typer.Option(
+        help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
+    trainer_gpus: Annotated[str | None, typer.Option(
+        help="GPUs for the trainer, e.g. 4-7 (one torchrun rank per GPU).")] = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the fully resolved config as TOML and exit.")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Print which process runs where (devices, ports) and exit; start nothing.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Train a policy on an environment (sync or async mode)."""
@@ -98,12 +104,21 @@ def train(
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
         "sampling": {"temperature": temperature} if temperature is not None else None,
+        "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
+                      if v is not None} or None,
     }
     try:
         cfg = load_config(config, overrides)
         cfg.check_trainable()
         if print_config:
             typer.echo(cfg.resolved().to_toml())
+            return
+        if dry_run:
+            from agentrl.placement import plan_run
+
+            plan = plan_run(cfg.resolved())
+            typer.echo(plan.render())
+            typer.echo(json.dumps(plan.as_dict()))
             return
         load_env(env, url=cfg.env_url, token=cfg.env_token)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.inference.config import VLLMServerConfig
+from agentrl.placement import PlacementConfig
 from agentrl.presets import preset_for
 from agentrl.trainer.config import TrainerConfig
 
@@ -156,7 +157,8 @@ class RunConfig(BaseModel):
     nproc: int = Field(1, ge=1)
     """Trainer processes (torchrun --nproc_per_node)."""
     endpoints: list[str] = Field(default_factory=list)
-    """Existing inference servers to use; empty: start one local vLLM server."""
+    """Existing inference servers to use; empty: start local vLLM server(s) (one, or one per
+    ``inference.tensor_parallel_size`` GPUs of ``placement.inference_gpus``)."""
     adapter_name: str = "policy"
     """Name of the LoRA adapter slot in the engine."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -164,7 +166,9 @@ class RunConfig(BaseModel):
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(model_path=DEFAULT_MODEL))
     """Trainer (FSDP2, LoRA, loss)."""
     inference: VLLMServerConfig = Field(default_factory=lambda: VLLMServerConfig(model=DEFAULT_MODEL))
-    """The local vLLM server, when ``endpoints`` is empty."""
+    """The local vLLM server(s), when ``endpoints`` is empty."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Which GPUs the local vLLM servers and the trainer get (``agentrl train --dry-run`` shows the plan)."""
 
     @model_validator(mode="after")
     def _resolve_mode(self) -> RunConfig:

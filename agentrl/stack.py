@@ -13,6 +13,7 @@ from agentrl.chat import ChatFormat
 from agentrl.config import DEFAULT_MODEL, RunConfig
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
+from agentrl.placement import Plan, plan_run
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +44,22 @@ class InferenceStack:
     servers: list[VLLMServer]
 
 
+def local_servers(cfg: RunConfig, plan: Plan, run_dir: Path) -> list[VLLMServer]:
+    """The vLLM servers the plan places on this machine (not started), each with its devices."""
+    out = []
+    for p in plan.servers:
+        update: dict[str, object] = {"port": p.port or 0}
+        if p.gpu_memory_utilization is not None:
+            update["gpu_memory_utilization"] = p.gpu_memory_utilization
+        out.append(VLLMServer(cfg.inference.model_copy(update=update), run_dir, env=p.env))
+    return out
+
+
 @contextlib.asynccontextmanager
-async def inference_stack(cfg: RunConfig, run_dir: Path) -> AsyncIterator[InferenceStack]:
-    """Start (or connect to) the engines for a run; stops every server it started on exit."""
+async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = None) -> AsyncIterator[InferenceStack]:
+    """Start (or connect to) the engines for a run, placed by ``plan`` (default: :func:`plan_run`); stops
+    every server it started on exit."""
+    plan = plan_run(cfg) if plan is None else plan
     run_dir.mkdir(parents=True, exist_ok=True)
     ensure_model(cfg.model)
     reap_stale(run_dir)
@@ -54,10 +68,11 @@ async def inference_stack(cfg: RunConfig, run_dir: Path) -> AsyncIterator[Infere
     try:
         endpoints = list(cfg.endpoints)
         if not endpoints:
-            server = VLLMServer(cfg.inference, run_dir)
-            servers.append(server)
-            await asyncio.to_thread(server.start)
-            endpoints = [server.url]
+            servers = local_servers(cfg, plan, run_dir)
+            # started one after another: concurrent starts would contend for the same CPU cores on load
+            for server in servers:
+                await asyncio.to_thread(server.start)
+            endpoints = [server.url for server in servers]
         chat = await asyncio.to_thread(load_chat_format, cfg.model)
         client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
         health = await client.health()

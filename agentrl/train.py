@@ -24,6 +24,7 @@ from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
 from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
 from agentrl.orchestrator import Orchestrator
+from agentrl.placement import plan_run
 from agentrl.registry import load_env
 from agentrl.rundir import open_run
 from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
@@ -51,6 +52,8 @@ class TrainingRun:
         cfg = cfg.resolved()
         self.resume = resume
         self.progress = progress
+        self.plan = plan_run(cfg)
+        """Where every process goes, decided before anything starts (raises for an impossible plan)."""
         self.env_cls: type[Environment] = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
         self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", cfg.tasks)
         self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", cfg.eval_tasks)[: cfg.eval_size]
@@ -73,9 +76,10 @@ class TrainingRun:
         write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()
         # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
-        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir) as stack:
+        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack:
             await check_sampling_logprobs(stack, cfg)
-            trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=cfg.nproc)
+            placed = self.plan.trainer
+            trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
             await asyncio.to_thread(trainer.start)
             try:
                 file_sync = FileAdapterSync(trainer, stack.client, self.run_dir / "adapters", cfg.adapter_name)

@@ -155,9 +155,11 @@ def reap_stale(log_dir: Path, timeout_s: float = 10.0) -> list[int]:
 class VLLMServer:
     """One vLLM server subprocess in its own process group; ``start()``/``stop()`` or a context manager."""
 
-    def __init__(self, cfg: VLLMServerConfig, log_dir: Path) -> None:
+    def __init__(self, cfg: VLLMServerConfig, log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.cfg = cfg
         self.log_dir = Path(log_dir)
+        self.extra_env = dict(env or {})
+        """Set in the server's environment (e.g. ``CUDA_VISIBLE_DEVICES`` from the run's placement)."""
         self.port: int = cfg.port
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
@@ -209,6 +211,7 @@ class VLLMServer:
         if self.cfg.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.cpu_cores
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.extra_env)
         return env
 
     def start(self) -> VLLMServer:

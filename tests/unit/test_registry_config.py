@@ -61,7 +61,7 @@ def test_cli_flag_set_is_pinned() -> None:
     assert flags["train"] == sorted(
         ["--env", "--config", "--model", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
-         "--print-config", "--verbose", "-v"]
+         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
         ["--env", "--config", "--model", "--adapter", "--n", "--temperature", "--tasks", "--endpoint",
