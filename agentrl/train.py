@@ -13,7 +13,6 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from agentrl.placement import plan_run
 from agentrl.registry import load_env
 from agentrl.rundir import open_run
 from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
-from agentrl.sync import FileAdapterSync
+from agentrl.sync_route import adapter_publisher
 from agentrl.tasks import load_tasks
 from agentrl.workers import RolloutWorkers
 
@@ -76,15 +75,17 @@ class TrainingRun:
         write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()
         # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
-        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack:
+        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack, \
+                contextlib.AsyncExitStack() as stack_ctx:
             await check_sampling_logprobs(stack, cfg)
             placed = self.plan.trainer
             trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
             await asyncio.to_thread(trainer.start)
             try:
-                file_sync = FileAdapterSync(trainer, stack.client, self.run_dir / "adapters", cfg.adapter_name)
                 await self._maybe_resume(trainer)
-                await file_sync.publish(self.version)  # creates the engine's LoRA slot
+                publisher = await stack_ctx.enter_async_context(adapter_publisher(
+                    cfg.pipeline.weight_sync, trainer, stack.client, cfg.adapter_name, self.run_dir / "adapters"))
+                await publisher.publish(self.version)  # creates the engines' LoRA slots
                 workers = RolloutWorkers(
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
@@ -96,8 +97,7 @@ class TrainingRun:
                     if cfg.engine_warmup:
                         await self._warm_up(stack)
                     first = await self._evaluate(workers)
-                with self._publisher(trainer, stack.client, file_sync) as publisher:
-                    await self._loop(trainer, publisher, stack.client, workers, t_start)
+                await self._loop(trainer, publisher, stack.client, workers, t_start)
                 last = await self._evaluate(workers)
                 await trainer.save_adapter(self.run_dir / "final_adapter")
             finally:
@@ -156,18 +156,6 @@ class TrainingRun:
                "eval_s": time.perf_counter() - t0}
         self.metrics.write(rec)
         return result
-
-    @contextlib.contextmanager
-    def _publisher(self, trainer: Any, client: Any, file_sync: FileAdapterSync) -> Iterator[Any]:
-        """The weight publisher the config asks for (shared memory with file fallback, or files)."""
-        if self.cfg.pipeline.weight_sync == "file":
-            yield file_sync
-            return
-        from agentrl.sync_shm import SharedMemoryAdapterSync
-
-        # No prefix-cache reset: rollouts salt the cache with the policy version instead.
-        with SharedMemoryAdapterSync(trainer, client, self.cfg.adapter_name, fallback=file_sync, reset="") as shm:
-            yield shm
 
     async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
                     t_start: float) -> None:
