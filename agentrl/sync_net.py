@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agentrl.sync_shm import SyncError, after_copy, layout_views, pack_layout, worker_failures
+from agentrl.sync_shm import SyncError, after_copy, applied, layout_views, pack_layout, worker_failures
 from agentrl.versions import engine_label
 
 UPDATE_BYTES_METHOD = "agentrl_update_lora_bytes"
@@ -88,7 +88,8 @@ class NetworkAdapterSync:
             raise SyncError(f"network LoRA update refused: {'; '.join(failed)}")
         if missing:
             await self._create_slots(version, missing)
-        copied = [w for url, workers in zip(urls, results, strict=True) if url not in missing for w in workers]
+        copied = [w for url, workers in zip(urls, results, strict=True) if url not in missing
+                  for w in applied(workers)]
         reset_ok = await after_copy(self.engine, copied, version, set_version=self.set_version, reset=self.reset)
         t4 = time.perf_counter()
         return {

@@ -61,9 +61,16 @@ def layout_views(buf: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 
 
 def worker_failures(workers: list[Any]) -> list[str]:
-    """Why each worker that did not apply the update refused it (empty: every worker applied it)."""
+    """Why each worker that did not apply the update refused it (empty: every worker applied it). An
+    endpoint out of rotation (a ``down`` record of ``collective_rpc``) is not a refusal: it rejoins later
+    with the weights of that time."""
     return [str(w.get("error") if isinstance(w, dict) else w) for w in workers
-            if not (isinstance(w, dict) and w.get("ok"))]
+            if not (isinstance(w, dict) and (w.get("ok") or w.get("down")))]
+
+
+def applied(workers: list[Any]) -> list[dict[str, Any]]:
+    """The workers' records of an applied update (down endpoints left out)."""
+    return [w for w in workers if isinstance(w, dict) and w.get("ok")]
 
 
 async def after_copy(engine: EngineRPC, workers: list[dict[str, Any]], version: int, *, set_version: bool,
@@ -157,6 +164,7 @@ class SharedMemoryAdapterSync:
         t3 = time.perf_counter()
         workers = [w for per_endpoint in results for w in per_endpoint]
         bad = worker_failures(workers)
+        workers = applied(workers)
         if bad or not workers:
             why = "; ".join(bad) or "no worker answered"
             if self.fallback is None:
