@@ -200,6 +200,23 @@ def model_tiny(
     typer.echo(str(build_tiny_model(out, **kwargs)))
 
 
+@app.command("trainer-node")
+def trainer_node(
+    join: Annotated[Path, typer.Option(help="The run's trainer_join.json (written when the trainer has >1 node).")],
+    nproc: Annotated[int | None, typer.Option(help="Ranks on this node (default: as on the first node).")] = None,
+    work_dir: Annotated[Path, typer.Option(help="Where this node keeps its copy of the trainer config.")] = Path(
+        "trainer-node"),
+) -> None:
+    """Run one more node of a multi-node trainer (torchrun, c10d rendezvous) until the run ends."""
+    try:
+        spec = json.loads(join.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        _fail(f"cannot read the join file {join}: {e}")
+    from agentrl.trainer.client import run_node
+
+    raise typer.Exit(run_node(spec, work_dir, nproc))
+
+
 @app.command()
 def envs() -> None:
     """List the environments that can be found by name."""

@@ -79,9 +79,11 @@ class PipelineConfig(BaseModel):
     update_mode: Literal["keep", "wait"] = "keep"
     """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
     (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
-    weight_sync: Literal["shm", "file"] = "shm"
-    """``shm``: copy adapter tensors into the engine's live LoRA slot through shared memory (falls back to
-    files if an engine refuses); ``file``: write the adapter to disk and ``load_lora_adapter`` it."""
+    weight_sync: Literal["shm", "network", "file"] = "shm"
+    """``shm``: copy adapter tensors into each engine's live LoRA slot, through shared memory for engines on
+    this host and in the request body for the others (chosen per engine by a probe at start; files when an
+    engine refuses); ``network``: the request body for every engine (no shared memory or filesystem);
+    ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share)."""
 
     @property
     def eta(self) -> int:

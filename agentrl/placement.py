@@ -279,7 +279,16 @@ def plan_run(cfg: Any, gpus: list[str] | None = None) -> Plan:
         role="trainer", name="trainer", devices=trn_dev, nproc=nproc,
         env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in trn_dev)} if trn_dev else {},
         cpu_cores=cfg.trainer.cpu_cores))
-    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=n, notes=notes)
+    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=n, notes=notes + _node_notes(cfg))
+
+
+def _node_notes(cfg: Any) -> list[str]:
+    d = cfg.trainer.distributed
+    if d.nnodes == 1:
+        return []
+    return [f"the trainer spans {d.nnodes} nodes (c10d rendezvous at {d.master_addr}:{d.master_port}); this "
+            f"machine runs one of them: start `agentrl trainer-node --join <run dir>/trainer_join.json` on "
+            f"each of the other {d.nnodes - 1}"]
 
 
 def _checked(spec: str | None, n: int, flag: str) -> list[int]:
@@ -309,4 +318,4 @@ def _cpu_plan(cfg: Any, notes: list[str]) -> Plan:
     if not cfg.endpoints and not (inf.cpu_cores or cfg.trainer.cpu_cores):
         notes.append("no GPU: the vLLM server and the trainer share the CPU cores (pin them apart with "
                      "inference.cpu_cores / trainer.cpu_cores)")
-    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=0, notes=notes)
+    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=0, notes=notes + _node_notes(cfg))

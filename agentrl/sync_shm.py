@@ -34,6 +34,61 @@ class SyncError(RuntimeError):
     """An engine refused the in-place update and there is no fallback."""
 
 
+Layout = list[tuple[str, str, list[int], int]]
+"""Packed adapter tensors: (peft name, dtype, shape, byte offset) in name order, each 64-byte aligned."""
+
+
+def pack_layout(tensors: dict[str, torch.Tensor]) -> tuple[Layout, int]:
+    """Where each tensor goes in one packed buffer, and the buffer's size in bytes (the same layout for
+    shared memory and for the network payload: the worker extension reads both the same way)."""
+    layout: Layout = []
+    offset = 0
+    for n in sorted(tensors):
+        t = tensors[n]
+        layout.append((n, str(t.dtype).removeprefix("torch."), list(t.shape), offset))
+        offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    return layout, offset
+
+
+def layout_views(buf: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Typed views of each tensor's place in the uint8 buffer ``buf``."""
+    views = []
+    for _, dtype, shape, off in layout:
+        dt = getattr(torch, dtype)
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+        views.append(buf[off:off + size].view(dt).view(shape))
+    return views
+
+
+def worker_failures(workers: list[Any]) -> list[str]:
+    """Why each worker that did not apply the update refused it (empty: every worker applied it). An
+    endpoint out of rotation (a ``down`` record of ``collective_rpc``) is not a refusal: it rejoins later
+    with the weights of that time."""
+    return [str(w.get("error") if isinstance(w, dict) else w) for w in workers
+            if not (isinstance(w, dict) and (w.get("ok") or w.get("down")))]
+
+
+def applied(workers: list[Any]) -> list[dict[str, Any]]:
+    """The workers' records of an applied update (down endpoints left out)."""
+    return [w for w in workers if isinstance(w, dict) and w.get("ok")]
+
+
+async def after_copy(engine: EngineRPC, workers: list[dict[str, Any]], version: int, *, set_version: bool,
+                     reset: str) -> float:
+    """After an in-place copy: label the weights and reset the prefix cache over HTTP where the workers could
+    not do it in their engine core (multi-process workers: vLLM CPU always, GPU with TP > 1). Returns the
+    reset's status: 1 done, 0 refused (requests running), -1 done over HTTP (unchecked)."""
+    reset_ok = float(all(w.get("prefix_reset") for w in workers))
+    calls = []
+    if reset and not reset_ok and not any(w.get("reset_ms") is not None for w in workers):
+        calls.append(engine.reset_prefix_cache())
+        reset_ok = -1.0  # done over HTTP; the client does not report vLLM's success flag
+    if set_version and not all(w.get("version_set") for w in workers):
+        calls.append(engine.set_weight_version(engine_label(version)))
+    await asyncio.gather(*calls)  # both after the copy; their relative order does not matter
+    return reset_ok
+
+
 def _release(shm: shared_memory.SharedMemory) -> None:
     """Close and unlink ``shm`` (idempotent; used by ``close`` and at interpreter exit)."""
     try:
@@ -65,7 +120,7 @@ class SharedMemoryAdapterSync:
         self.rpc_timeout_s = rpc_timeout_s
         self.shm: shared_memory.SharedMemory | None = None
         self._finalizer: weakref.finalize | None = None
-        self._layout: list[tuple[str, str, list[int], int]] = []
+        self._layout: Layout = []
         self._layout_id = ""
         self._meta_json = ""
         self._views: list[torch.Tensor] = []
@@ -77,30 +132,19 @@ class SharedMemoryAdapterSync:
 
     def write(self, tensors: dict[str, torch.Tensor]) -> int:
         """Copy ``tensors`` into the segment (allocating it on first use or when the layout changes); bytes."""
-        names = sorted(tensors)
-        layout: list[tuple[str, str, list[int], int]] = []
-        offset = 0
-        for n in names:
-            t = tensors[n]
-            layout.append((n, str(t.dtype).removeprefix("torch."), list(t.shape), offset))
-            offset += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        layout, offset = pack_layout(tensors)
         if layout != self._layout or self.shm is None or self.shm.size < offset:
             self._allocate(layout, max(offset, 1))
-        torch._foreach_copy_(self._views, [tensors[n] for n in names])
+        torch._foreach_copy_(self._views, [tensors[n] for n, *_ in layout])
         return offset
 
-    def _allocate(self, layout: list[tuple[str, str, list[int], int]], nbytes: int) -> None:
+    def _allocate(self, layout: Layout, nbytes: int) -> None:
         if self.shm is None or self.shm.size < nbytes:
             self._close_segment()
             name = f"agentrl_lora_{os.getpid()}_{secrets.token_hex(4)}"
             self.shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
             self._finalizer = weakref.finalize(self, _release, self.shm)
-        buf = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes)
-        self._views = []
-        for _, dtype, shape, off in layout:
-            dt = getattr(torch, dtype)
-            size = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
-            self._views.append(buf[off:off + size].view(dt).view(shape))
+        self._views = layout_views(torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes), layout)
         self._layout = layout
         self._meta_json = json.dumps({"nbytes": nbytes, "tensors": layout}, separators=(",", ":"))
         self._layout_id = hashlib.sha1(f"{self.shm.name}:{self._meta_json}".encode()).hexdigest()[:16]
@@ -119,22 +163,15 @@ class SharedMemoryAdapterSync:
         results = await self.engine.collective_rpc(UPDATE_METHOD, kwargs=kwargs, timeout=self.rpc_timeout_s)
         t3 = time.perf_counter()
         workers = [w for per_endpoint in results for w in per_endpoint]
-        bad = [w for w in workers if not (isinstance(w, dict) and w.get("ok"))]
+        bad = worker_failures(workers)
+        workers = applied(workers)
         if bad or not workers:
-            why = "; ".join(str(w.get("error") if isinstance(w, dict) else w) for w in bad) or "no worker answered"
+            why = "; ".join(bad) or "no worker answered"
             if self.fallback is None:
                 raise SyncError(f"in-place LoRA update refused: {why}")
             out = await self.fallback.publish(version)
             return {**out, "fallback": 1.0}
-        # Multi-process workers (vLLM CPU always, GPU with TP>1) cannot reach their engine core: use HTTP.
-        reset_ok = float(all(w.get("prefix_reset") for w in workers))
-        calls = []
-        if self.reset and not reset_ok and not any(w.get("reset_ms") is not None for w in workers):
-            calls.append(self.engine.reset_prefix_cache())
-            reset_ok = -1.0  # done over HTTP; the client does not report vLLM's success flag
-        if self.set_version and not all(w.get("version_set") for w in workers):
-            calls.append(self.engine.set_weight_version(engine_label(version)))
-        await asyncio.gather(*calls)  # both after the copy; their relative order does not matter
+        reset_ok = await after_copy(self.engine, workers, version, set_version=self.set_version, reset=self.reset)
         t4 = time.perf_counter()
         in_engine_reset = max((float(w.get("reset_ms") or 0.0) for w in workers), default=0.0)
         return {

@@ -13,13 +13,13 @@ import json
 import logging
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from agentrl import heap
 from agentrl.atomic import write_atomic
 from agentrl.config import RunConfig
+from agentrl.engine_watch import EnginesLost, EngineWatch
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
 from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
@@ -28,7 +28,7 @@ from agentrl.placement import plan_run
 from agentrl.registry import load_env
 from agentrl.rundir import open_run
 from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
-from agentrl.sync import FileAdapterSync
+from agentrl.sync_route import adapter_publisher
 from agentrl.tasks import load_tasks
 from agentrl.workers import RolloutWorkers
 
@@ -76,15 +76,21 @@ class TrainingRun:
         write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()
         # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
-        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack:
+        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack, \
+                contextlib.AsyncExitStack() as stack_ctx:
             await check_sampling_logprobs(stack, cfg)
             placed = self.plan.trainer
             trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
             await asyncio.to_thread(trainer.start)
             try:
-                file_sync = FileAdapterSync(trainer, stack.client, self.run_dir / "adapters", cfg.adapter_name)
                 await self._maybe_resume(trainer)
-                await file_sync.publish(self.version)  # creates the engine's LoRA slot
+                publisher = await stack_ctx.enter_async_context(adapter_publisher(
+                    cfg.pipeline.weight_sync, trainer, stack.client, cfg.adapter_name, self.run_dir / "adapters"))
+                await publisher.publish(self.version)  # creates the engines' LoRA slots
+                watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
+                                    self.policy_version)
+                watch_task = asyncio.create_task(watch.run(), name="engine-watch")
+                stack_ctx.callback(watch_task.cancel)
                 workers = RolloutWorkers(
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
@@ -96,8 +102,12 @@ class TrainingRun:
                     if cfg.engine_warmup:
                         await self._warm_up(stack)
                     first = await self._evaluate(workers)
-                with self._publisher(trainer, stack.client, file_sync) as publisher:
-                    await self._loop(trainer, publisher, stack.client, workers, t_start)
+                try:
+                    await self._loop(trainer, publisher, stack.client, workers, t_start, watch)
+                except EnginesLost as e:
+                    await self._checkpoint(trainer)
+                    raise EnginesLost(f"{e}; the run stopped after step {self.step} and saved a checkpoint: "
+                                      "start the engines again and continue with --resume") from None
                 last = await self._evaluate(workers)
                 await trainer.save_adapter(self.run_dir / "final_adapter")
             finally:
@@ -157,20 +167,38 @@ class TrainingRun:
         self.metrics.write(rec)
         return result
 
-    @contextlib.contextmanager
-    def _publisher(self, trainer: Any, client: Any, file_sync: FileAdapterSync) -> Iterator[Any]:
-        """The weight publisher the config asks for (shared memory with file fallback, or files)."""
-        if self.cfg.pipeline.weight_sync == "file":
-            yield file_sync
-            return
-        from agentrl.sync_shm import SharedMemoryAdapterSync
+    async def _republish(self, trainer: Any, url: str, version: int) -> None:
+        """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,
+        weights and label, through the path its host needs (a client of its own: it is not in rotation)."""
+        from agentrl.inference.client import InferenceClient
 
-        # No prefix-cache reset: rollouts salt the cache with the policy version instead.
-        with SharedMemoryAdapterSync(trainer, client, self.cfg.adapter_name, fallback=file_sync, reset="") as shm:
-            yield shm
+        cfg = self.cfg
+        async with InferenceClient([url], model=cfg.inference.served_model_name, timeout_s=120) as one, \
+                adapter_publisher(cfg.pipeline.weight_sync, trainer, one, cfg.adapter_name,
+                                  self.run_dir / "adapters") as pub:
+            await pub.publish(version)
+
+    async def _step(self, orch: Orchestrator, watch: EngineWatch) -> dict[str, Any]:
+        """One orchestrator step, abandoned if every engine is lost; engines that came back rejoin after it."""
+        step = asyncio.ensure_future(orch.step())
+        lost = asyncio.ensure_future(watch.lost.wait())
+        try:
+            await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await step
+            raise EnginesLost(f"no inference engine has been in rotation for {watch.lost_after_s:.0f}s "
+                              f"({watch.describe()})")
+        rec = step.result()
+        rec["engines_rejoined"] = len(await watch.rejoin(orch.version))
+        rec["engines_live"] = len(watch.client.pool.live)
+        return rec
 
     async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
-                    t_start: float) -> None:
+                    t_start: float, watch: EngineWatch) -> None:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
@@ -191,7 +219,7 @@ class TrainingRun:
                     if cfg.time_limit_min and time.perf_counter() - t_start > cfg.time_limit_min * 60:
                         log.info("time limit of %.1f min reached", cfg.time_limit_min)
                         break
-                    rec = await orch.step()
+                    rec = await self._step(orch, watch)
                     self.step += 1
                     wall = time.perf_counter() - t_start
                     self.metrics.write({"kind": "train", "step": self.step, "version": orch.version,

@@ -28,10 +28,14 @@ from agentrl.inference.protocol import (
     parse_completions,
     parse_generate,
 )
-from agentrl.inference.routing import Endpoint, EndpointPool
+from agentrl.inference.routing import Endpoint, EndpointPool, NoLiveEngine
 from agentrl.retry import RetriesExhausted, Retry, RetryPolicy
 
-__all__ = ["ContextLengthError", "EndpointPool", "Generation", "InferenceClient", "InferenceError"]
+__all__ = ["ContextLengthError", "EndpointPool", "Generation", "InferenceClient", "InferenceError", "NoEnginesError"]
+
+
+class NoEnginesError(InferenceError):
+    """Every endpoint is out of rotation (dead, hung, or failed a broadcast)."""
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +128,17 @@ class InferenceClient:
         tried: list[str] = []
 
         async def attempt(_: int) -> Generation:
-            ep = self.pool.pick(key, avoid=tried)
+            try:
+                ep = self.pool.pick(key, avoid=tried)
+            except NoLiveEngine as e:
+                raise NoEnginesError(str(e)) from None
             ep.outstanding += 1
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
             except TransientError as e:
                 tried.append(ep.url)
+                if len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate failed: {e}"):
+                    log.warning("inference endpoint %s out of rotation: generate failed: %s", ep.url, e)
                 raise Retry(f"{ep.url}: {e}") from None
             finally:
                 ep.outstanding -= 1
@@ -178,30 +187,57 @@ class InferenceClient:
             raise InferenceError(f"{method} {ep.url}{path} failed after {len(e.errors)} attempts; "
                                  f"last error: {e}", endpoint=ep.url) from None
 
-    async def _broadcast(self, method: str, path: str, **kw: Any) -> list[float]:
-        """Run one admin call on every endpoint concurrently; seconds per endpoint, or raise naming failures."""
+    def _targets(self, only: list[str] | None) -> list[Endpoint]:
+        """The endpoints in rotation among those named in ``only`` (all when None); an unknown URL is an
+        error, and so is a target list with no endpoint in rotation (:class:`NoEnginesError`)."""
+        known = {e.url: e for e in self.pool.endpoints}
+        unknown = [u for u in (only or []) if u not in known]
+        if unknown:
+            raise ValueError(f"not endpoints of this client: {unknown}")
+        eps = [known[u] for u in only] if only is not None else list(self.pool.endpoints)
+        live = [e for e in eps if not e.down]
+        if eps and not live:
+            raise NoEnginesError("every targeted inference endpoint is out of rotation: " + "; ".join(
+                f"{e.url}: {e.down}" for e in eps))
+        return live
+
+    def _drop_failed(self, eps: list[Endpoint], results: list[Any], what: str) -> list[Any]:
+        """After a broadcast: endpoints that failed it leave the rotation (with one endpoint or none
+        succeeding, raise instead); returns the successful results, in order."""
+        failed = [(ep, r) for ep, r in zip(eps, results, strict=True) if isinstance(r, BaseException)]
+        if not failed:
+            return results
+        if len(failed) == len(eps) or len(self.pool.endpoints) == 1:
+            if len(failed) == 1 and isinstance(failed[0][1], InferenceError):
+                raise failed[0][1]
+            raise InferenceError("; ".join(str(r) for _, r in failed))
+        for ep, r in failed:
+            if self.pool.mark_down(ep.url, f"{what} failed: {r}"):
+                log.warning("inference endpoint %s out of rotation: %s failed: %s", ep.url, what, r)
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    async def _broadcast(self, method: str, path: str, *, only: list[str] | None = None, **kw: Any) -> list[float]:
+        """Run one admin call on every endpoint in rotation (or those of ``only``) concurrently; seconds per
+        endpoint that succeeded. An endpoint that fails leaves the rotation; if every one fails, raise."""
 
         async def one(ep: Endpoint) -> float:
             t0 = time.perf_counter()
             await self._call(ep, method, path, **kw)
             return time.perf_counter() - t0
 
-        results = await asyncio.gather(*(one(ep) for ep in self.pool.endpoints), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            if len(errors) == 1 and isinstance(errors[0], InferenceError):
-                raise errors[0]
-            raise InferenceError("; ".join(str(e) for e in errors))
-        return [float(r) for r in results]  # type: ignore[arg-type]
+        eps = self._targets(only)
+        results = await asyncio.gather(*(one(ep) for ep in eps), return_exceptions=True)
+        return [float(r) for r in self._drop_failed(eps, list(results), f"{method} {path}")]
 
-    async def load_lora_adapter(self, name: str, path: str, inplace: bool = True) -> float:
+    async def load_lora_adapter(self, name: str, path: str, inplace: bool = True,
+                                only: list[str] | None = None) -> float:
         """Load (or, with ``inplace``, replace) adapter ``name`` from ``path`` on every endpoint; max seconds.
 
         vLLM keys its prefix cache on (adapter name, path): reloading changed weights from the *same*
         path serves stale KV for cached prefixes. Write each version to a new path (or ``reset_prefix_cache``).
         """
         body = {"lora_name": name, "lora_path": str(path), "load_inplace": inplace}
-        return max(await self._broadcast("POST", "/v1/load_lora_adapter", json=body))
+        return max(await self._broadcast("POST", "/v1/load_lora_adapter", json=body, only=only))
 
     async def unload_lora_adapter(self, name: str, missing_ok: bool = True) -> None:
         """Unload adapter ``name`` from every endpoint (a missing adapter is fine with ``missing_ok``)."""
@@ -222,18 +258,18 @@ class InferenceClient:
         """Resume generation on every endpoint."""
         await self._broadcast("POST", "/resume")
 
-    async def set_weight_version(self, version: str) -> None:
+    async def set_weight_version(self, version: str, only: list[str] | None = None) -> None:
         """Label the weights now being served; later tokens carry it in ``Generation.weight_versions``."""
-        await self._broadcast("POST", "/update_weight_version", json={"new_version": str(version)})
+        await self._broadcast("POST", "/update_weight_version", json={"new_version": str(version)}, only=only)
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self, only: list[str] | None = None) -> None:
         """Drop every endpoint's prefix cache."""
-        await self._broadcast("POST", "/reset_prefix_cache")
+        await self._broadcast("POST", "/reset_prefix_cache", only=only)
 
     async def collective_rpc(self, method: str, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
-                             timeout: float | None = None) -> list[list[Any]]:
-        """Call worker method ``method`` on every endpoint (dev route ``POST /collective_rpc``, string
-        arguments only); one list of per-worker results per endpoint, in endpoint order."""
+                             timeout: float | None = None, only: list[str] | None = None) -> list[list[Any]]:
+        """Call worker method ``method`` on every endpoint, or those in ``only`` (dev route ``POST
+        /collective_rpc``, string arguments only); one list of per-worker results per endpoint, in order."""
         body: dict[str, Any] = {"method": method, "args": list(args or []), "kwargs": dict(kwargs or {})}
         if timeout is not None:
             body["timeout"] = timeout
@@ -243,11 +279,24 @@ class InferenceClient:
             r = await self._call(ep, "POST", "/collective_rpc", json=body, timeout=http_timeout)
             return list(r.json().get("results") or []) if r.content else []
 
-        results = await asyncio.gather(*(one(ep) for ep in self.pool.endpoints), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise InferenceError("; ".join(str(e) for e in errors))
-        return results  # type: ignore[return-value]
+        eps = self._targets(only)
+        results = list(await asyncio.gather(*(one(ep) for ep in eps), return_exceptions=True))
+        self._drop_failed(eps, results, f"collective_rpc {method}")
+        # An endpoint out of rotation (before or by this call) holds one marker record in its place, so the
+        # results line up with the endpoints asked for (``only``, or all).
+        got = {ep.url: r for ep, r in zip(eps, results, strict=True) if not isinstance(r, BaseException)}
+        asked = only if only is not None else self.endpoints
+        return [got[u] if u in got else [{"ok": False, "down": True, "error": f"{u} is out of rotation"}]
+                for u in asked]
+
+    def live_endpoints(self, only: list[str] | None = None) -> list[str]:
+        """The endpoints in rotation (among ``only``)."""
+        return [e.url for e in self.pool.live if only is None or e.url in only]
+
+    def subset(self, urls: list[str]) -> EngineSubset:
+        """The admin calls of this client, restricted to the endpoints ``urls`` (weight sync per host)."""
+        self._targets(urls)  # unknown URLs fail here
+        return EngineSubset(self, list(urls))
 
     async def reports_sampling_logprobs(self, prompt_ids: list[int], model: str | None = None) -> dict[str, bool]:
         """Per endpoint: whether its logprobs describe the distribution it samples from (vLLM's
@@ -307,3 +356,39 @@ class InferenceClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+class EngineSubset:
+    """An :class:`InferenceClient`'s weight-sync calls on some of its endpoints only: the same methods, so a
+    publisher written for all engines serves a group of them (shared memory for engines on this host, the
+    network for the others)."""
+
+    def __init__(self, client: InferenceClient, urls: list[str]) -> None:
+        self.client = client
+        self.urls = urls
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The endpoints of this subset."""
+        return list(self.urls)
+
+    def subset(self, urls: list[str]) -> EngineSubset:
+        """A smaller subset (of the same client)."""
+        return self.client.subset(urls)
+
+    async def collective_rpc(self, method: str, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
+                             timeout: float | None = None) -> list[list[Any]]:
+        """:meth:`InferenceClient.collective_rpc` on this subset."""
+        return await self.client.collective_rpc(method, args, kwargs, timeout, only=self.urls)
+
+    async def load_lora_adapter(self, name: str, path: str, inplace: bool = True) -> float:
+        """:meth:`InferenceClient.load_lora_adapter` on this subset."""
+        return await self.client.load_lora_adapter(name, path, inplace, only=self.urls)
+
+    async def set_weight_version(self, version: str) -> None:
+        """:meth:`InferenceClient.set_weight_version` on this subset."""
+        await self.client.set_weight_version(version, only=self.urls)
+
+    async def reset_prefix_cache(self) -> None:
+        """:meth:`InferenceClient.reset_prefix_cache` on this subset."""
+        await self.client.reset_prefix_cache(only=self.urls)

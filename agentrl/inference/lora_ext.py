@@ -1,4 +1,5 @@
-"""vLLM worker extension: replace a loaded LoRA adapter's weights in place, from POSIX shared memory.
+"""vLLM worker extension: replace a loaded LoRA adapter's weights in place, from POSIX shared memory (an
+engine on the publisher's host) or from the request body (an engine on another host).
 
 Start vLLM with ``--worker-extension-cls agentrl.inference.lora_ext.LoRAInPlaceExtension`` (the default of
 ``VLLMServerConfig.worker_extension``) and ``VLLM_SERVER_DEV_MODE=1``; then ``POST /collective_rpc`` with
@@ -19,15 +20,20 @@ This module must import without vLLM (the launcher checks it): vLLM is only touc
 
 from __future__ import annotations
 
+import base64
 import json
 import mmap
 import os
+import re
 import sys
+import tempfile
 import time
 from typing import Any
 
 _REGISTRY: dict[str, tuple[int, str]] = {}
 """lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by the load hook)."""
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""A file or directory name sent by the publisher: one path segment, no traversal."""
 _STATS: dict[str, float] = {"file_loads": 0.0}
 """``file_loads`` count and ``last_file_load_ms``: the worker-side time of the last load from disk."""
 
@@ -139,12 +145,82 @@ class LoRAInPlaceExtension:
         runs in this process (reported back; otherwise the caller does them over HTTP). Returns
         ``{"ok", "engine_ms", "slot", "version_set", "prefix_reset", "reset_ms", ...}`` or ``{"ok": False, "error"}``.
         """
+        return self._agentrl_apply(time.perf_counter(), adapter, shm_name,
+                                   lambda meta: self._agentrl_segment(shm_name, int(meta["nbytes"])),
+                                   meta_json, layout_id, weight_version, reset_prefix_cache)
+
+    def agentrl_update_lora_bytes(self, adapter: str, payload_b64: str, meta_json: str, layout_id: str = "",
+                                  weight_version: str = "", reset_prefix_cache: str = "") -> dict[str, Any]:
+        """As :meth:`agentrl_update_lora`, with the packed tensors in the call itself (base64 of the same
+        layout), for an engine that cannot map the publisher's shared memory (another host). The bytes are
+        decoded into a buffer of this worker that is reused while the layout stays the same, so the copy
+        plan is built once. The result also carries ``decode_ms``."""
         t0 = time.perf_counter()
         try:
             import torch
 
+            nbytes = int(json.loads(meta_json)["nbytes"])
+            raw = base64.b64decode(payload_b64, validate=True)
+            if len(raw) != nbytes:
+                raise UpdateError(f"payload is {len(raw)} bytes, the layout says {nbytes}")
+            key = f"net:{layout_id or meta_json}"
+            bufs: dict[str, Any] = self.__dict__.setdefault("_agentrl_netbufs", {})
+            if key not in bufs:
+                bufs.clear()
+                self.__dict__["_agentrl_plans"] = {}  # plans hold views into the older buffer
+                bufs[key] = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+            buf = bufs[key]
+            buf[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        except (UpdateError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+        decode_ms = (time.perf_counter() - t0) * 1e3
+        out = self._agentrl_apply(time.perf_counter(), adapter, key, lambda meta: buf, meta_json, layout_id,
+                                  weight_version, reset_prefix_cache)
+        out["decode_ms"] = decode_ms
+        return out
+
+    def agentrl_write_adapter(self, dir_name: str, files_json: str) -> dict[str, Any]:
+        """Write an adapter directory sent in the call (``{file name: base64}``) under this host's temporary
+        directory and return its path, for ``load_lora_adapter`` on an engine that cannot read the
+        publisher's files. ``dir_name`` and the file names are single path segments."""
+        try:
+            files = json.loads(files_json)
+            names = [dir_name, *files]
+            if not all(isinstance(n, str) and _SEGMENT.match(n) for n in names):
+                raise ValueError(f"names must be single path segments: {names}")
+            root = os.path.join(tempfile.gettempdir(), "agentrl-adapters", dir_name)
+            os.makedirs(root, exist_ok=True)
+            for name, data in files.items():
+                tmp = os.path.join(root, f".{name}.{os.getpid()}.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(base64.b64decode(data, validate=True))
+                os.replace(tmp, os.path.join(root, name))  # workers of one host may write the same files
+        except (ValueError, OSError) as exc:
+            return {"ok": False, "error": f"cannot write the adapter: {exc}"}
+        return {"ok": True, "path": root}
+
+    def agentrl_probe_shm(self, shm_name: str, nonce: str) -> dict[str, Any]:
+        """Whether this worker can map the publisher's segment ``shm_name`` and read ``nonce`` from it:
+        the test that picks shared memory (same host) or the network for this engine."""
+        data = nonce.encode()
+        try:
+            mm, _ = _attach(shm_name, len(data))
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": f"cannot map shared memory {shm_name!r}: {exc}"}
+        try:
+            return {"ok": bytes(mm[: len(data)]) == data}
+        finally:
+            mm.close()
+
+    def _agentrl_apply(self, t0: float, adapter: str, source: str, get_buf: Any, meta_json: str, layout_id: str,
+                       weight_version: str, reset_prefix_cache: str) -> dict[str, Any]:
+        """Copy from ``source`` (its bytes from ``get_buf(meta)``, asked only when a plan is built) into the
+        adapter's live slot and its cached copy; the engine-core ops after."""
+        try:
+            import torch
+
             with torch.inference_mode():  # vLLM's LoRA buffers are inference tensors
-                plan = self._agentrl_plan(adapter, shm_name, meta_json, layout_id)
+                plan = self._agentrl_plan(adapter, source, get_buf, meta_json, layout_id)
                 t1 = time.perf_counter()
                 torch._foreach_copy_(plan.live, plan.src)
                 for scale, views in plan.scales.items():
@@ -204,7 +280,7 @@ class LoRAInPlaceExtension:
             raise UpdateError(f"cannot map shared memory {name!r}: {exc}") from exc
         return segs[name][1]
 
-    def _agentrl_plan(self, adapter: str, shm_name: str, meta_json: str, layout_id: str) -> _Plan:
+    def _agentrl_plan(self, adapter: str, source: str, get_buf: Any, meta_json: str, layout_id: str) -> _Plan:
         manager = self._agentrl_manager()
         lora_id, path = self._agentrl_resolve(adapter)
         lora_model = manager.get_adapter(lora_id)
@@ -212,13 +288,12 @@ class LoRAInPlaceExtension:
             raise UpdateError(f"adapter {adapter!r} (id {lora_id}) is not loaded on this worker")
         slot = manager.lora_index_to_id.index(lora_id) if lora_id in manager.lora_index_to_id else None
         plans: dict[tuple, _Plan] = self.__dict__.setdefault("_agentrl_plans", {})
-        key = (adapter, shm_name, layout_id or meta_json, slot)
+        key = (adapter, source, layout_id or meta_json, slot)
         plan = plans.get(key)
         if plan is not None and plan.lora_model is lora_model:
             return plan
         meta = json.loads(meta_json)
-        buf = self._agentrl_segment(shm_name, int(meta["nbytes"]))
-        plan = _build_plan(manager, lora_model, slot, buf, meta, path)
+        plan = _build_plan(manager, lora_model, slot, get_buf(meta), meta, path)
         plans.clear()
         plans[key] = plan
         return plan

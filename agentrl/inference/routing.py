@@ -14,6 +14,12 @@ class Endpoint:
     url: str
     outstanding: int = 0
     mode: str | None = None  # "generate" | "completions" once detected
+    down: str | None = None
+    """Why the endpoint is out of rotation (None: in rotation). See :meth:`EndpointPool.mark_down`."""
+
+
+class NoLiveEngine(RuntimeError):
+    """Every endpoint is out of rotation."""
 
 
 class EndpointPool:
@@ -31,10 +37,14 @@ class EndpointPool:
         """The endpoint for a request: ``key``'s endpoint if it has one (and it is not in ``avoid``),
         else the least loaded one (ties rotate); ``key`` then sticks to it."""
         avoid = set(avoid)
-        if key is not None and (ep := self._sticky.get(key)) is not None and ep.url not in avoid:
+        if key is not None and (ep := self._sticky.get(key)) is not None and ep.url not in avoid and not ep.down:
             self._sticky.move_to_end(key)
             return ep
-        candidates = [e for e in self.endpoints if e.url not in avoid] or self.endpoints
+        live = self.live
+        if not live:
+            raise NoLiveEngine("every inference endpoint is out of rotation: " + "; ".join(
+                f"{e.url}: {e.down}" for e in self.endpoints))
+        candidates = [e for e in live if e.url not in avoid] or live
         n = len(candidates)
         start = self._rr % n
         self._rr += 1
@@ -45,6 +55,23 @@ class EndpointPool:
             while len(self._sticky) > self._max_keys:
                 self._sticky.popitem(last=False)
         return ep
+
+    @property
+    def live(self) -> list[Endpoint]:
+        """The endpoints in rotation."""
+        return [e for e in self.endpoints if not e.down]
+
+    def mark_down(self, url: str, reason: str) -> bool:
+        """Take ``url`` out of rotation (its weights may be stale or it does not answer): no request or
+        broadcast goes there until :meth:`mark_up`. Returns whether it was in rotation."""
+        ep = next(e for e in self.endpoints if e.url == url)
+        was = ep.down is None
+        ep.down = reason or "out of rotation"
+        return was
+
+    def mark_up(self, url: str) -> None:
+        """Put ``url`` back in rotation (after it received the current weights)."""
+        next(e for e in self.endpoints if e.url == url).down = None
 
     def forget(self, key: str) -> None:
         """Drop ``key``'s binding (e.g. when its episode ends)."""

@@ -61,8 +61,11 @@ def _importable(qualname: str) -> bool:
 
 
 def _bind_port(host: str, port: int) -> int:
-    """``port`` (0: a free one) if it can be bound on ``host`` now; raise ``ServerStartError`` if taken."""
+    """``port`` (0: a free one) if it can be bound on ``host`` now; raise ``ServerStartError`` if taken.
+    SO_REUSEADDR as the server itself binds: a restarted server may take its port back while connections of
+    its killed predecessor linger in TIME_WAIT."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import json
 import os
 import signal
 import socket
@@ -20,7 +22,12 @@ import torch
 
 import agentrl
 from agentrl.trainer.batch import TrainSample
-from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.config import DistributedConfig, TrainerConfig
+
+JOIN_FILE = "trainer_join.json"
+"""Written into the run directory when the trainer spans several nodes: what ``agentrl trainer-node``
+needs on every other node (the trainer config, the rendezvous, the orchestrator's address and the key
+rank 0 authenticates with; readable by its owner only)."""
 
 
 class TrainerError(RuntimeError):
@@ -37,6 +44,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def run_node(join: dict[str, Any], work_dir: Path, nproc: int | None = None) -> int:
+    """Run one more node of a multi-node trainer from its join file's contents (``agentrl trainer-node``):
+    torchrun in its own process group, in the foreground; returns its exit code. SIGTERM and SIGINT stop
+    the group."""
+    cfg = TrainerConfig.model_validate(join["trainer_config"])
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = work_dir / "trainer_config.json"
+    cfg_path.write_text(cfg.model_dump_json(indent=2))
+    cmd = torchrun_command(cfg_path, nproc or int(join["nproc_per_node"]), cfg.distributed,
+                           int(join["master_port"]), str(join["rdzv_id"]))
+    env = worker_env(str(join["orchestrator"]), bytes.fromhex(join["authkey"]))
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
 def count_cores(cores: str) -> int:
     """Cores in a ``taskset`` list: ``"0-3,6"`` → 5."""
     n = 0
@@ -44,6 +79,30 @@ def count_cores(cores: str) -> int:
         lo, _, hi = part.partition("-")
         n += int(hi or lo) - int(lo) + 1
     return n
+
+
+def torchrun_command(cfg_path: Path, nproc: int, dist: DistributedConfig, master_port: int, rdzv_id: str) -> list[str]:
+    """The ``torchrun`` command of one node: static rendezvous on one node, c10d across nodes."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(dist.nnodes),
+           "--nproc_per_node", str(nproc), "--monitor-interval", "0.5"]
+    if dist.nnodes == 1:
+        cmd += ["--master_addr", dist.master_addr, "--master_port", str(master_port)]
+    else:
+        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{dist.master_addr}:{master_port}",
+                "--rdzv-id", rdzv_id, "--rdzv-conf", f"join_timeout={int(dist.rdzv_timeout_s)}"]
+    return [*cmd, "-m", "agentrl.trainer.worker", "--config", str(cfg_path)]
+
+
+def worker_env(orchestrator: str, authkey: bytes, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a node's workers: rank 0 connects to ``orchestrator`` (``host:port``) with
+    ``authkey``; agentrl importable from this checkout."""
+    repo_root = str(Path(agentrl.__file__).resolve().parent.parent)
+    env = {**os.environ, **(extra or {})}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
+    env["AGENTRL_TRAINER_ADDR"] = orchestrator
+    env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
 
 
 class TrainerProcess:
@@ -76,6 +135,8 @@ class TrainerProcess:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self.log_path = self.run_dir / "trainer.log"
+        self.join_path: Path | None = None
+        """The join file of a multi-node trainer (None on one node)."""
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -101,25 +162,25 @@ class TrainerProcess:
             raise TrainerError("trainer already started")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         authkey = os.urandom(16)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        dist = self.cfg.distributed
+        listener = Listener((dist.orchestrator_addr, 0), authkey=authkey)
         host, port = listener.address
         cfg = self.cfg
         if Path(cfg.model_path).exists():  # the workers must not depend on a relative path
             cfg = cfg.model_copy(update={"model_path": str(Path(cfg.model_path).resolve())})
         cfg_path = self.run_dir / "trainer_config.json"
         cfg_path.write_text(cfg.model_dump_json(indent=2))
-        repo_root = str(Path(agentrl.__file__).resolve().parent.parent)
-        env = {**os.environ, **self.extra_env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
-        env["AGENTRL_TRAINER_ADDR"] = f"{host}:{port}"
-        env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-            "--nproc_per_node", str(self.nproc), "--master_addr", "127.0.0.1", "--monitor-interval", "0.5",
-            "--master_port", str(_free_port()),
-            "-m", "agentrl.trainer.worker", "--config", str(cfg_path),
-        ]  # fmt: skip
+        env = worker_env(f"{host}:{port}", authkey, self.extra_env)
+        master_port = dist.master_port or _free_port()
+        rdzv_id = f"agentrl-{os.getpid()}-{port}"
+        cmd = torchrun_command(cfg_path, self.nproc, dist, master_port, rdzv_id)
+        if dist.nnodes > 1:
+            self.join_path = self.run_dir / JOIN_FILE
+            fd = os.open(self.join_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"trainer_config": json.loads(cfg.model_dump_json()), "orchestrator": f"{host}:{port}",
+                           "authkey": authkey.hex(), "nproc_per_node": self.nproc, "master_port": master_port,
+                           "rdzv_id": rdzv_id}, f)
         if cfg.cpu_cores:  # taskset execs torchrun (same pid); its workers inherit the affinity
             cmd = ["taskset", "-c", cfg.cpu_cores, *cmd]
             env["OMP_NUM_THREADS"] = str(max(1, count_cores(cfg.cpu_cores) // self.nproc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 
 class LossConfig(BaseModel):
@@ -25,6 +25,31 @@ class LossConfig(BaseModel):
     """Cap of the behaviour importance weight: truncation for ``tis``, drop threshold for ``decoupled``."""
     adv_std_normalize: bool = True
     """Divide group-centred rewards by the group's standard deviation (GRPO); else only centre them."""
+
+
+class DistributedConfig(BaseModel):
+    """Where the trainer's ranks run: one node (the default), or several nodes joined by torchrun's c10d
+    rendezvous. The orchestrator starts one node itself; every other node runs ``agentrl trainer-node
+    --join <run>/trainer_join.json`` (see docs/scale-out.md)."""
+
+    nnodes: int = Field(1, ge=1)
+    """Nodes in the trainer job (torchrun ``--nnodes``)."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host: an address of the orchestrator's node that every node can reach."""
+    master_port: int = Field(0, ge=0, le=65535)
+    """Rendezvous port; 0 picks a free one (one node only: the other nodes must know it in advance)."""
+    orchestrator_addr: str = "127.0.0.1"
+    """Interface the orchestrator listens on for rank 0, which the rendezvous may place on any node: an
+    address every node can reach when ``nnodes`` > 1. The connection is authenticated with a per-run key."""
+    rdzv_timeout_s: float = Field(900.0, gt=0.0)
+    """How long the nodes wait for each other at the rendezvous."""
+
+    @model_validator(mode="after")
+    def _check(self) -> DistributedConfig:
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("trainer.distributed.master_port must be set when nnodes > 1: every node must "
+                             "know the rendezvous port before it starts")
+        return self
 
 
 class TrainerConfig(BaseModel):
@@ -77,3 +102,5 @@ class TrainerConfig(BaseModel):
     """While idle, rank 0 wakes the other ranks this often so their collectives never hit the timeout."""
     collective_timeout_s: float = Field(1800.0, gt=0.0)
     """Timeout of every collective (process-group timeout)."""
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    """Nodes of the trainer job and how they meet (one node by default)."""

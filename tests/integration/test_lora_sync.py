@@ -80,3 +80,54 @@ async def test_unknown_adapter_is_refused(vllm_server, tmp_path: Path) -> None:
             name = sync.shm_name
             sync.close()
         assert name and not os.path.exists(f"/dev/shm/{name}")
+
+
+class _FileTrainer(_Trainer):
+    """Also saves its adapter's files, as the trainer does when an engine has no slot yet."""
+
+    async def save_adapter(self, path: Path) -> dict:
+        save_lora(path, self.tensors)
+        return {"bytes": sum(p.stat().st_size for p in Path(path).iterdir())}
+
+
+async def test_network_path_creates_the_slot_and_updates_in_place(vllm_server, tmp_path: Path) -> None:
+    """Forced to the network (no shared memory, no shared files): the adapter's files travel in the request
+    to create the slot, later versions are copied in place from the request body, and each gives the same
+    greedy tokens and logprobs as a file load of the same tensors."""
+    from agentrl.sync_net import NetworkAdapterSync
+
+    name = "net-policy"
+    shapes = lora_shapes("tiny", 16)
+    trainer = _FileTrainer(random_lora(shapes, seed=10))
+    async with InferenceClient([vllm_server.url], timeout_s=120) as client:
+        sync = NetworkAdapterSync(trainer, client, name, tmp_path / "net")
+        m = await sync.publish(1)
+        assert m["network_slots_created"] == 1.0, m  # the engine had no slot: files sent in the call
+        first = await _greedy(client, name)
+        assert first.weight_versions and first.weight_versions[-1][0] == "1"
+        for version, seed in ((2, 11), (3, 12)):
+            trainer.tensors = random_lora(shapes, seed=seed)
+            m = await sync.publish(version)
+            assert m["network_slots_created"] == 0.0 and m["network_engine_ms"] > 0, m
+            assert m["network_payload_bytes"] > m["adapter_bytes"]  # base64
+            inplace = await _greedy(client, name)
+            assert inplace.weight_versions[-1][0] == str(version)
+            sums = (await client.collective_rpc("agentrl_lora_checksum", kwargs={"adapter": name}))[0][0]
+            assert sums["slot"] is not None and sums["cached"] == pytest.approx(sums["live"], rel=1e-6)
+            await client.load_lora_adapter(name, str(save_lora(tmp_path / f"file{version}", trainer.tensors)))
+            from_file = await _greedy(client, name)
+            assert _close(inplace, from_file), (inplace, from_file)
+            assert not _close(inplace, first, tol=1e-3)
+        await client.unload_lora_adapter(name)
+
+
+async def test_the_probe_routes_a_local_engine_to_shared_memory(vllm_server, tmp_path: Path) -> None:
+    from agentrl.sync_route import adapter_publisher, engines_on_this_host
+    from agentrl.sync_shm import SharedMemoryAdapterSync
+
+    async with InferenceClient([vllm_server.url], timeout_s=60) as client:
+        assert await engines_on_this_host(client) == {vllm_server.url: True}
+        trainer = _FileTrainer(random_lora(lora_shapes("tiny", 16), seed=4))
+        async with adapter_publisher("shm", trainer, client, "probe-policy", tmp_path) as pub:
+            assert isinstance(pub, SharedMemoryAdapterSync)
+        assert not list(Path("/dev/shm").glob("agentrl_probe_*")), "the probe's segment is unlinked"

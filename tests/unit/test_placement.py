@@ -127,3 +127,19 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "--dry-run must not create anything"
     r = _cli("--trainer-gpus", "0-5", gpus_env="0,1", cwd=tmp_path)
     assert r.returncode == 2 and "--trainer-gpus 0-5" in r.stderr and "only 2 are visible" in r.stderr
+
+
+def test_multi_node_trainer_command_and_plan_note() -> None:
+    from agentrl.trainer.client import torchrun_command
+    from agentrl.trainer.config import DistributedConfig
+
+    one = torchrun_command(Path("c.json"), 2, DistributedConfig(), 29500, "r1")
+    assert one[one.index("--nnodes") + 1] == "1" and "--master_port" in one and "--rdzv-backend" not in one
+    d = DistributedConfig(nnodes=2, master_addr="10.0.0.5", master_port=29400)
+    two = torchrun_command(Path("c.json"), 4, d, 29400, "r1")
+    assert two[two.index("--rdzv-endpoint") + 1] == "10.0.0.5:29400" and two[two.index("--rdzv-backend") + 1] == "c10d"
+    assert two[two.index("--nproc_per_node") + 1] == "4" and two[-2:] == ["--config", "c.json"]
+    with pytest.raises(ValueError, match="master_port must be set"):
+        DistributedConfig(nnodes=2)
+    plan = plan_run(cfg(trainer={"distributed": {"nnodes": 2, "master_port": 29400}}), gpus=[])
+    assert any("agentrl trainer-node --join" in n for n in plan.notes)

@@ -1,0 +1,51 @@
+"""Engine rotation: failed broadcasts and health checks take endpoints out; none left is noticed."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.engine_watch import EngineWatch
+from agentrl.inference.client import InferenceClient, NoEnginesError
+from agentrl.inference.routing import EndpointPool
+
+DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+def test_pool_skips_endpoints_out_of_rotation() -> None:
+    pool = EndpointPool(["http://a", "http://b"])
+    assert pool.pick("k").url == "http://a"
+    assert pool.mark_down("http://a", "dead") and not pool.mark_down("http://a", "dead")
+    assert pool.pick("k").url == "http://b", "a sticky key moves off a dead endpoint"
+    pool.mark_down("http://b", "dead")
+    with pytest.raises(RuntimeError, match="out of rotation"):
+        pool.pick()
+    pool.mark_up("http://a")
+    assert pool.pick().url == "http://a"
+
+
+async def test_failed_broadcast_drops_only_the_failing_endpoint() -> None:
+    async with InferenceClient([DEAD, "http://127.0.0.1:8"], timeout_s=2, max_retries=1) as client:
+        with pytest.raises(Exception, match="failed"):  # every endpoint failed: that is an error
+            await client.set_weight_version("3")
+        client.pool.mark_down(DEAD, "test")
+        client.pool.mark_down("http://127.0.0.1:8", "test")
+        with pytest.raises(NoEnginesError):
+            await client.set_weight_version("3")
+
+
+async def test_watch_drops_an_unresponsive_engine_and_notices_none_is_left() -> None:
+    async with InferenceClient([DEAD], timeout_s=2) as client:
+        calls = []
+
+        async def republish(url: str, version: int) -> None:
+            calls.append((url, version))
+
+        watch = EngineWatch(client, republish, lambda: 7, failures_to_drop=2, lost_after_s=0.0,
+                            health_timeout_s=1.0)
+        await watch.check()
+        assert client.pool.live and not watch.lost.is_set(), "one missed health check is not enough"
+        await watch.check()
+        assert not client.pool.live and client.pool.endpoints[0].down == "health check failed"
+        await watch.check()
+        assert watch.lost.is_set()
+        assert calls == [], "an engine that does not answer is never republished to"
