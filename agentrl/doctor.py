@@ -104,8 +104,9 @@ def _first_difference(a: str, b: str) -> int:
 
 
 def _appends_only(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str | None:
-    """None when every longer render starts with the shorter one; else where it first does not."""
-    for k in range(1, len(msgs)):
+    """None when every longer render starts with the shorter one; else where it first does not. The
+    smallest render is the opening prompt (system and user: some templates cannot render less)."""
+    for k in range(2, len(msgs)):
         nxt = chat._render(msgs[: k + 1], tools, gen=False)
         for gen in (False, True):
             if gen and msgs[k]["role"] != "assistant":
@@ -120,13 +121,17 @@ def _appends_only(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, A
 
 def _sampled_turn(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
     """Ids of the assistant tool-call turn (message 3) as the model would sample it: what the template
-    renders after the generation prompt, through the first stop token."""
+    renders after the user message and the generation prompt, through the first stop token. (Located after
+    the user's text, since some templates move the system prompt once an assistant turn follows.)"""
+    user = msgs[1]["content"]
     head = chat._render(msgs[:2], tools, gen=True)
     full = chat._render(msgs[:3], tools, gen=False)
-    if not full.startswith(head):
-        raise ValueError(f"the generation prompt is not how the template starts an assistant turn: "
-                         f"{head[-40:]!r} vs {full[len(head) - 40:len(head) + 10]!r}")
-    ids = chat.encode(full[len(head):])
+    gen_prompt = head[head.rfind(user) + len(user):]
+    at = full.rfind(user) + len(user)
+    if not full[at:].startswith(gen_prompt):
+        raise ValueError(f"the generation prompt is not how the template starts an assistant turn: it ends "
+                         f"{gen_prompt[-40:]!r}, an assistant turn starts {full[at:at + 40]!r}")
+    ids = chat.encode(full[at + len(gen_prompt):])
     for j, t in enumerate(ids):
         if t in chat.stop_token_ids:
             return ids[: j + 1]
@@ -210,10 +215,11 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
     try:
         obs = chat.observation_ids([msgs[3]], tools, ended_with=turn[-1])
         expected_text = chat._render(msgs[:4], tools, gen=True)
-        head = chat._render(msgs[:2], tools, gen=True)
         loop_ids = chat.prompt_ids(msgs[:2], tools) + turn + obs
-        after = expected_text.find(chat.tokenizer.convert_ids_to_tokens(turn[-1]), len(head))
-        tail = expected_text[after + len(chat.tokenizer.convert_ids_to_tokens(turn[-1])):] if after >= 0 else None
+        end_text = chat.tokenizer.convert_ids_to_tokens(turn[-1])
+        # the template's text after the tool-call turn: after the end token that follows the call's argument
+        after = expected_text.find(end_text, expected_text.rfind(json.dumps(PROBE_ARGS["word"])))
+        tail = expected_text[after + len(end_text):] if after >= 0 else None
         delta_ok = tail is not None and chat.encode(tail) == obs
         if rewrite is None:
             delta_ok = delta_ok and loop_ids == chat.encode(expected_text)
@@ -225,8 +231,9 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
     except ValueError as e:
         problems.append(f"{e}; this chat template cannot be used for token-faithful multi-turn rollouts")
     if rewrite is not None and report.observation_delta_ok:
-        notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop never re-renders, "
-                     "so the model sees, and is trained on, exactly the tokens it sampled"
+        notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop renders the "
+                     "opening prompt once and then only appends token ids, so the model sees, and is trained on, "
+                     "that prompt and exactly the tokens it sampled"
                      + (" (its <think> blocks included)" if report.thinking else "")
                      + "; a chat server re-rendering this history would show the model different text")
     missing = [t for t in chat.end_of_turn_ids if t not in _gen_eos(model)]

@@ -20,6 +20,7 @@ from agentrl.environment import Environment, Task
 from agentrl.episode import BadCall, EnvFailure, Episode, EpisodeLimits, error_text
 from agentrl.inference.client import ContextLengthError, InferenceError
 from agentrl.protocols import Generator
+from agentrl.toolcalls import new_call_id
 from agentrl.types import StopReason, Trajectory
 from agentrl.versions import VersionLabelError, token_versions
 
@@ -140,7 +141,7 @@ async def _loop(
             traj.routed_experts = (traj.routed_experts or []) + [gen.routed_experts]
         parsed = chat.parse(chat.decode(gen.token_ids), tools)
         cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
-        calls = [*parsed.tool_calls, *(BadCall(err) for err in parsed.errors)]
+        calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]
         results = await episode.step(parsed.content, calls, cut=cut)
         if not episode.done:
             last = gen.token_ids[-1] if gen.token_ids else None
