@@ -63,7 +63,10 @@ def end_of_turn_ids(tokenizer: Any, render: Any) -> list[int]:
     """The special token(s) the template closes an assistant turn with: for a plain answer and for a
     tool call, the last non-whitespace token of the turn when it is a special token."""
     special = _special_ids(tokenizer)
-    head = render([_DUMMY_USER], gen=True)
+    try:
+        head = render([_DUMMY_USER], gen=True)
+    except Exception:  # a template that cannot render a lone user message: no end token found
+        return []
     out: list[int] = []
     for turn in (_DUMMY_ASSISTANT, _DUMMY_CALL):
         try:

@@ -119,3 +119,16 @@ def test_full_weight_rl_is_refused_at_config_time(tmp_path: Path) -> None:
     cfg.write_text("[trainer]\nlora = false\n")
     r = run("train", "--env", "calc", "--config", str(cfg), "--print-config")
     assert r.returncode == 2 and "trainer.lora = false" in r.stderr and "not supported" in r.stderr
+
+
+def test_train_refuses_a_model_that_fails_the_doctor_naming_the_flag(tmp_path: Path) -> None:
+    """`agentrl train` runs the doctor's checks before starting anything: Llama 3.1's JSON tool calls are not
+    read by the default hermes parser, and the error names the flag that fixes it."""
+    from tests.fixtures_families import FAMILIES, build_family_tokenizer
+
+    model = tmp_path / "llama"
+    build_family_tokenizer(FAMILIES["llama3.1"], model)
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    r = run("train", "--env", "calc", "--model", str(model), "--steps", "1", timeout=300, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "fails agentrl doctor's checks" in r.stderr and "--tool-parser llama3_json" in r.stderr
