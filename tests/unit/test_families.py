@@ -60,13 +60,16 @@ def test_the_wrong_parser_is_a_problem_naming_the_right_one(family_dir: tuple[st
 
 
 def _call_turn(chat: ChatFormat, args: dict[str, Any]) -> str:
-    """An assistant tool-call turn as the family's template renders it (the text the model would sample)."""
+    """An assistant tool-call turn as the family's template renders it (the text the model would sample),
+    up to its stop token."""
     msgs = [{"role": "user", "content": "Add them."},
             {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "abc123xyz", "type": "function", "function": {"name": "add", "arguments": args}}]}]
     head = chat._render(msgs[:1], TOOLS, gen=True)
     full = chat._render(msgs, TOOLS, gen=False)
-    return chat.decode(chat.encode(full[len(head):]))
+    ids = chat.encode(full[len(head):])
+    end = next(j for j, t in enumerate(ids) if t in chat.stop_token_ids)
+    return chat.decode(ids[:end])  # what the loop parses: the turn without its stop token
 
 
 def test_tool_call_round_trip_and_malformed_calls(family_dir: tuple[str, Path]) -> None:
@@ -135,3 +138,57 @@ def test_a_template_that_does_not_close_turns_with_a_special_token_is_refused(tm
 
     with pytest.raises(ValueError, match="fails agentrl doctor's checks"):
         check_model(path, "hermes")
+
+
+@pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>"])
+async def test_an_episode_ending_turns_on_either_stop_token_matches_the_template(tmp_path: Path, end: str) -> None:
+    """Qwen2.5 (appends only): a tool-call turn that ends on the template's <|im_end|> or on the other eos,
+    <|endoftext|>; either way the trajectory is the template's full render of the episode, token for token,
+    and the sampled stop token is kept as a model token."""
+    import agentrl
+    from agentrl.config import SamplingConfig
+    from agentrl.inference.client import Generation
+    from agentrl.rollout import run_episode
+
+    build_family_tokenizer(FAMILIES["qwen2.5"], tmp_path)
+    chat = _chat("qwen2.5", tmp_path)
+    end_id = chat.tokenizer.convert_tokens_to_ids(end)
+
+    class Add(agentrl.Environment):
+        name = "add"
+
+        async def reset(self, task: agentrl.Task) -> str:
+            return "Add 2 and 40."
+
+        @agentrl.tool
+        def add(self, a: int, b: int) -> str:
+            """Add two integers."""
+            return str(a + b)
+
+        async def reward(self, messages: list[agentrl.Message]) -> float:
+            return 1.0
+
+    turns = [_call_turn(chat, {"a": 2, "b": 40}), "It is 42."]
+
+    class Scripted:
+        async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
+            assert end_id in kw["stop_token_ids"] and chat.eos_token_id in kw["stop_token_ids"]
+            ids = [*chat.encode(turns.pop(0)), end_id]
+            return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop", weight_versions=None,
+                              routed_experts=None, endpoint="fake")
+
+    traj = await run_episode(Add, {"id": "t"}, Scripted(), chat, SamplingConfig())
+    assert not traj.failed and traj.num_tool_calls == 1, traj
+    assert [m.content for m in traj.messages if m.role == "tool"] == ["42"]
+    msgs = [m.to_openai() for m in traj.messages]
+    for m in msgs:  # the template renders arguments given as objects
+        for c in m.get("tool_calls") or []:
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    rendered = chat._render(msgs, Add.tool_schemas(), gen=False)
+    if end != "<|im_end|>":  # the sampled <|endoftext|> stands where the template closes the turns
+        rendered = rendered.replace("<|im_end|>\n<|im_start|>user\n<tool_response>",
+                                    "<|endoftext|><|im_end|>\n<|im_start|>user\n<tool_response>")
+        rendered = rendered[: rendered.rindex("<|im_end|>")] + "<|endoftext|>\n"
+    assert traj.prompt_ids + traj.completion_ids == chat.encode(rendered.rstrip("\n"))
+    model_ids = [t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True) if m]
+    assert model_ids.count(end_id) == 2
