@@ -50,7 +50,11 @@ def new_call_id() -> str:
 
 def tool_parser_names() -> list[str]:
     """Names of the tool parsers vLLM registers (what ``--tool-parser`` accepts)."""
-    from vllm.tool_parsers import ToolParserManager
+    try:
+        from vllm.tool_parsers import ToolParserManager
+    except ImportError as e:
+        raise RuntimeError("tool calls are parsed by vLLM's tool parsers, and vLLM is not installed here: install "
+                           "agentrl with its inference stack (the cpu or gpu extra)") from e
 
     return ToolParserManager.list_registered()
 
