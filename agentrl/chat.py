@@ -1,93 +1,141 @@
-"""Token-faithful chat formatting: opening prompts, observation deltas and tool-call parsing.
+"""Token-faithful chat formatting: opening prompts, stop tokens, observation deltas and tool-call parsing.
 
 The agent loop never re-renders a whole conversation to get token ids. It renders the opening prompt
-once, appends the engine's own output ids after each model turn, and appends the *delta* that the
-chat template adds for new messages (tool results, the next generation prompt). The delta is taken
-from the template itself by rendering a fixed dummy conversation with and without the new messages,
-so it works for any chat template with the prefix property (Qwen2.5, Hermes, Llama 3, ...).
+once, appends the engine's own output ids after each model turn (the end-of-turn token included), and
+appends the *delta* that the chat template adds for new messages (tool results, the next generation
+prompt). The delta is taken from the template itself: a dummy conversation is rendered with and
+without the new messages, and the delta is what follows the dummy assistant turn's end token. Only the
+text *after* that turn is used, so a template that rewrites earlier turns when more messages follow
+(Qwen3 drops an empty ``<think></think>`` block from a turn that is no longer the last) still gives the
+right delta; ``agentrl.doctor`` reports such templates and what the model sees versus what is trained.
+
+A turn ends on any of :attr:`ChatFormat.stop_token_ids`: the template's end-of-turn token(s) and every
+eos id of the model's ``generation_config.json``.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
+import logging
+from pathlib import Path
 from typing import Any
 
-from agentrl.types import ToolCall
+from agentrl.toolcalls import DEFAULT_TOOL_PARSER, ParsedTurn, ToolCallParser
 
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_UNCLOSED_RE = re.compile(r"<tool_call>(?!.*</tool_call>)", re.DOTALL)
+__all__ = ["ChatFormat", "ParsedTurn", "end_of_turn_ids", "generation_eos_ids"]
 
+log = logging.getLogger(__name__)
+
+MARK = "agentrl-turn-marker"
+"""Content of the dummy assistant turn: found again in renders to cut the delta after its end token."""
 _DUMMY_USER = {"role": "user", "content": "x"}
-_DUMMY_ASSISTANT = {"role": "assistant", "content": "y"}
+_DUMMY_ASSISTANT = {"role": "assistant", "content": MARK}
+_DUMMY_CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe", "arguments": {"q": MARK}}}]}
 
 
-@dataclass
-class ParsedTurn:
-    """A model turn split into free text and tool calls, with the parse errors found."""
+def generation_eos_ids(model_dir: str | Path | None) -> list[int]:
+    """The eos ids of a model directory's ``generation_config.json`` (an int or a list there)."""
+    if model_dir is None:
+        return []
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, json.JSONDecodeError) as e:
+        log.warning("cannot read %s: %s", path, e)
+        return []
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
-    content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for i, tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(i))
+    return ids
 
 
-def parse_tool_calls(text: str) -> ParsedTurn:
-    """Parse Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
-
-    Malformed blocks are reported in ``errors`` (one message per block, written for the model to read)
-    instead of raising.
-    """
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    for match in _TOOL_CALL_RE.finditer(text):
-        body = match.group(1).strip()
+def end_of_turn_ids(tokenizer: Any, render: Any) -> list[int]:
+    """The special token(s) the template closes an assistant turn with: for a plain answer and for a
+    tool call, the last non-whitespace token of the turn when it is a special token."""
+    special = _special_ids(tokenizer)
+    try:
+        head = render([_DUMMY_USER], gen=True)
+    except Exception:  # a template that cannot render a lone user message: no end token found
+        return []
+    out: list[int] = []
+    for turn in (_DUMMY_ASSISTANT, _DUMMY_CALL):
         try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as e:
-            errors.append(f"tool call is not valid JSON ({e.msg} at char {e.pos}): {body[:200]}")
+            text = render([_DUMMY_USER, turn], gen=False)
+        except Exception:  # a template that cannot show this kind of turn
             continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            errors.append(f'tool call must be a JSON object with a string "name": {body[:200]}')
+        if not text.startswith(head):
             continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                errors.append(f"arguments of {obj['name']} are not valid JSON: {args[:200]}")
-                continue
-        if not isinstance(args, dict):
-            errors.append(f"arguments of {obj['name']} must be a JSON object, got {type(args).__name__}")
-            continue
-        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:12]}", name=obj["name"], arguments=args))
-    if _UNCLOSED_RE.search(text):
-        errors.append("a <tool_call> block was opened but never closed with </tool_call>")
-    content = _TOOL_CALL_RE.sub("", text).strip()
-    return ParsedTurn(content=content, tool_calls=calls, errors=errors)
+        ids = list(tokenizer.encode(text[len(head):], add_special_tokens=False))
+        while ids and not tokenizer.decode([ids[-1]]).strip():
+            ids.pop()
+        if ids and ids[-1] in special and ids[-1] not in out:
+            out.append(ids[-1])
+    return out
 
 
 class ChatFormat:
-    """Renders prompts and observation deltas with a tokenizer's chat template.
+    """Renders prompts and observation deltas with a tokenizer's chat template, knows the tokens that end a
+    turn, and parses tool calls with the named vLLM tool parser.
 
-    ``tokenizer`` is a Hugging Face tokenizer with a ``chat_template``.
+    ``tokenizer`` is a Hugging Face tokenizer with a ``chat_template``; ``tool_parser`` a name of vLLM's
+    ``--tool-call-parser``; ``model_dir`` the directory whose ``generation_config.json`` lists the eos ids
+    (default: the tokenizer's own directory).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_parser: str = DEFAULT_TOOL_PARSER,
+                 model_dir: str | Path | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat_template; agentrl needs one to format turns")
         self.tokenizer = tokenizer
-        eos = tokenizer.eos_token_id
-        if eos is None:
-            raise ValueError("the tokenizer has no eos_token; set it to the end-of-turn token")
-        self.eos_token_id: int = int(eos)
+        self.tool_parser = tool_parser
+        self._parser: ToolCallParser | None = None
+        if model_dir is None and Path(str(getattr(tokenizer, "name_or_path", "") or "")).is_dir():
+            model_dir = tokenizer.name_or_path
+        self.end_of_turn_ids: list[int] = end_of_turn_ids(tokenizer, self._render_msgs)
+        """The template's own end-of-turn token(s)."""
+        stop = list(self.end_of_turn_ids)
+        for i in [*([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []),
+                  *generation_eos_ids(model_dir)]:
+            if i not in stop:
+                stop.append(int(i))
+        if not stop:
+            raise ValueError("the tokenizer has no eos_token and the chat template closes turns with no special "
+                             "token; agentrl cannot tell when a turn ends")
+        self.stop_token_ids: list[int] = stop
+        """Every token that ends a turn (sent to the engine as ``stop_token_ids``; kept in the trajectory)."""
+        self.eos_token_id: int = stop[0]
+        """The main end-of-turn token (the template's, else the tokenizer's eos)."""
         self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+    def _render_msgs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                     gen: bool = False) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=gen
         )
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+        return self._render_msgs(messages, tools, gen)
+
+    @property
+    def parser(self) -> ToolCallParser:
+        """The tool-call parser (built, and vLLM imported, on first use)."""
+        if self._parser is None:
+            self._parser = ToolCallParser(self.tool_parser, self.tokenizer)
+        return self._parser
+
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
+        """Content and tool calls of one model turn's text (see :mod:`agentrl.toolcalls`); never raises."""
+        return self.parser.parse(text, tools)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with special tokens parsed and none added."""
@@ -97,29 +145,52 @@ class ChatFormat:
         """Token ids of the opening prompt, ending with the generation prompt."""
         return self.encode(self._render(messages, tools, gen=True))
 
-    def observation_text(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        """Text the template inserts after a finished assistant turn (which ended with the eos token):
-        the rest of that turn's closing, the new messages, and the next generation prompt."""
-        base_msgs = [_DUMMY_USER, _DUMMY_ASSISTANT]
-        base = self._render(base_msgs, tools, gen=False)
-        full = self._render(base_msgs + new_messages, tools, gen=True)
-        if not full.startswith(base):
-            raise ValueError(
-                "the chat template lacks the prefix property (rendering more messages changed earlier "
-                "text); token-faithful multi-turn needs a template that only appends"
-            )
-        end = base.rfind(self.eos_text)
-        if end < 0:
-            raise ValueError(f"the chat template does not close assistant turns with {self.eos_text!r}")
-        closing = base[end + len(self.eos_text) :]
-        return closing + full[len(base) :]
+    def _after_turn(self, rendered: str) -> str:
+        """The text after the dummy assistant turn's end-of-turn token in ``rendered``."""
+        at = rendered.rfind(MARK)
+        if at < 0:
+            raise ValueError("the chat template dropped the assistant turn's content; agentrl cannot locate "
+                             "where a turn ends")
+        rest = rendered[at + len(MARK):]
+        body = rest.lstrip(" ")
+        for tid in self.end_of_turn_ids or [self.eos_token_id]:
+            end = self.tokenizer.convert_ids_to_tokens(tid)
+            if body.startswith(end):
+                return body[len(end):]
+        raise ValueError(f"the chat template does not close assistant turns with an end-of-turn token "
+                         f"({', '.join(repr(self.tokenizer.convert_ids_to_tokens(t)) for t in self.stop_token_ids)}): "
+                         f"after the turn it renders {rest[:40]!r}")
 
-    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids to append after an assistant turn that ended with the eos token."""
-        return self.encode(self.observation_text(new_messages, tools))
+    def observation_text(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                         ended_with: int | None = None) -> str:
+        """Text the template inserts after a finished assistant turn: the rest of that turn's closing, the
+        new messages, and the next generation prompt.
+
+        ``ended_with`` is the last token the model sampled. When it is one of the template's end-of-turn
+        tokens (or not given) the turn is closed already; otherwise (another eos id of the model, or a turn
+        cut by its token budget) the template's end-of-turn token is inserted first, so the context the
+        model reads next is the template's.
+        """
+        base = [_DUMMY_USER, _DUMMY_ASSISTANT]
+        full = self._render(base + new_messages, tools, gen=True)
+        delta = self._after_turn(full)
+        closed = ended_with is None or ended_with in self.end_of_turn_ids or (
+            not self.end_of_turn_ids and ended_with == self.eos_token_id)
+        if not closed:
+            delta = self.eos_text + delta
+        return delta
+
+    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        ended_with: int | None = None) -> list[int]:
+        """Token ids to append after an assistant turn (see :meth:`observation_text`)."""
+        return self.encode(self.observation_text(new_messages, tools, ended_with))
+
+    def ends_turn(self, ids: list[int]) -> bool:
+        """Whether model output ``ids`` ends with a stop token (a finished turn, not a cut one)."""
+        return bool(ids) and ids[-1] in self.stop_token_ids
 
     def decode(self, ids: list[int]) -> str:
-        """Text of model-generated ids, special tokens kept except the final eos."""
-        if ids and ids[-1] == self.eos_token_id:
+        """Text of model-generated ids, special tokens kept except the final stop token."""
+        if self.ends_turn(ids):
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)

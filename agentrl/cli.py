@@ -58,6 +58,9 @@ EnvOpt = Annotated[str, typer.Option(
     "--env", help="Environment: a name (calc), package.module:Class (from the current directory), file.py:Class, or openenv:URL (an OpenEnv server).")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the embedded tiny model).")]
+ToolParserOpt = Annotated[str | None, typer.Option(
+    "--tool-parser", help="How the model writes tool calls: a vLLM tool parser name (hermes, llama3_json, mistral, "
+                          "qwen3_coder, pythonic, ...; default hermes). See `agentrl doctor`.")]
 EndpointOpt = Annotated[
     list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
 ]
@@ -68,6 +71,7 @@ def train(
     env: EnvOpt = "calc",
     config: ConfigOpt = None,
     model: ModelOpt = None,
+    tool_parser: ToolParserOpt = None,
     name: Annotated[str | None, typer.Option(help="Run name (outputs in runs/NAME).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     tasks: Annotated[Path | None, typer.Option(help="JSONL file of training tasks.")] = None,
@@ -99,7 +103,7 @@ def train(
     from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
 
     overrides = {
-        "env": canonical_spec(env), "model": model, "name": name, "steps": steps,
+        "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "name": name, "steps": steps,
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
@@ -141,6 +145,7 @@ def eval_(
     env: EnvOpt = "calc",
     config: ConfigOpt = None,
     model: ModelOpt = None,
+    tool_parser: ToolParserOpt = None,
     adapter: Annotated[Path | None, typer.Option(help="LoRA adapter directory to evaluate.")] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
@@ -159,7 +164,8 @@ def eval_(
     env = canonical_spec(env)
     try:
         load_env(env)
-        cfg = load_config(config, {"env": env, "model": model, "eval_tasks": tasks, "endpoints": endpoint or None})
+        cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser, "eval_tasks": tasks,
+                                   "endpoints": endpoint or None})
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
@@ -179,6 +185,31 @@ def eval_(
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         _fail(f"{type(e).__name__}: {e}")
     typer.echo(json.dumps(result))
+
+
+@app.command()
+def doctor(
+    model: Annotated[str | None, typer.Option("--model", help="Model directory to check (default: the embedded tiny model).")] = None,
+    tool_parser: ToolParserOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Also print the report as one JSON object (last line).")] = False,
+) -> None:
+    """Check a model directory for the agent loop: chat template, stop tokens, tool-call parser, observation
+    delta (the checks `agentrl train` runs at start). Exit 1 when a problem is found."""
+    from agentrl.config import DEFAULT_MODEL
+    from agentrl.doctor import diagnose
+    from agentrl.stack import ensure_model
+
+    model = model or DEFAULT_MODEL
+    try:
+        ensure_model(model)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    report = diagnose(model, tool_parser or "hermes")
+    typer.echo(report.text())
+    if as_json:
+        typer.echo(json.dumps(report.model_dump(mode="json")))
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @model_app.command("tiny")

@@ -123,7 +123,12 @@ class RunConfig(BaseModel):
     eval_tasks: Path | None = None
     """JSONL file of held-out tasks; default: the environment's own test split."""
     model: str = DEFAULT_MODEL
-    """Hugging Face model directory (or hub id where a hub is reachable). The default is built if missing."""
+    """Hugging Face model directory (or hub id where a hub is reachable). The default is built if missing.
+    ``agentrl doctor --model DIR`` checks a directory before a run (``agentrl train`` runs the same checks)."""
+    tool_parser: str = "hermes"
+    """How the model writes tool calls: the name of one of vLLM's tool parsers (the names of ``vllm serve
+    --tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``, ``pythonic``, ...). The
+    decoded text of each sampled turn is parsed with it; see docs/models.md for the parser of each family."""
     mode: Literal["sync", "async"] | None = None
     """``sync``: generate a batch, train, then sync (η = 0). ``async``: generation and training overlap,
     with rollouts at most ``pipeline.max_staleness`` (η ≥ 1) versions behind. Default: async when
@@ -189,6 +194,17 @@ class RunConfig(BaseModel):
         self.mode = mode
         self.pipeline.max_staleness = (0 if mode == "sync" else 1) if eta is None else eta
         self.pipeline.capacity(self.tasks_per_step)  # raises when the capacity cannot hold a step
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_full_weights(self) -> RunConfig:
+        """Weight sync into the engine carries LoRA adapters only: full fine-tuning would train a policy the
+        engine never samples from."""
+        if not self.trainer.lora:
+            raise ValueError(
+                "trainer.lora = false (full-weight RL) is not supported yet: agentrl syncs only LoRA adapters "
+                "into the inference engine, so the engine would keep sampling from the initial weights. Use "
+                "trainer.lora = true (the default; raise trainer.lora_rank for more capacity)")
         return self
 
     @property

@@ -14,12 +14,13 @@ import time
 import uuid
 from collections.abc import Callable
 
-from agentrl.chat import ChatFormat, parse_tool_calls
+from agentrl.chat import ChatFormat
 from agentrl.config import SamplingConfig
 from agentrl.environment import Environment, Task
 from agentrl.episode import BadCall, EnvFailure, Episode, EpisodeLimits, error_text
 from agentrl.inference.client import ContextLengthError, InferenceError
 from agentrl.protocols import Generator
+from agentrl.toolcalls import new_call_id
 from agentrl.types import StopReason, Trajectory
 from agentrl.versions import VersionLabelError, token_versions
 
@@ -125,7 +126,7 @@ async def _loop(
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
-                stop_token_ids=[chat.eos_token_id],
+                stop_token_ids=list(chat.stop_token_ids),
                 model=model,
                 key=key,
                 cache_salt=f"policy-v{sent}",
@@ -138,10 +139,12 @@ async def _loop(
         _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=token_versions(gen, sent))
         if gen.routed_experts is not None:
             traj.routed_experts = (traj.routed_experts or []) + [gen.routed_experts]
-        parsed = parse_tool_calls(chat.decode(gen.token_ids))
-        cut = gen.finish_reason == "length" or bool(gen.token_ids and gen.token_ids[-1] != chat.eos_token_id)
-        calls = [*parsed.tool_calls, *(BadCall(err) for err in parsed.errors)]
+        parsed = chat.parse(chat.decode(gen.token_ids), tools)
+        cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
+        calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]
         results = await episode.step(parsed.content, calls, cut=cut)
         if not episode.done:
-            _append(traj, chat.observation_ids([r.message.to_openai() for r in results], tools), model=False)
+            last = gen.token_ids[-1] if gen.token_ids else None
+            _append(traj, chat.observation_ids([r.message.to_openai() for r in results], tools, ended_with=last),
+                    model=False)
     await episode.score()

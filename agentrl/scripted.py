@@ -30,10 +30,23 @@ class ScriptChat:
     """Chat-format stand-in for scripted policies: every distinct text is one token id (a lookup table)."""
 
     eos_token_id = 0
+    stop_token_ids: ClassVar[list[int]] = [0]
 
     def __init__(self) -> None:
         self._texts: list[str] = [""]
         self._ids: dict[str, int] = {}
+        self._parser: Any = None
+
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> Any:
+        """Hermes-style calls, read by the same parser as a Hermes-template model's."""
+        if self._parser is None:
+            from agentrl.toolcalls import ToolCallParser
+
+            self._parser = ToolCallParser("hermes", self)
+        return self._parser.parse(text, tools)
+
+    def ends_turn(self, ids: list[int]) -> bool:
+        return bool(ids) and ids[-1] == self.eos_token_id
 
     def encode(self, text: str) -> list[int]:
         if text not in self._ids:
@@ -47,7 +60,8 @@ class ScriptChat:
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         return self.encode(json.dumps(messages))
 
-    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                        ended_with: int | None = None) -> list[int]:
         return self.encode(json.dumps(new_messages))
 
 

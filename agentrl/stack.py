@@ -14,6 +14,7 @@ from agentrl.config import DEFAULT_MODEL, RunConfig
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
 from agentrl.placement import Plan, plan_run
+from agentrl.toolcalls import DEFAULT_TOOL_PARSER
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +29,11 @@ def ensure_model(model: str) -> str:
     return model
 
 
-def load_chat_format(model: str) -> ChatFormat:
-    """The chat format of a model directory's tokenizer."""
+def load_chat_format(model: str, tool_parser: str = DEFAULT_TOOL_PARSER) -> ChatFormat:
+    """The chat format of a model directory's tokenizer, parsing tool calls with ``tool_parser``."""
     from transformers import AutoTokenizer
 
-    return ChatFormat(AutoTokenizer.from_pretrained(model))
+    return ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model)
 
 
 @dataclass
@@ -73,7 +74,7 @@ async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = Non
             for server in servers:
                 await asyncio.to_thread(server.start)
             endpoints = [server.url for server in servers]
-        chat = await asyncio.to_thread(load_chat_format, cfg.model)
+        chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser)
         client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
         health = await client.health()
         dead = [url for url, ok in health.items() if not ok]

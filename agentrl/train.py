@@ -19,6 +19,7 @@ from typing import Any
 from agentrl import heap
 from agentrl.atomic import write_atomic
 from agentrl.config import RunConfig
+from agentrl.doctor import check_model
 from agentrl.engine_watch import EnginesLost, EngineWatch
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
@@ -27,7 +28,7 @@ from agentrl.orchestrator import Orchestrator
 from agentrl.placement import plan_run
 from agentrl.registry import load_env
 from agentrl.rundir import open_run
-from agentrl.stack import InferenceStack, check_sampling_logprobs, inference_stack
+from agentrl.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
 from agentrl.sync_route import adapter_publisher
 from agentrl.tasks import load_tasks
 from agentrl.workers import RolloutWorkers
@@ -72,6 +73,10 @@ class TrainingRun:
         from agentrl.trainer.client import TrainerProcess
 
         cfg = self.cfg
+        # the checks of `agentrl doctor`: a model whose turns cannot be stopped, parsed or extended
+        # token-faithfully is refused before anything starts
+        await asyncio.to_thread(ensure_model, cfg.model)
+        await asyncio.to_thread(check_model, cfg.model, cfg.tool_parser)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()

@@ -414,6 +414,8 @@ class RolloutRequest(Wire):
     """Served model (or LoRA adapter) name to sample from."""
     tokenizer: str | None = Field(None, min_length=1, max_length=1024)
     """Which of the server's tokenizers renders the chat (default: its first)."""
+    tool_parser: str = Field("hermes", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    """How the model writes tool calls: a vLLM tool parser name (as ``agentrl train --tool-parser``)."""
     api_key: str | None = Field(None, max_length=4096, repr=False)
     """Bearer token for the inference server, if it needs one."""
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)

@@ -43,7 +43,7 @@ class RolloutService:
         self.catalog = catalog
         self.metrics = metrics
         self.running = 0
-        self._chats: dict[str, Any] = {}
+        self._chats: dict[tuple[str, str], Any] = {}
         self._load_lock = asyncio.Lock()
         metrics.gauge("agentrl_env_rollouts_running", "Whole rollouts in progress.", lambda: self.running)
 
@@ -64,15 +64,22 @@ class RolloutService:
         names = [Path(n).name for n in allowed]
         raise ApiError(422, f"unknown tokenizer {requested[:200]!r}; this server has {names}")
 
-    async def chat_format(self, requested: str | None) -> Any:
-        """The ``ChatFormat`` of a configured tokenizer (loaded once)."""
+    async def chat_format(self, requested: str | None, tool_parser: str = "hermes") -> Any:
+        """The ``ChatFormat`` of a configured tokenizer with a tool parser (loaded once per pair)."""
+        from agentrl.toolcalls import check_tool_parser_name
+
         name = self._tokenizer_name(requested)
+        try:
+            await asyncio.to_thread(check_tool_parser_name, tool_parser)
+        except ValueError as e:
+            raise ApiError(422, str(e), code="unknown_tool_parser") from None
+        key = (name, tool_parser)
         async with self._load_lock:
-            if name not in self._chats:
+            if key not in self._chats:
                 from agentrl.stack import load_chat_format
 
                 try:
-                    self._chats[name] = await asyncio.to_thread(load_chat_format, name)
+                    self._chats[key] = await asyncio.to_thread(load_chat_format, name, tool_parser)
                 except Exception as e:  # a misconfigured server: say so, do not crash
                     log.warning("cannot load tokenizer %s", name, exc_info=True)
                     raise ApiError(
@@ -80,7 +87,7 @@ class RolloutService:
                         f"the server's tokenizer {Path(name).name!r} cannot be loaded: {type(e).__name__}",
                         code="tokenizer_unavailable",
                     ) from None
-        return self._chats[name]
+        return self._chats[key]
 
     async def run(self, req: RolloutRequest) -> RolloutResult:
         """One episode; inference and environment failures are recorded in the trajectory, not raised."""
@@ -99,7 +106,7 @@ class RolloutService:
             )
         self.running += 1
         try:
-            chat = await self.chat_format(req.tokenizer)
+            chat = await self.chat_format(req.tokenizer, req.tool_parser)
             headers = {"Authorization": f"Bearer {req.api_key}"} if req.api_key else None
             client = InferenceClient(
                 [req.base_url],

@@ -442,3 +442,14 @@ def test_rollout_tokenizer_choice(tmp_path: Path) -> None:
         r = c.post("/v1/rollouts", json={**body, "tokenizer": tmp_path.name})
         assert r.status_code == 409 and r.json()["error"] == "tokenizer_unavailable"
         assert c.post("/v1/rollouts", json={**body, "task_id": "nope"}).status_code == 404
+
+
+def test_rollout_tool_parser_choice(tmp_path: Path) -> None:
+    """The caller names its model's tool parser; an unknown name is a clear 422 listing the valid ones."""
+    with make_client(tokenizers=[str(tmp_path)]) as c:
+        body = {"env": "calc", "task_id": "calc-test-0", "base_url": "http://127.0.0.1:9", "model": "m"}
+        r = c.post("/v1/rollouts", json={**body, "tool_parser": "nope"})
+        assert r.status_code == 422 and r.json()["error"] == "unknown_tool_parser"
+        assert "llama3_json" in r.json()["message"]
+        r = c.post("/v1/rollouts", json={**body, "tool_parser": "llama3_json"})
+        assert r.status_code == 409 and r.json()["error"] == "tokenizer_unavailable"  # a known parser passes

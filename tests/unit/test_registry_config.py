@@ -59,14 +59,15 @@ def test_cli_flag_set_is_pinned() -> None:
         if hasattr(cmd, "params")
     }
     assert flags["train"] == sorted(
-        ["--env", "--config", "--model", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
+        ["--env", "--config", "--model", "--tool-parser", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
          "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
-        ["--env", "--config", "--model", "--adapter", "--n", "--temperature", "--tasks", "--endpoint",
-         "--policy", "--verbose", "-v"]
+        ["--env", "--config", "--model", "--tool-parser", "--adapter", "--n", "--temperature", "--tasks",
+         "--endpoint", "--policy", "--verbose", "-v"]
     )
+    assert flags["doctor"] == sorted(["--model", "--tool-parser", "--json"])
 
 
 def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:

@@ -1,0 +1,117 @@
+"""One multi-turn calc episode per model family on a real vLLM server, with a tiny random model built on the
+family's test tokenizer (published chat template and special tokens; see tests/fixtures_families.py).
+
+The model's output is noise, so its first turn is a scripted tool call written exactly as the family's
+template shows one (a random model never writes one); every later turn is sampled by the engine. What must
+hold: the family's parser reads the call, the tool runs, the observation delta is the template's, the
+engine's prompts extend each other token by token, and each engine turn ends on one of the family's stop
+tokens (kept in the trajectory) or is cut by its token budget.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from agentrl.chat import ChatFormat
+from agentrl.config import SamplingConfig
+from agentrl.envs.calc import CalcEnv
+from agentrl.inference.client import Generation, InferenceClient
+from agentrl.rollout import run_episode
+from agentrl.types import StopReason
+from tests.conftest import require
+from tests.fixtures_families import FAMILIES, build_family_model
+
+pytestmark = pytest.mark.integration
+
+
+class ShortCalc(CalcEnv):
+    """Calc with short turns: the engine's turns are noise."""
+
+    max_tokens_per_turn: ClassVar[int] = 24
+
+
+def _tool_call_ids(chat: ChatFormat, tools: list[dict[str, Any]]) -> list[int]:
+    """An assistant turn calling calculate(expression="2 + 3"), rendered by the family's template."""
+    call = {"id": "abc123xyz", "type": "function", "function": {"name": "calculate",
+                                                                "arguments": {"expression": "2 + 3"}}}
+    msgs = [{"role": "user", "content": "Add them."}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    head = chat._render(msgs[:1], tools, gen=True)
+    ids = chat.encode(chat._render(msgs, tools, gen=False)[len(head):])
+    end = next(j for j, t in enumerate(ids) if t in chat.stop_token_ids)
+    return ids[: end + 1]
+
+
+class FirstTurnScripted:
+    """The first turn is a scripted tool call; every later turn comes from the real engine (recorded)."""
+
+    def __init__(self, inner: InferenceClient, first: list[int]) -> None:
+        self.inner, self.first = inner, first
+        self.calls: list[tuple[list[int], Generation]] = []
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
+        if not self.calls and self.first:
+            gen = Generation(token_ids=list(self.first), logprobs=[0.0] * len(self.first), finish_reason="stop",
+                             weight_versions=None, routed_experts=None, endpoint="scripted")
+        else:
+            gen = await self.inner.generate(prompt_ids, **kw)
+        self.calls.append((list(prompt_ids), gen))
+        return gen
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from transformers import AutoTokenizer
+
+    from agentrl.inference import VLLMServer, VLLMServerConfig
+
+    family = FAMILIES[request.param]
+    model_dir: Path = build_family_model(family, tmp_path_factory.mktemp(request.param.replace(".", "_")))
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), family.tool_parser, model_dir=model_dir)
+    cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=1024, enable_lora=False,
+                           worker_extension=None, startup_timeout_s=300)
+    server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
+    server.start()
+    try:
+        yield request.param, chat, server
+    finally:
+        server.stop()
+
+
+async def test_multi_turn_episode_on_the_engine(family_server: tuple[str, ChatFormat, Any]) -> None:
+    name, chat, server = family_server
+    tools = ShortCalc.tool_schemas()
+    first = _tool_call_ids(chat, tools)
+    stopped = 0
+    async with InferenceClient([server.url]) as client:
+        for task in ShortCalc.tasks("test")[:4]:
+            gen = FirstTurnScripted(client, first)
+            traj = await run_episode(ShortCalc, task, gen, chat, SamplingConfig(temperature=1.0))
+            assert not traj.failed, (name, traj.error)
+            traj.check()
+            assert traj.num_turns >= 2 and traj.num_tool_calls >= 1, (name, traj.messages)
+            assert [m.role for m in traj.messages[:4]] == ["system", "user", "assistant", "tool"]
+            assert traj.messages[2].tool_calls[0].name == "calculate"
+            assert traj.messages[3].content == "5"
+            # the observation after the scripted call is the template's rendering of the tool result
+            obs = traj.completion_ids[len(first): len(first) + traj.loss_mask[len(first):].index(1)]
+            assert obs == chat.observation_ids([traj.messages[3].to_openai()], tools, ended_with=first[-1])
+            assert "5" in chat.tokenizer.decode(obs)
+            # token-faithful: each engine prompt is the previous prompt plus its output plus the delta
+            for (p0, g0), (p1, _) in zip(gen.calls, gen.calls[1:], strict=False):
+                assert p1[: len(p0) + len(g0.token_ids)] == p0 + g0.token_ids
+            assert gen.calls[0][0] == traj.prompt_ids
+            for _, g in gen.calls[1:]:  # engine turns: a stop token ends them (and is kept), or the budget
+                if g.finish_reason == "stop":
+                    assert g.token_ids[-1] in chat.stop_token_ids, (name, g.token_ids[-5:])
+                    stopped += 1
+                else:
+                    assert g.finish_reason == "length" and len(g.token_ids) == ShortCalc.max_tokens_per_turn
+            assert traj.stop_reason in (StopReason.COMPLETED, StopReason.MAX_TOKENS, StopReason.MAX_TURNS,
+                                        StopReason.PARSE_ERROR), traj.stop_reason
+    assert stopped >= 1, f"{name}: no engine turn ended on a stop token in 4 episodes"
