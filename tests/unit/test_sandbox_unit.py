@@ -160,3 +160,24 @@ async def test_unreachable_engine_is_a_clear_error(tmp_path) -> None:
     cfg = SandboxConfig(docker_host=f"unix://{tmp_path}/missing.sock", image="x")
     with pytest.raises(SandboxUnavailable, match=r"no Docker engine reachable at .*provision\.sh or set DOCKER_HOST"):
         await SandboxPool(cfg).start()
+
+
+def test_image_pools_keep_the_first_images_of_the_plan_then_recent_ones() -> None:
+    from agentrl.sandbox.image_pools import ImagePools
+
+    pools = ImagePools(SandboxConfig(image="x"), per_image=1, max_images=2)
+    assert pools.wanted() == []
+    pools.plan(["a", "a", "b", "", "c", "b"])
+    assert pools.wanted() == ["a", "b"]  # bounded: c waits until a or b is consumed
+    pools._plan.remove("a")
+    pools._plan.remove("a")
+    assert pools.wanted() == ["b", "c"]
+    pools._recent["z"] = None  # after the plan: the most recently used images
+    pools.plan(["b"])
+    assert pools.wanted() == ["b", "z"]
+    pools._failed["b"] = "no such image"
+    assert pools.wanted() == ["z"]
+    pools.plan(["b"])  # re-planned: tried again
+    assert pools.wanted() == ["b", "z"]
+    with pytest.raises(ValueError):
+        ImagePools(SandboxConfig(image="x"), per_image=-1)
