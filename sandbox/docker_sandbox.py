@@ -39,6 +39,7 @@ from ._util import (
     wrap_command,
 )
 from .config import ExecResult, SandboxConfig, default_owner
+from .runtime import reap_runtime_leftovers
 
 __all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
 OOM_COUNTER_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
@@ -94,6 +95,8 @@ class DockerSandbox:
         except Exception as e:
             if self.id:
                 self._remove_sync()
+                if cfg.runtime != "runc":  # e.g. a hung runsc start leaves its sandbox and gofer running
+                    reap_runtime_leftovers(self.id)
             if is_connection_error(e):
                 raise SandboxUnavailable(f"no Docker engine reachable at {docker_host(cfg.docker_host)}: "
                                          f"start one with sandbox/provision.sh or set DOCKER_HOST ({e})") from e

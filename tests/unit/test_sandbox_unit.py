@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -110,7 +111,7 @@ def test_config_defaults_are_safe() -> None:
     assert not any("seccomp" in s or "apparmor" in s for s in kw["security_opt"])
     assert kw["mem_limit"] == kw["memswap_limit"] == "1024m"
     assert kw["pids_limit"] == 128 and kw["nano_cpus"] == 10**9
-    assert kw["command"] == ["sleep", "3600"] and kw["init"] is True
+    assert kw["command"] == ["sleep", "3600"] and kw["init"] is True and kw["runtime"] == "runc"
     assert kw["user"] == "1001:1001" != cfg.user == "1000:1000"
     assert "privileged" not in kw and "volumes" not in kw and "devices" not in kw
     assert "size=512m" in kw["mounts"][0]["VolumeOptions"]["DriverConfig"]["Options"]["o"]
@@ -119,7 +120,7 @@ def test_config_defaults_are_safe() -> None:
 
 def test_config_bounds() -> None:
     for bad in ({"user": "0:0"}, {"user": "1000:0"}, {"keeper_user": "0:1"}, {"pids_limit": 0},
-                {"mem_mb": 1}, {"lifetime_s": 1}, {"max_output_bytes": 10}, {"workspace": "rel"},
+                {"mem_mb": 1}, {"lifetime_s": 1}, {"max_output_bytes": 10}, {"workspace": "rel"}, {"runtime": "run c"},
                 {"unknown": 1}):
         with pytest.raises(ValidationError):
             SandboxConfig(**bad)
@@ -181,3 +182,33 @@ def test_image_pools_keep_the_first_images_of_the_plan_then_recent_ones() -> Non
     assert pools.wanted() == ["b", "z"]
     with pytest.raises(ValueError):
         ImagePools(SandboxConfig(image="x"), per_image=-1)
+
+
+def test_runsc_gets_a_host_pids_budget_for_the_sentry() -> None:
+    from agentrl.sandbox.runtime import host_pids_limit
+
+    assert container_kwargs(SandboxConfig(), "img", {})["pids_limit"] == 128
+    kw = container_kwargs(SandboxConfig(runtime="runsc"), "img", {})
+    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 128 * 9 + 53
+
+
+def test_runtime_leftovers_are_found_by_container_id_and_killed(tmp_path) -> None:
+    from agentrl.sandbox.runtime import reap_runtime_leftovers, runtime_pids
+
+    cid, other = "ab" * 32, "cd" * 32
+    fake = tmp_path / "runsc-sandbox"
+    fake.symlink_to(sys.executable)
+    procs = [subprocess.Popen([str(fake), "-c", "import time; time.sleep(120)", f"--bundle=/run/x/{c}"])
+             for c in (cid, other)]
+    try:
+        for _ in range(100):  # until the cmdlines are visible
+            if runtime_pids(cid) and runtime_pids(other):
+                break
+            time.sleep(0.05)
+        assert runtime_pids(cid) == [procs[0].pid] and runtime_pids("ab" * 6) == []
+        assert reap_runtime_leftovers(cid) == [procs[0].pid]
+        assert procs[0].wait(10) == -9 and procs[1].poll() is None  # only the named container's process
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
