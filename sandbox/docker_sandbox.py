@@ -100,7 +100,10 @@ class DockerSandbox:
             if is_connection_error(e):
                 raise SandboxUnavailable(f"no Docker engine reachable at {docker_host(cfg.docker_host)}: "
                                          f"start one with sandbox/provision.sh or set DOCKER_HOST ({e})") from e
-            raise SandboxError(f"could not start a sandbox from {self.image}: {e}") from e
+            hint = ""
+            if cfg.runtime != "runc" and "runtime" in str(e):
+                hint = f" (is the runtime {cfg.runtime!r} registered with the engine? sandbox/provision.sh registers runsc)"
+            raise SandboxError(f"could not start a sandbox from {self.image}: {e}{hint}") from e
         self.started_at = time.time()
         if cfg.fast_exec:  # start the helper now (off the critical path when pooled)
             helper = self._helper_for_exec()
