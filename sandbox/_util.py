@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .runtime import host_pids_limit
+from .runtime import guest_ulimits, host_pids_limit
 
 if TYPE_CHECKING:
     from .config import SandboxConfig
@@ -224,7 +224,7 @@ def container_kwargs(cfg: SandboxConfig, image: str, labels: dict[str, str]) -> 
         "memswap_limit": f"{cfg.mem_mb}m",
         "nano_cpus": int(cfg.cpus * 1e9),
         "ulimits": [{"name": "nofile", "soft": cfg.nofile, "hard": cfg.nofile},
-                    {"name": "core", "soft": 0, "hard": 0}],
+                    {"name": "core", "soft": 0, "hard": 0}, *guest_ulimits(cfg.runtime, cfg.pids_limit)],
         "ipc_mode": "private",
         "oom_score_adj": 500,  # under host memory pressure, sandboxes go first
         "log_config": {"type": "none", "config": {}},

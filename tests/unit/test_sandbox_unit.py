@@ -189,7 +189,9 @@ def test_runsc_gets_a_host_pids_budget_for_the_sentry() -> None:
 
     assert container_kwargs(SandboxConfig(), "img", {})["pids_limit"] == 128
     kw = container_kwargs(SandboxConfig(runtime="runsc"), "img", {})
-    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 128 * 9 + 53
+    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 128 * 15 + 53
+    assert {"name": "nproc", "soft": 128, "hard": 128} in kw["ulimits"]  # counted inside gVisor's kernel
+    assert not any(u["name"] == "nproc" for u in container_kwargs(SandboxConfig(), "img", {})["ulimits"])
 
 
 def test_runtime_leftovers_are_found_by_container_id_and_killed(tmp_path) -> None:
