@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 import uuid
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -40,8 +41,9 @@ def _context(sandbox_image: str, files: dict[str, str]) -> io.BytesIO:
 
 
 @pytest.fixture(scope="module")
-def task_images(swe_image: str) -> list[str]:  # noqa: F811
-    """Three task images (same content, three names, as three SWE-bench instances of one repository)."""
+def task_images(swe_image: str) -> Iterator[list[str]]:  # noqa: F811
+    """Three task images (same content, three names, as three SWE-bench instances of one repository);
+    removed afterwards."""
     client = _docker()
     ctx = _context(swe_image, base_tree(SweTask.model_validate(BASE)))
     client.images.build(fileobj=ctx, custom_context=True, tag="agentrl-test-task:a", rm=True, forcerm=True,
@@ -50,7 +52,9 @@ def task_images(swe_image: str) -> list[str]:  # noqa: F811
     for t in TAGS:
         client.api.tag("agentrl-test-task:a", "agentrl-test-task", t)
         names.append(f"agentrl-test-task:{t}")
-    return names
+    yield names
+    for name in names:
+        client.images.remove(name, noprune=False)
 
 
 def _image_task(image: str, i: int) -> dict[str, Any]:
