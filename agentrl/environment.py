@@ -235,6 +235,12 @@ class Environment:
         what `setup_run` started. Default: nothing."""
 
     @classmethod
+    def upcoming(cls, tasks: Sequence[Task]) -> None:
+        """Called by the run with the tasks it is about to start, in order (evaluation: all of them;
+        training: each batch), so that the environment can prepare for them (e.g. warm sandboxes of the
+        tasks' images). Must be fast and never fail the run. Default: nothing."""
+
+    @classmethod
     def reference_solution(cls, task: Task) -> list[tuple[str, dict[str, Any]]]:
         """Tool calls ``(name, arguments)`` that solve ``task``, in order. Optional; ``agentrl eval
         --policy oracle`` replays them through the normal tool dispatch to check tools and reward."""

@@ -127,6 +127,7 @@ async def run_scripted(env_cls: type[Environment], tasks: Sequence[Task], policy
             gen = ScriptedGenerator(policy.turns(env_cls, task), chat)
             return await run_episode(env_cls, task, gen, chat, sampling)  # type: ignore[arg-type]
 
+    env_cls.upcoming(tasks)
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 

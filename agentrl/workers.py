@@ -66,4 +66,5 @@ class RolloutWorkers:
                 on_done(group)
             return group
 
+        self.env_cls.upcoming(tasks)
         return list(await asyncio.gather(*(one(t) for t in tasks)))

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .runtime import guest_ulimits, host_pids_limit
+
 if TYPE_CHECKING:
     from .config import SandboxConfig
 
@@ -206,6 +208,7 @@ def container_kwargs(cfg: SandboxConfig, image: str, labels: dict[str, str]) -> 
         "environment": dict(cfg.env),
         "working_dir": cfg.workspace,
         "hostname": "sandbox",
+        "runtime": cfg.runtime,
         "network_mode": cfg.network_mode,
         "read_only": cfg.read_only_root,
         # The workspace is an anonymous volume backed by a size-capped tmpfs: writable from inside, reachable
@@ -216,12 +219,12 @@ def container_kwargs(cfg: SandboxConfig, image: str, labels: dict[str, str]) -> 
         "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={cfg.tmp_mb}m,mode=1777"},
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on
-        "pids_limit": cfg.pids_limit,
+        "pids_limit": host_pids_limit(cfg.runtime, cfg.pids_limit),
         "mem_limit": f"{cfg.mem_mb}m",
         "memswap_limit": f"{cfg.mem_mb}m",
         "nano_cpus": int(cfg.cpus * 1e9),
         "ulimits": [{"name": "nofile", "soft": cfg.nofile, "hard": cfg.nofile},
-                    {"name": "core", "soft": 0, "hard": 0}],
+                    {"name": "core", "soft": 0, "hard": 0}, *guest_ulimits(cfg.runtime, cfg.pids_limit)],
         "ipc_mode": "private",
         "oom_score_adj": 500,  # under host memory pressure, sandboxes go first
         "log_config": {"type": "none", "config": {}},

@@ -33,6 +33,10 @@ class SandboxConfig(BaseModel):
     """Engine address (e.g. ``unix:///run/agentrl-docker.sock``); None means ``$DOCKER_HOST`` or the default socket."""
     owner: str = ""
     """Run id written to the ``agentrl.owner`` label (for cleanup); "" means ``$AGENTRL_RUN_ID`` or a per-process id."""
+    runtime: str = Field("runc", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """OCI runtime of the container, as registered with the engine: ``runc`` (the default, a shared kernel) or
+    ``runsc`` (gVisor: the container's system calls go to a user-space kernel). ``sandbox/provision.sh``
+    installs ``runsc`` and registers it (with ``--network=none``)."""
     network_mode: str = "none"
     """Docker network mode. "none" gives the container a loopback interface only: no egress, no DNS, no host access."""
     read_only_root: bool = True
@@ -53,7 +57,8 @@ class SandboxConfig(BaseModel):
     """``uid:gid`` of the container's init and lifetime timer; different from ``user`` so sandboxed code cannot
     kill them and the post-timeout reaper (``kill -9 -1`` as ``user``) spares them."""
     pids_limit: int = Field(128, ge=16, le=32768)
-    """Maximum number of processes/threads in the container (fork bombs stop here)."""
+    """Maximum number of processes/threads in the container (fork bombs stop here). Under ``runsc`` the
+    engine's limit is scaled to leave room for gVisor's own host threads (see `agentrl.sandbox.runtime`)."""
     mem_mb: int = Field(1024, ge=32, le=1048576)
     """Memory limit, MiB, tmpfs pages included; swap is disabled (memswap = memory), so exceeding it
     OOM-kills inside the container (reported in ``ExecResult.oom_killed`` and the output)."""

@@ -39,6 +39,7 @@ from ._util import (
     wrap_command,
 )
 from .config import ExecResult, SandboxConfig, default_owner
+from .runtime import reap_runtime_leftovers
 
 __all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
 OOM_COUNTER_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
@@ -94,10 +95,15 @@ class DockerSandbox:
         except Exception as e:
             if self.id:
                 self._remove_sync()
+                if cfg.runtime != "runc":  # e.g. a hung runsc start leaves its sandbox and gofer running
+                    reap_runtime_leftovers(self.id)
             if is_connection_error(e):
                 raise SandboxUnavailable(f"no Docker engine reachable at {docker_host(cfg.docker_host)}: "
                                          f"start one with sandbox/provision.sh or set DOCKER_HOST ({e})") from e
-            raise SandboxError(f"could not start a sandbox from {self.image}: {e}") from e
+            hint = ""
+            if cfg.runtime != "runc" and "runtime" in str(e):
+                hint = f" (is the runtime {cfg.runtime!r} registered with the engine? sandbox/provision.sh registers runsc)"
+            raise SandboxError(f"could not start a sandbox from {self.image}: {e}{hint}") from e
         self.started_at = time.time()
         if cfg.fast_exec:  # start the helper now (off the critical path when pooled)
             helper = self._helper_for_exec()

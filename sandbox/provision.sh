@@ -12,6 +12,13 @@
 #     log $AGENTRL_DOCKER_ROOT/dockerd.log. If that pidfile names a live dockerd, it is reused;
 #     if it names a dead process, the daemon is restarted. Nothing is ever killed by name.
 #   * debootstrap is installed as well (needed to build the sandbox image offline).
+#   * gVisor: runsc is installed (apt) and registered as the OCI runtime "runsc" (with --network=none) in
+#     $AGENTRL_DOCKER_CONFIG (default /etc/docker/daemon.json, the file a dockerd started without
+#     --config-file reads; other keys are kept). A project dockerd started here reads it; an already
+#     running project dockerd (our pidfile) that lacks the runtime is sent SIGHUP, which reloads
+#     `runtimes` without touching running containers. Another engine is never signalled: the script says
+#     what to do. AGENTRL_GVISOR=0 skips all of this; AGENTRL_GVISOR=required fails when runsc cannot be
+#     registered (CI).
 # Only the `export DOCKER_HOST=...` line goes to stdout; progress goes to stderr.
 set -euo pipefail
 
@@ -20,6 +27,8 @@ SOCK="${AGENTRL_DOCKER_SOCK:-/run/agentrl-docker.sock}"
 PIDFILE="$ROOT/dockerd.pid"
 LOG="$ROOT/dockerd.log"
 WAIT_S="${AGENTRL_DOCKER_WAIT_S:-60}"
+GVISOR="${AGENTRL_GVISOR:-1}"
+DAEMON_JSON="${AGENTRL_DOCKER_CONFIG:-/etc/docker/daemon.json}"
 OWN_HOST="unix://$SOCK"
 
 say() { echo "provision: $*" >&2; }
@@ -54,19 +63,90 @@ apt_install() {  # install missing apt packages: $@ = "command:package" pairs
 # debootstrap is needed by the offline image recipe, whichever engine is used.
 apt_install debootstrap:debootstrap
 
+gvisor_fail() {
+    if [ "$GVISOR" = "required" ]; then say "gVisor: $*"; exit 1; fi
+    say "gVisor (optional): $*"
+}
+
+# Install runsc and write its runtime entry into $DAEMON_JSON (idempotent; other keys kept).
+register_runsc() {
+    [ "$GVISOR" = "0" ] && return 0
+    apt_install runsc:runsc || { gvisor_fail "runsc could not be installed"; return 0; }
+    local runsc
+    runsc="$(command -v runsc)"
+    sudo_ mkdir -p "$(dirname "$DAEMON_JSON")"
+    sudo_ python3 - "$DAEMON_JSON" "$runsc" <<'PY' >&2 || gvisor_fail "could not write $DAEMON_JSON"
+import json, os, sys
+path, runsc = sys.argv[1], sys.argv[2]
+cfg = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+entry = {"path": runsc, "runtimeArgs": ["--network=none"]}
+if cfg.get("runtimes", {}).get("runsc") == entry:
+    sys.exit(0)
+cfg.setdefault("runtimes", {})["runsc"] = entry
+tmp = path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(cfg, f, indent=2, sort_keys=True)
+os.replace(tmp, path)
+print(f"provision: registered runsc ({runsc}) in {path}")
+PY
+}
+
+has_runsc() {  # $1: DOCKER_HOST value ("" = the CLI's default)
+    local rt
+    if [ -n "$1" ]; then
+        rt="$(DOCKER_HOST="$1" timeout 15 docker info --format '{{json .Runtimes}}' 2>/dev/null || true)"
+    else
+        rt="$(env -u DOCKER_HOST timeout 15 docker info --format '{{json .Runtimes}}' 2>/dev/null || true)"
+    fi
+    case "$rt" in *'"runsc"'*) return 0 ;; *) return 1 ;; esac
+}
+
+our_pid() {  # the live project dockerd's pid, or nothing
+    local pid
+    pid="$(cat "$PIDFILE" 2>/dev/null || true)"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q dockerd "/proc/$pid/cmdline" 2>/dev/null; then
+        echo "$pid"
+    fi
+}
+
+# Make the engine at $1 offer runsc: reload our own dockerd (SIGHUP), never another one.
+ensure_runsc() {
+    [ "$GVISOR" = "0" ] && return 0
+    command -v runsc >/dev/null 2>&1 || return 0  # already reported by register_runsc
+    if has_runsc "$1"; then
+        say "gVisor: runtime runsc available"
+        return 0
+    fi
+    local pid
+    pid="$(our_pid)"
+    if [ "$1" = "$OWN_HOST" ] && [ -n "$pid" ]; then
+        say "gVisor: reloading our dockerd (pid $pid, SIGHUP) to add runsc"
+        sudo_ kill -HUP "$pid"
+        for _ in $(seq 1 20); do has_runsc "$1" && { say "gVisor: runtime runsc available"; return 0; }; sleep 0.5; done
+        gvisor_fail "dockerd did not load runsc from $DAEMON_JSON (see $LOG)"
+    else
+        gvisor_fail "the engine at ${1:-the default socket} is not ours: add runsc to its daemon.json (see $DAEMON_JSON) and reload it (SIGHUP)"
+    fi
+}
+
+register_runsc
+
 # 1. An engine that already works: use it, start nothing.
 if [ -n "${DOCKER_HOST:-}" ] && engine_ok "$DOCKER_HOST"; then
     say "engine reachable at $DOCKER_HOST"
+    ensure_runsc "$DOCKER_HOST"
     echo "export DOCKER_HOST=$DOCKER_HOST"
     exit 0
 fi
 if engine_ok ""; then
     say "engine reachable at the default socket"
+    ensure_runsc ""
     echo "unset DOCKER_HOST"
     exit 0
 fi
 if [ -S "$SOCK" ] && engine_ok "$OWN_HOST"; then
     say "project engine already running at $OWN_HOST"
+    ensure_runsc "$OWN_HOST"
     echo "export DOCKER_HOST=$OWN_HOST"
     exit 0
 fi
@@ -105,8 +185,10 @@ if [ -z "$pid" ]; then
     [ -S "$SOCK" ] && sudo_ rm -f "$SOCK"   # a socket left by a dead daemon
     say "starting dockerd (data $ROOT/data, socket $SOCK, log $LOG)"
     # setsid: the daemon must outlive this script and the CI step's process group.
+    cfg_args=()
+    [ -f "$DAEMON_JSON" ] && cfg_args=(--config-file "$DAEMON_JSON")
     sudo_ setsid dockerd --host "$OWN_HOST" --data-root "$ROOT/data" --exec-root "$ROOT/exec" \
-        --pidfile "$PIDFILE" --storage-driver overlay2 >>"$LOG" 2>&1 </dev/null &
+        --pidfile "$PIDFILE" --storage-driver overlay2 "${cfg_args[@]}" >>"$LOG" 2>&1 </dev/null &
     disown || true
 fi
 
@@ -120,4 +202,5 @@ until [ -S "$SOCK" ] && engine_ok "$OWN_HOST"; do
     sleep 0.5
 done
 say "dockerd ready (pid $(cat "$PIDFILE" 2>/dev/null || echo '?')) at $OWN_HOST"
+ensure_runsc "$OWN_HOST"
 echo "export DOCKER_HOST=$OWN_HOST"

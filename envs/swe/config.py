@@ -33,6 +33,11 @@ class SweConfig(BaseModel):
     SWE-bench images."""
     pool_size: int = Field(2, ge=0, le=64)
     """Warm sandboxes of the default image kept ready by the run's pool."""
+    image_pool_size: int = Field(1, ge=0, le=16)
+    """Warm sandboxes kept per task image (tasks with an ``image`` field), for the images of the next tasks."""
+    image_pool_images: int = Field(2, ge=0, le=64)
+    """Task images kept warm at once: the first ones of the upcoming tasks, in the run's order (then the
+    most recently used). At most ``image_pool_size * image_pool_images`` idle task-image sandboxes exist."""
     max_sandboxes: int = Field(8, ge=1, le=512)
     """Sandboxes in use at once across the run (an episode holds one at a time: the agent's, then the
     grader's)."""

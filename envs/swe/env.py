@@ -100,6 +100,14 @@ class SweEnv(Environment):
         cls._run = runner
 
     @classmethod
+    def upcoming(cls, tasks: Sequence[Task]) -> None:
+        """Warm the images of these tasks (two sandboxes each: the agent's and the grader's), in order."""
+        runner = cls.__dict__.get("_run")
+        if runner is not None:
+            images = [t.get("image") for t in tasks if isinstance(t, dict)]
+            runner.plan([i for i in images if isinstance(i, str) and i for _ in range(2)])
+
+    @classmethod
     async def teardown_run(cls) -> None:
         """Close the pool and remove every sandbox of this run."""
         runner, cls._run = cls.__dict__.get("_run"), None

@@ -4,7 +4,8 @@ Grading never trusts the agent's sandbox: only the agent's ``git diff`` against 
 it, protected paths (tests, test configuration, the test patch's files) are removed from that diff
 (`protect.filter_patch`), and the rest is applied to a fresh copy of the base tree in a NEW sandbox,
 followed by the test patch. Then pytest runs the test files of FAIL_TO_PASS and PASS_TO_PASS, and a
-small plugin records every test's outcome.
+small plugin records every test's outcome; or, for a task with its own ``test_cmd``, that command runs and
+the task's log parser (`agentrl.envs.swe.logparse`) reads its output.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pathlib import Path
 
 from agentrl.envs.swe import gitobj
 from agentrl.envs.swe.config import GRADE_DIR, REPO_DIR, SweConfig
+from agentrl.envs.swe.logparse import parse_log
 from agentrl.envs.swe.protect import filter_patch
 from agentrl.envs.swe.repo import base_tree, materialize
 from agentrl.envs.swe.results import Score, files_of, score, statuses
 from agentrl.envs.swe.task import SweTask
-from agentrl.sandbox import DockerSandbox, SandboxError
+from agentrl.sandbox import DockerSandbox, ExecResult, SandboxError
 
 PLUGIN_SOURCE = Path(__file__).with_name("grade_plugin.py")
 PLUGIN_MODULE = "agentrl_grade_plugin"
@@ -110,7 +112,7 @@ class GradeResult:
     """The test run hit ``test_timeout_s``."""
     error: str | None = None
     output: str = ""
-    """The tail of pytest's output (for humans)."""
+    """The tail of the test run's output (for humans)."""
     seconds: float = 0.0
 
     @property
@@ -133,7 +135,6 @@ async def grade(sb: DockerSandbox, task: SweTask, agent_patch: str, config: SweC
     t0 = time.perf_counter()
     patch, dropped = filter_patch(agent_patch, task.test_paths)
     await put_base_tree(sb, task, config)
-    await sb.write_file(f"{GRADE_DIR}/{PLUGIN_MODULE}.py", PLUGIN_SOURCE.read_bytes())
     await sb.write_file(f"{GRADE_DIR}/tests.diff", task.test_patch)
     if patch.strip():
         await sb.write_file(f"{GRADE_DIR}/agent.diff", patch)
@@ -144,6 +145,20 @@ async def grade(sb: DockerSandbox, task: SweTask, agent_patch: str, config: SweC
     if task.test_patch.strip():
         await _run(sb, f"{_GIT} apply --whitespace=nowarn {GRADE_DIR}/tests.diff", 60, "applying the test patch",
                    workdir=REPO_DIR)
+    command = task.test_command()
+    if command is None:
+        status, r, error = await _run_pytest(sb, task, config)
+    else:
+        status, r, error = await _run_test_cmd(sb, task, command, config)
+    return GradeResult(score(status, task.FAIL_TO_PASS, task.PASS_TO_PASS), applied=True, dropped=dropped,
+                       timed_out=r.timed_out, output=r.output[-2000:], seconds=time.perf_counter() - t0,
+                       error=error)
+
+
+async def _run_pytest(sb: DockerSandbox, task: SweTask, config: SweConfig) -> tuple[dict[str, str], ExecResult,
+                                                                                       str | None]:
+    """The default run: pytest on the test files of the listed node ids, outcomes recorded by the plugin."""
+    await sb.write_file(f"{GRADE_DIR}/{PLUGIN_MODULE}.py", PLUGIN_SOURCE.read_bytes())
     results = f"{GRADE_DIR}/results.json"
     files = " ".join(shlex.quote(f) for f in files_of(task.test_ids))
     cmd = (f"{shlex.quote(config.python)} -m pytest -p {PLUGIN_MODULE} -p no:cacheprovider -q --tb=short "
@@ -154,6 +169,22 @@ async def grade(sb: DockerSandbox, task: SweTask, agent_patch: str, config: SweC
         raw = json.loads(await sb.read_file(results))
     except (FileNotFoundError, ValueError):
         raw = {}
-    return GradeResult(score(statuses(raw), task.FAIL_TO_PASS, task.PASS_TO_PASS), applied=True, dropped=dropped,
-                       timed_out=r.timed_out, output=r.output[-2000:], seconds=time.perf_counter() - t0,
-                       error=None if raw else "the test run produced no results")
+    return statuses(raw), r, None if raw else "the test run produced no results"
+
+
+async def _run_test_cmd(sb: DockerSandbox, task: SweTask, command: str, config: SweConfig
+                        ) -> tuple[dict[str, str], ExecResult, str | None]:
+    """The task's own test command; its whole output goes to a log file (not the bounded exec output), which
+    the task's log parser reads."""
+    log_path = f"{GRADE_DIR}/test.log"
+    r = await sb.exec(f"( {command}\n) > {log_path} 2>&1", timeout=config.test_timeout_s, workdir=REPO_DIR,
+                      env={"PYTHONDONTWRITEBYTECODE": "1"})
+    try:
+        log = (await sb.read_file(log_path)).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return {}, r, "the test command wrote no log"
+    except ValueError:
+        return {}, r, f"the test log is larger than max_file_bytes={sb.config.max_file_bytes}"
+    r = ExecResult(r.exit_code, log[-4000:] + r.output[-1000:], r.timed_out, r.duration, r.truncated, r.oom_killed)
+    found = parse_log(task.log_parser, log)
+    return found, r, None if found else f"the {task.log_parser} log parser found no test results"

@@ -1,4 +1,5 @@
-"""The sandboxes of a run: a warm pool for the default image, cold starts for task images, and cleanup.
+"""The sandboxes of a run: a warm pool for the default image, warm pools for the images of the next tasks
+(`ImagePools`, fed by `plan`), and cleanup.
 
 One `SandboxRun` serves every episode of a training or evaluation run (`SweEnv.setup_run` creates it).
 All its containers carry the run's owner label, so `teardown` (or ``agentrl sandbox gc --owner``) removes
@@ -15,6 +16,7 @@ import secrets
 
 from agentrl.envs.swe.config import SweConfig
 from agentrl.sandbox import DockerSandbox, SandboxPool, cleanup_on_start, gc
+from agentrl.sandbox.image_pools import ImagePools
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,7 @@ class SandboxRun:
         self.pooled = pooled
         self.sandbox_config = config.sandbox.model_copy(update={"owner": self.owner, "image": config.image})
         self.pool: SandboxPool | None = None
+        self.image_pools: ImagePools | None = None
         self._slots = asyncio.Semaphore(config.max_sandboxes)
         self._pooled_ids: set[str] = set()
         self.orphans_removed: list[str] = []
@@ -42,7 +45,15 @@ class SandboxRun:
                                     max_concurrency=self.config.max_sandboxes)
             await self.pool.start()
             self.sandbox_config = self.pool.config  # with the resolved image tag
+            if self.config.image_pool_size and self.config.image_pool_images:
+                self.image_pools = await ImagePools(self.sandbox_config, per_image=self.config.image_pool_size,
+                                                    max_images=self.config.image_pool_images).start()
         return self
+
+    def plan(self, images: list[str]) -> None:
+        """The task images of the next acquisitions, in order (their sandboxes are started ahead)."""
+        if self.image_pools is not None:
+            self.image_pools.plan(images)
 
     async def acquire(self, image: str | None = None) -> DockerSandbox:
         """A started sandbox of ``image`` (None: the run's default image), for one use."""
@@ -52,6 +63,8 @@ class SandboxRun:
             return sb
         await self._slots.acquire()
         try:
+            if image and self.image_pools is not None:
+                return await self.image_pools.acquire(image)
             cfg = self.sandbox_config.model_copy(update={"image": image}) if image else self.sandbox_config
             return await DockerSandbox(cfg).start()
         except BaseException:
@@ -78,6 +91,8 @@ class SandboxRun:
         Also runs while the run is being cancelled (Ctrl-C, SIGTERM): the pool's refill may then have been
         cut off mid-creation, so removal is repeated until a pass finds nothing (at most 3 passes)."""
         try:
+            if self.image_pools is not None:
+                await self.image_pools.close()
             if self.pool is not None:
                 await self.pool.close()
         except BaseException as e:  # CancelledError included: clean up, then re-raise

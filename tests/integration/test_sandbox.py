@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentrl.sandbox import DockerSandbox, SandboxConfig, SandboxPool, build_image, engine_reachable, gc
+from agentrl.sandbox import (
+    DockerSandbox,
+    SandboxConfig,
+    SandboxError,
+    SandboxPool,
+    build_image,
+    engine_reachable,
+    gc,
+)
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -175,3 +183,10 @@ async def test_a_full_disk_is_an_error_message_and_the_sandbox_stays_usable(sb: 
     r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(4096)]\"", timeout=60)
     assert r.exit_code == 137 and r.oom_killed and f"limit {sb.config.mem_mb} MiB" in r.output, r
     assert (await sb.exec("rm big /tmp/big && echo ok")).output == "ok\n"
+
+
+async def test_an_unknown_runtime_is_a_clear_error_and_leaves_nothing(sandbox_image: str, owner: str) -> None:
+    cfg = SandboxConfig(image=sandbox_image, owner=owner, runtime="no-such-runtime")
+    with pytest.raises(SandboxError, match="is the runtime 'no-such-runtime' registered with the engine"):
+        await DockerSandbox(cfg).start()
+    assert gc(owner=owner) == []

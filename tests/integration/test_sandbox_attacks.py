@@ -1,5 +1,6 @@
-"""Attacks from inside a sandbox: each must be contained, and the sandbox must stay usable (`echo ok`).
-Finally: no container survives ``gc``, including those of a driver killed with SIGKILL."""
+"""Attacks from inside a sandbox, under runc and under gVisor (runsc): each must be contained, and the sandbox
+must stay usable (`echo ok`). Finally: no container survives ``gc``, including those of a driver killed
+with SIGKILL."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentrl.sandbox import DockerSandbox, SandboxConfig, build_image, engine_reachable, gc
+from agentrl.sandbox.runtime import engine_runtimes
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -27,10 +29,26 @@ def image() -> str:
     return build_image()
 
 
+@pytest.fixture(params=["runc", "runsc"])
+def runtime(request: pytest.FixtureRequest, image: str) -> str:
+    if request.param != "runc":
+        import docker
+
+        client = docker.from_env(timeout=30)
+        try:
+            have = engine_runtimes(client)
+        finally:
+            client.close()
+        require(request.param in have, f"the engine has no {request.param} runtime (it has {sorted(have)}); "
+                "run sandbox/provision.sh to install and register gVisor")
+    return request.param
+
+
 @pytest.fixture
-async def sb(image: str) -> AsyncIterator[DockerSandbox]:
+async def sb(image: str, runtime: str) -> AsyncIterator[DockerSandbox]:
     # a small memory limit keeps the bombs short; the disks shrink with it (they must fit in it)
-    cfg = SandboxConfig(image=image, owner=OWNER, mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=160)
+    cfg = SandboxConfig(image=image, owner=OWNER, mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=160,
+                        runtime=runtime)
     async with DockerSandbox(cfg) as box:
         yield box
         ok = await box.exec("echo ok", timeout=10)
@@ -45,7 +63,8 @@ def _host_ip() -> str:
 async def test_network_egress_and_dns_fail(sb: DockerSandbox) -> None:
     for target in ("1.1.1.1", "8.8.8.8", _host_ip(), "172.17.0.1"):
         r = await sb.exec(f"python3 -c \"import socket; socket.create_connection(('{target}', 80), timeout=3)\"")
-        assert r.exit_code != 0 and "Network is unreachable" in r.output, (target, r)
+        # runc: no route at all (loopback only); gVisor's netstack (--network=none) says "No route to host"
+        assert r.exit_code != 0 and ("Network is unreachable" in r.output or "No route to host" in r.output), (target, r)
     r = await sb.exec("getent hosts example.com || python3 -c \"import socket; socket.getaddrinfo('deb.debian.org', 80)\"")
     assert r.exit_code != 0
     r = await sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1")
@@ -55,17 +74,29 @@ async def test_network_egress_and_dns_fail(sb: DockerSandbox) -> None:
 
 
 async def test_writes_outside_workspace_fail(sb: DockerSandbox) -> None:
-    for path in ("/etc/evil", "/usr/bin/evil", "/evil", "/home/agent/.bashrc", "/var/tmp/x"):
+    for path in ("/home/agent/.bashrc", "/var/tmp/x"):  # writable for the user but for the read-only root
         r = await sb.exec(f"echo pwned > {path}")
         assert r.exit_code != 0 and "Read-only file system" in r.output, (path, r)
+    for path in ("/etc/evil", "/usr/bin/evil", "/evil"):  # root-owned: gVisor checks the permission first
+        r = await sb.exec(f"echo pwned > {path}")
+        denied = "Read-only file system" in r.output or (sb.config.runtime == "runsc" and "Permission denied" in r.output)
+        assert r.exit_code != 0 and denied, (path, r)
     assert (await sb.exec("echo fine > /workspace/f && echo fine > /tmp/f")).ok
     r = await sb.exec("head -c 300M /dev/zero > /tmp/fill")  # tmpfs size cap (32 MiB here)
     assert r.exit_code != 0 and "No space left" in r.output
     assert (await sb.exec("test ! -e /var/run/docker.sock && test ! -e /run/docker.sock")).ok
 
 
+def _gvisor_ends_the_sandbox(sb: DockerSandbox, what: str) -> None:
+    if sb.config.runtime == "runsc":
+        pytest.xfail(f"runsc 20221219 (ptrace platform): {what}; contained (nothing outside is affected), but the "
+                     "sandbox is lost for the rest of its episode")
+
+
 @pytest.mark.parametrize("tail", ["exec sleep 30", "exit 2"], ids=["times-out", "returns"])
 async def test_fork_bomb_is_contained(sb: DockerSandbox, tail: str) -> None:
+    _gvisor_ends_the_sandbox(sb, "the Sentry's host threads share the pids cgroup; RLIMIT_NPROC bounds the guest "
+                                 "processes, but host threads still peaked at the scaled limit and the Sentry died")
     t0 = time.monotonic()
     r = await sb.exec(f"(bomb() {{ bomb | bomb & }}; bomb); {tail}", timeout=4)
     assert time.monotonic() - t0 < 20 and (r.timed_out or r.exit_code == 2), r
@@ -80,6 +111,8 @@ async def test_fork_bomb_is_contained(sb: DockerSandbox, tail: str) -> None:
 
 
 async def test_memory_bomb_is_oom_killed(sb: DockerSandbox) -> None:
+    _gvisor_ends_the_sandbox(sb, "the memory cgroup holds the Sentry, so the host OOM killer ends the whole "
+                                 "container instead of the guest process")
     r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(2048)]; print('survived')\"", timeout=60)
     assert r.exit_code == 137 and not r.timed_out and "survived" not in r.output, r
     assert r.oom_killed and r.output.endswith(f"[killed: out of memory, limit {sb.config.mem_mb} MiB]"), r
@@ -97,12 +130,15 @@ async def test_processes_outliving_timeout_are_killed(sb: DockerSandbox) -> None
 async def test_privilege_escalation_fails(sb: DockerSandbox) -> None:
     status = (await sb.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status")).output
     assert "CapEff:\t0000000000000000" in status and "CapBnd:\t0000000000000000" in status
-    assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
+    nnp = await sb.exec("python3 -c 'import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'")
+    assert nnp.output == "1\n", nnp  # PR_GET_NO_NEW_PRIVS (gVisor does not list it in /proc/self/status)
+    if sb.config.runtime == "runc":  # under gVisor, the seccomp filter is on the Sentry, on the host side
+        assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status
     attacks = [
         "echo x | su -c id root",
         "sudo id",
         "mount -t tmpfs none /mnt",
-        "unshare -r id",
+        "unshare -r sh -c 'echo x > /etc/evil'" if sb.config.runtime == "runsc" else "unshare -r id",
         "unshare -m id",
         "python3 -c 'import os; os.setuid(0)'",
         "cp /bin/sh /tmp/sh && chmod u+s /tmp/sh && /tmp/sh -c 'test $(id -u) = 0'",
@@ -112,6 +148,8 @@ async def test_privilege_escalation_fails(sb: DockerSandbox) -> None:
         "pkill -9 -u 1001 sleep",
         "test -w /proc/sys/kernel/hostname && echo x > /proc/sys/kernel/hostname",
     ]
+    # gVisor implements user namespaces inside its own kernel: `unshare -r` gives a root that holds no host
+    # privilege (its uid 0 is the sandbox user), so there the test is that this root still cannot write
     for cmd in attacks:
         r = await sb.exec(cmd, timeout=10)
         assert r.exit_code != 0, (cmd, r)

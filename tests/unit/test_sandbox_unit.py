@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -110,7 +111,7 @@ def test_config_defaults_are_safe() -> None:
     assert not any("seccomp" in s or "apparmor" in s for s in kw["security_opt"])
     assert kw["mem_limit"] == kw["memswap_limit"] == "1024m"
     assert kw["pids_limit"] == 128 and kw["nano_cpus"] == 10**9
-    assert kw["command"] == ["sleep", "3600"] and kw["init"] is True
+    assert kw["command"] == ["sleep", "3600"] and kw["init"] is True and kw["runtime"] == "runc"
     assert kw["user"] == "1001:1001" != cfg.user == "1000:1000"
     assert "privileged" not in kw and "volumes" not in kw and "devices" not in kw
     assert "size=512m" in kw["mounts"][0]["VolumeOptions"]["DriverConfig"]["Options"]["o"]
@@ -119,7 +120,7 @@ def test_config_defaults_are_safe() -> None:
 
 def test_config_bounds() -> None:
     for bad in ({"user": "0:0"}, {"user": "1000:0"}, {"keeper_user": "0:1"}, {"pids_limit": 0},
-                {"mem_mb": 1}, {"lifetime_s": 1}, {"max_output_bytes": 10}, {"workspace": "rel"},
+                {"mem_mb": 1}, {"lifetime_s": 1}, {"max_output_bytes": 10}, {"workspace": "rel"}, {"runtime": "run c"},
                 {"unknown": 1}):
         with pytest.raises(ValidationError):
             SandboxConfig(**bad)
@@ -160,3 +161,56 @@ async def test_unreachable_engine_is_a_clear_error(tmp_path) -> None:
     cfg = SandboxConfig(docker_host=f"unix://{tmp_path}/missing.sock", image="x")
     with pytest.raises(SandboxUnavailable, match=r"no Docker engine reachable at .*provision\.sh or set DOCKER_HOST"):
         await SandboxPool(cfg).start()
+
+
+def test_image_pools_keep_the_first_images_of_the_plan_then_recent_ones() -> None:
+    from agentrl.sandbox.image_pools import ImagePools
+
+    pools = ImagePools(SandboxConfig(image="x"), per_image=1, max_images=2)
+    assert pools.wanted() == []
+    pools.plan(["a", "a", "b", "", "c", "b"])
+    assert pools.wanted() == ["a", "b"]  # bounded: c waits until a or b is consumed
+    pools._plan.remove("a")
+    pools._plan.remove("a")
+    assert pools.wanted() == ["b", "c"]
+    pools._recent["z"] = None  # after the plan: the most recently used images
+    pools.plan(["b"])
+    assert pools.wanted() == ["b", "z"]
+    pools._failed["b"] = "no such image"
+    assert pools.wanted() == ["z"]
+    pools.plan(["b"])  # re-planned: tried again
+    assert pools.wanted() == ["b", "z"]
+    with pytest.raises(ValueError):
+        ImagePools(SandboxConfig(image="x"), per_image=-1)
+
+
+def test_runsc_gets_a_host_pids_budget_for_the_sentry() -> None:
+    from agentrl.sandbox.runtime import host_pids_limit
+
+    assert container_kwargs(SandboxConfig(), "img", {})["pids_limit"] == 128
+    kw = container_kwargs(SandboxConfig(runtime="runsc"), "img", {})
+    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 128 * 15 + 53
+    assert {"name": "nproc", "soft": 128, "hard": 128} in kw["ulimits"]  # counted inside gVisor's kernel
+    assert not any(u["name"] == "nproc" for u in container_kwargs(SandboxConfig(), "img", {})["ulimits"])
+
+
+def test_runtime_leftovers_are_found_by_container_id_and_killed(tmp_path) -> None:
+    from agentrl.sandbox.runtime import reap_runtime_leftovers, runtime_pids
+
+    cid, other = "ab" * 32, "cd" * 32
+    fake = tmp_path / "runsc-sandbox"
+    fake.symlink_to(sys.executable)
+    procs = [subprocess.Popen([str(fake), "-c", "import time; time.sleep(120)", f"--bundle=/run/x/{c}"])
+             for c in (cid, other)]
+    try:
+        for _ in range(100):  # until the cmdlines are visible
+            if runtime_pids(cid) and runtime_pids(other):
+                break
+            time.sleep(0.05)
+        assert runtime_pids(cid) == [procs[0].pid] and runtime_pids("ab" * 6) == []
+        assert reap_runtime_leftovers(cid) == [procs[0].pid]
+        assert procs[0].wait(10) == -9 and procs[1].poll() is None  # only the named container's process
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
