@@ -46,6 +46,8 @@ def summarize(res: SimResult, slots: int) -> dict[str, Any]:
         "max_staleness_seen": max(res.staleness_hist, default=0),
         "dropped_stale": res.buffer.get("dropped_stale", 0),
         "dropped_capacity": res.buffer.get("dropped_capacity", 0),
+        "dropped_token_frac": res.dropped_output_tokens
+        / max(res.dropped_output_tokens + res.trained_output_tokens, 1e-9),
         "trace_exhausted": res.trace_exhausted,
     }
 
@@ -90,6 +92,7 @@ def run_pipeline_bench(
         "inference_idle_sync": s["inference_idle"], "inference_idle_async": a["inference_idle"],
         "max_staleness_seen": a["max_staleness_seen"], "staleness_hist": a["staleness_hist"],
         "dropped_groups": a["dropped_stale"] + a["dropped_capacity"],
+        "dropped_token_frac": a["dropped_token_frac"],
         "sync": s, "async": a, "params": asdict(p), "trace": asdict(spec),
     }
     if out_dir is not None:
@@ -169,11 +172,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tail", choices=["lognormal", "pareto"], default=None)
     ap.add_argument("--sigma", type=float, default=None, help="lognormal σ of output lengths")
     ap.add_argument("--gpus", default="8:8", help="inference:trainer H100s (default 8:8)")
-    ap.add_argument("--lora", action="store_true", help="LoRA weight sync (1 ms) instead of full weights")
+    ap.add_argument("--sync-s", type=float, default=None,
+                    help="weight publication time (default: the measured LoRA sync, see SimParams.sync_s)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
     args = ap.parse_args(argv)
     n_inf, n_train = (int(x) for x in args.gpus.split(":"))
-    params = SimParams.for_gpus(n_inf, n_train, **({"sync_s": 0.001} if args.lora else {}))
+    params = SimParams.for_gpus(n_inf, n_train, **({} if args.sync_s is None else {"sync_s": args.sync_s}))
     r = run_pipeline_bench(args.mix, args.steps, args.eta, args.seed, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, capacity_groups=args.capacity, drop_policy=args.policy,
                            params=params, tail=args.tail, sigma=args.sigma, out_dir=args.out)

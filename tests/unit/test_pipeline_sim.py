@@ -90,6 +90,23 @@ def test_weight_updates_split_in_flight_turns() -> None:
         assert sum(ep.tokens_by_version.values()) <= ep.episode.turns[0].output_tokens + 1e-6
 
 
+def test_dropped_token_frac_counts_the_decode_work_of_dropped_groups() -> None:
+    trace = make_trace("tool", 20, B, G, seed=0)
+    sim = PipelineSim(trace, SMALL, "async", 8, PipelineConfig(max_staleness=1, capacity_groups=4 * B,
+                                                                drop_policy="drop_stale"))
+    dropped = []
+    count = sim.core.on_drop
+    sim.core.on_drop = lambda g: (dropped.append(g), count(g))
+    res = sim.run()
+    assert dropped and res.buffer["dropped_stale"] == len(dropped)
+    # a dropped group had finished: its generated tokens are exactly its episodes' output tokens
+    assert res.dropped_output_tokens == pytest.approx(sum(m.episode.output_tokens for g in dropped
+                                                          for m in g.members))
+    assert res.trained_output_tokens + res.dropped_output_tokens <= res.decoded_tokens * (1 + 1e-9)
+    r = bench("tool", eta=1, drop_policy="block", steps=8)
+    assert r["dropped_groups"] == 0 and r["dropped_token_frac"] == 0.0
+
+
 def test_instant_trainer_makes_async_generation_bound() -> None:
     fast = replace(SMALL, train_s_per_token=0.0, train_step_s=0.0, sync_s=0.0)
     r = bench("math", eta=50, params=fast, capacity_groups=12 * B, steps=8)
@@ -114,7 +131,7 @@ def test_cli_prints_json_last_and_writes_plot(tmp_path, capsys) -> None:
     last = capsys.readouterr().out.strip().splitlines()[-1]
     out = json.loads(last)
     for key in ("async_over_sync", "trainer_idle_sync", "trainer_idle_async", "max_staleness_seen",
-                "eta", "mix", "seed"):
+                "eta", "mix", "seed", "dropped_token_frac"):
         assert key in out
     assert list(tmp_path.glob("*.png"))
 
