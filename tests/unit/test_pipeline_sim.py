@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from agentrl.bench.pipeline import main, run_pipeline_bench
+from agentrl.bench.pipeline import elastic_split, main, run_pipeline_bench
 from agentrl.bench.sim import PipelineSim, SimParams
 from agentrl.bench.traces import make_trace
 from agentrl.config import PipelineConfig
@@ -142,3 +142,19 @@ def test_weight_sync_pauses_decoding() -> None:
     r = bench("math", eta=2, params=slow_sync, steps=4)
     peak_tok_s = SMALL.slots * SMALL.decode_rate(SMALL.slots)
     assert r["async"]["total_s"] >= 4 * 1e4 + r["async"]["decoded_tokens"] / peak_tok_s
+
+
+def test_elastic_split_follows_the_bottleneck() -> None:
+    """The probe gives GPUs to whichever side limits throughput: slow decode → inference, fast → trainer."""
+    kw = dict(groups_per_step=2, group_size=2, probe_steps=2, request_overhead_s=0.0)
+    slow_decode, rates = elastic_split("math", 4, 1, 0, decode_tok_s=0.5, **kw)
+    assert slow_decode == 3 and set(rates) == {1, 2, 3}
+    assert rates[3] > rates[2] > rates[1]
+    fast_decode, _ = elastic_split("math", 4, 1, 0, decode_tok_s=1e7, prefill_tok_s=1e9, **kw)
+    assert fast_decode == 1
+
+
+def test_cli_auto_split_reports_the_split(capsys) -> None:
+    main(["--mix", "math", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--gpus", "auto:3"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["gpus"] in ("1:2", "2:1") and set(out["split_probe_tokens_per_s"]) == {"1", "2"}
