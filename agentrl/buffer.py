@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from agentrl.config import PipelineConfig
@@ -72,6 +72,12 @@ class BufferCore(Generic[T]):
         self.admitted = self.completed = self.consumed = self.released = 0
         self.dropped_stale = self.dropped_capacity = 0
         self.staleness_hist: Counter[int] = Counter()
+        self.on_drop: Callable[[T], None] | None = None
+        """Called with every dropped item (stale or evicted), so callers can count the work it held."""
+
+    def _dropped(self, item: T) -> None:
+        if self.on_drop is not None:
+            self.on_drop(item)
 
     @property
     def in_flight(self) -> int:
@@ -133,14 +139,19 @@ class BufferCore(Generic[T]):
         measured = self.version if oldest is None else oldest
         adm = self._leave_flight(admitted_version, hint=measured)
         if adm is None and self.buffered >= self.capacity_groups:
-            self.queue.popleft()
+            self._dropped(self.queue.popleft()[2])
             self.dropped_capacity += 1
         self.completed += 1
         self.queue.append((measured, measured if adm is None else adm, item))
 
     def drop_stale(self, trainer_version: int) -> int:
         """Drop buffered groups too stale for ``trainer_version`` (they only get staler); returns how many."""
-        keep = deque(e for e in self.queue if trainer_version - e[0] <= self.max_staleness)
+        keep: deque[tuple[int, int, T]] = deque()
+        for e in self.queue:
+            if trainer_version - e[0] <= self.max_staleness:
+                keep.append(e)
+            else:
+                self._dropped(e[2])
         n = len(self.queue) - len(keep)
         self.queue = keep
         self.dropped_stale += n
@@ -216,9 +227,14 @@ class RolloutBuffer:
 
     def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
         self.core: BufferCore[list[Trajectory]] = BufferCore(pipe, groups_per_step, start_version)
+        self.core.on_drop = self._count_drop
+        self._dropped_tokens = 0
         self._changed = asyncio.Event()
         self._closed = False
         self._producer_wait_s = 0.0
+
+    def _count_drop(self, group: list[Trajectory]) -> None:
+        self._dropped_tokens += sum(sum(t.loss_mask) for t in group)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -281,5 +297,7 @@ class RolloutBuffer:
         self._notify()
 
     def stats(self) -> dict[str, Any]:
-        """``BufferCore.stats()`` plus the producers' total wait in ``admit`` (seconds)."""
-        return {**self.core.stats(), "producer_wait_s": self._producer_wait_s}
+        """``BufferCore.stats()``, the producers' total wait in ``admit`` (seconds) and the model tokens
+        of dropped groups (generated, never trained)."""
+        return {**self.core.stats(), "producer_wait_s": self._producer_wait_s,
+                "dropped_tokens": self._dropped_tokens}

@@ -333,7 +333,7 @@ def bench_sync(ctx: typer.Context) -> None:
 
 @bench_app.command("pipeline", context_settings=_PASSTHROUGH)
 def bench_pipeline(ctx: typer.Context) -> None:
-    """Sync vs async RL on PolyTrace-shaped traces, simulated (--mix, --eta, --gpus, --lora, --out)."""
+    """Sync vs async RL on PolyTrace-shaped traces, simulated (--mix, --eta, --gpus, --sync-s, --out)."""
     _passthrough("agentrl.bench.pipeline", ctx)
 
 

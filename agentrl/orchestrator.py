@@ -233,6 +233,7 @@ class Orchestrator:
             "groups_in_flight": self.generating.active,
             "interrupted_groups_total": self.interrupted_groups,
             "dropped_groups_total": buf["dropped_stale"] + buf["dropped_capacity"],
+            "dropped_tokens_total": buf["dropped_tokens"],
             "failed_groups_total": self.failed_groups,
             "producer_wait_s_total": buf["producer_wait_s"],
             "staleness_hist": {str(k): v for k, v in buf["staleness_hist"].items()},

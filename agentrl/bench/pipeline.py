@@ -46,6 +46,8 @@ def summarize(res: SimResult, slots: int) -> dict[str, Any]:
         "max_staleness_seen": max(res.staleness_hist, default=0),
         "dropped_stale": res.buffer.get("dropped_stale", 0),
         "dropped_capacity": res.buffer.get("dropped_capacity", 0),
+        "dropped_token_frac": res.dropped_output_tokens
+        / max(res.dropped_output_tokens + res.trained_output_tokens, 1e-9),
         "trace_exhausted": res.trace_exhausted,
     }
 
@@ -90,11 +92,32 @@ def run_pipeline_bench(
         "inference_idle_sync": s["inference_idle"], "inference_idle_async": a["inference_idle"],
         "max_staleness_seen": a["max_staleness_seen"], "staleness_hist": a["staleness_hist"],
         "dropped_groups": a["dropped_stale"] + a["dropped_capacity"],
+        "dropped_token_frac": a["dropped_token_frac"],
         "sync": s, "async": a, "params": asdict(p), "trace": asdict(spec),
     }
     if out_dir is not None:
         out["plot"] = str(plot_timelines(res_sync, res_async, p.slots, out, Path(out_dir)))
     return out
+
+
+def elastic_split(mix: str, total_gpus: int, eta: int, seed: int, *, groups_per_step: int, group_size: int = 8,
+                  drop_policy: Literal["drop_stale", "block"] = "drop_stale", probe_steps: int = 10,
+                  **overrides: Any) -> tuple[int, dict[int, float]]:
+    """The inference share of ``total_gpus`` that gives async training the most trained tokens/s.
+
+    Each split from 1 to ``total_gpus - 1`` inference GPUs is replayed for ``probe_steps`` async steps of
+    the same trace and batch (``groups_per_step`` fixed, so only the hardware changes); returns the best
+    inference GPU count and the probed tokens/s per count.
+    """
+    spec = mix_spec(mix)
+    trace = make_trace(spec, 2 * probe_steps + eta + 2, groups_per_step, group_size, seed)
+    pipe = PipelineConfig(max_staleness=eta, capacity_groups=4 * groups_per_step, drop_policy=drop_policy)
+    rates: dict[int, float] = {}
+    for n_inf in range(1, total_gpus):
+        p = SimParams.for_gpus(n_inf, total_gpus - n_inf, **overrides)
+        res = PipelineSim(trace, p, "async", probe_steps, pipe).run()
+        rates[n_inf] = res.trained_tokens / max(res.total_s, 1e-9)
+    return max(rates, key=lambda n: rates[n]), rates
 
 
 def plot_timelines(res_sync: SimResult, res_async: SimResult, slots: int, summary: dict[str, Any],
@@ -168,17 +191,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--policy", choices=["drop_stale", "block"], default="drop_stale")
     ap.add_argument("--tail", choices=["lognormal", "pareto"], default=None)
     ap.add_argument("--sigma", type=float, default=None, help="lognormal σ of output lengths")
-    ap.add_argument("--gpus", default="8:8", help="inference:trainer H100s (default 8:8)")
-    ap.add_argument("--lora", action="store_true", help="LoRA weight sync (1 ms) instead of full weights")
+    ap.add_argument("--gpus", default="8:8",
+                    help="inference:trainer H100s (default 8:8), or auto[:N]: the split of N (default 16) with "
+                         "the most async trained tokens/s in a 10-step probe of each split")
+    ap.add_argument("--sync-s", type=float, default=None,
+                    help="weight publication time (default: the measured LoRA sync, see SimParams.sync_s)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
     args = ap.parse_args(argv)
-    n_inf, n_train = (int(x) for x in args.gpus.split(":"))
-    params = SimParams.for_gpus(n_inf, n_train, **({"sync_s": 0.001} if args.lora else {}))
+    overrides = {} if args.sync_s is None else {"sync_s": args.sync_s}
+    probe: dict[int, float] | None = None
+    if args.gpus.startswith("auto"):
+        total = int(args.gpus.split(":")[1]) if ":" in args.gpus else 16
+        if total < 2:
+            ap.error(f"--gpus {args.gpus}: at least 2 GPUs are needed to split")
+        gps = args.groups_per_step or max(1, 64 * total // 2 // args.group_size)
+        n_inf, probe = elastic_split(args.mix, total, args.eta, args.seed, groups_per_step=gps,
+                                     group_size=args.group_size, drop_policy=args.policy, **overrides)
+        n_train = total - n_inf
+        args.groups_per_step = gps
+    else:
+        n_inf, n_train = (int(x) for x in args.gpus.split(":"))
+    params = SimParams.for_gpus(n_inf, n_train, **overrides)
     r = run_pipeline_bench(args.mix, args.steps, args.eta, args.seed, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, capacity_groups=args.capacity, drop_policy=args.policy,
                            params=params, tail=args.tail, sigma=args.sigma, out_dir=args.out)
     print(format_table(r))
     headline = {k: v for k, v in r.items() if k not in ("sync", "async", "params", "trace")}
+    headline["gpus"] = f"{n_inf}:{n_train}"
+    if probe is not None:
+        headline["split_probe_tokens_per_s"] = {str(k): round(v) for k, v in probe.items()}
     print(json.dumps(headline))
     return r
 

@@ -35,29 +35,33 @@ class SimParams:
     """Hardware model; defaults: a 7B dense model, 8 H100 for inference + 8 H100 for training."""
 
     slots: int = 512
-    """Concurrent requests across the inference GPUs (64 per GPU × 8 vLLM replicas)."""
+    """Concurrent requests across the inference GPUs (64 per GPU × 8 vLLM replicas). Assumed."""
     decode_tok_s: float = 80.0
-    """Per-request decode speed at low concurrency (7B bf16 on one H100, contexts of a few k tokens)."""
+    """Per-request decode speed at low concurrency (7B bf16 on one H100, contexts of a few k tokens). Assumed."""
     decode_half_n: float = 256.0
-    """Concurrency at which per-request speed halves (32 per GPU); aggregate → 80 · 256 ≈ 20k tok/s."""
+    """Concurrency at which per-request speed halves (32 per GPU); aggregate → 80 · 256 ≈ 20k tok/s. Assumed."""
     prefill_tok_s: float = 20_000.0
-    """Per-request prefill speed of new tokens (earlier turns hit the prefix cache)."""
+    """Per-request prefill speed of new tokens (earlier turns hit the prefix cache). Assumed."""
     request_overhead_s: float = 0.02
-    """Scheduling and HTTP overhead per model call."""
-    train_s_per_token: float = 25e-6
-    """Trainer cost per sequence token: 7B full fine-tune, fwd+bwd+logprob recompute ≈ 56 GFLOP/token
-    on 8 H100 at ~40 % MFU ≈ 40k tokens/s."""
+    """Scheduling and HTTP overhead per model call. Assumed."""
+    train_s_per_token: float = 18.75e-6
+    """Trainer cost per sequence token of a LoRA step (what this project trains): the frozen base needs no
+    weight gradients, so forward + activation backward + logprob recompute ≈ 6 · 7e9 = 42 GFLOP/token;
+    at ~2.2 PFLOP/s sustained on 8 H100 (~30 % of bf16 peak, an assumed MFU) ≈ 53k tokens/s."""
     train_step_s: float = 5.0
-    """Fixed cost per step: optimizer step, gradient all-reduce, batch assembly."""
-    sync_s: float = 0.4
-    """Weight publication: 14 GB of bf16 weights over NCCL/InfiniBand (LoRA adapters: ~0.001)."""
+    """Fixed cost per step: optimizer step, gradient all-reduce, batch assembly. Assumed."""
+    sync_s: float = 0.06
+    """LoRA adapter publication, as measured in this project's training (``docs/async.md``, pinned calc
+    run, medians): trainer-side gather 40 ms + shared-memory RPC 8 ms + pause/resume round trips (~4 ms
+    each, ``agentrl bench sync``'s ``rpc_ms``). Measured on CPU; an adapter (not 14 GB of full weights
+    over NCCL, ~0.4 s) is what moves. ``--sync-s`` overrides it."""
 
     @classmethod
     def for_gpus(cls, inference_gpus: int = 8, trainer_gpus: int = 8, **overrides: Any) -> SimParams:
         """The defaults rescaled to another split of H100s: 64 slots and half speed at 32 requests per
-        inference GPU; trainer throughput linear in its GPUs (~5k tokens/s each)."""
+        inference GPU; trainer throughput linear in its GPUs."""
         return cls(**{"slots": 64 * inference_gpus, "decode_half_n": 32.0 * inference_gpus,
-                      "train_s_per_token": 25e-6 * 8 / trainer_gpus, **overrides})
+                      "train_s_per_token": 18.75e-6 * 8 / trainer_gpus, **overrides})
 
     def decode_rate(self, n: int) -> float:
         """Tokens/s of each decoding request when ``n`` requests decode concurrently."""
@@ -74,6 +78,10 @@ class _Group:
     @property
     def tokens(self) -> int:
         return sum(m.episode.total_tokens for m in self.members)
+
+    def generated(self) -> float:
+        """Model tokens decoded so far for this group."""
+        return sum(n for m in self.members for n in m.tokens_by_version.values())
 
     def oldest(self) -> int | None:
         return oldest_version(v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6)
@@ -101,6 +109,10 @@ class SimResult:
     trained_groups: int = 0
     trained_tokens: int = 0
     decoded_tokens: float = 0.0
+    trained_output_tokens: float = 0.0
+    """Generated (model) tokens of trained groups."""
+    dropped_output_tokens: float = 0.0
+    """Generated tokens of groups the buffer dropped: decode work never trained."""
     staleness_hist: Counter[int] = field(default_factory=Counter)
     buffer: dict[str, Any] = field(default_factory=dict)
     step_ends_s: list[float] = field(default_factory=list)
@@ -121,6 +133,7 @@ class PipelineSim:
         if mode == "async":
             pipe = pipeline or PipelineConfig(max_staleness=1, drop_policy="drop_stale")
             self.core: BufferCore[_Group] = BufferCore(pipe, self.B)
+            self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
             raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
         self.t = self.w = 0.0
@@ -222,8 +235,12 @@ class PipelineSim:
                 self._train(batch)
         self._try_admit()  # consumed or dropped groups may have freed slots
 
+    def _dropped(self, g: _Group) -> None:
+        self.res.dropped_output_tokens += g.generated()
+
     def _train(self, batch: list[_Group]) -> None:
         self.trainer_busy = True
+        self.res.trained_output_tokens += sum(g.generated() for g in batch)
         tokens = sum(g.tokens for g in batch)
         dur = self.p.train_s_per_token * tokens + self.p.train_step_s
         for g in batch:

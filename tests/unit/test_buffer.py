@@ -119,6 +119,7 @@ async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
     assert await blocked(buf.get_batch(2))  # staleness 2 > η: dropped, never returned
     s = buf.stats()
     assert (s["dropped_stale"], s["consumed"], s["staleness_hist"]) == (1, 2, {0: 2})
+    assert s["dropped_tokens"] == 2 * 2  # the two model tokens of each of its 2 members, not the tool token
 
 
 async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> None:
@@ -150,9 +151,14 @@ async def test_fifo_order() -> None:
 
 def test_unadmitted_put_evicts_oldest_at_capacity() -> None:
     core: BufferCore[str] = BufferCore(*cfg(b=1, cap=2))
+    dropped: list[str] = []
+    core.on_drop = dropped.append
     for name in "abc":
         core.complete(name, oldest=0)
     assert (core.dropped_capacity, [e[2] for e in core.queue]) == (1, ["b", "c"])
+    core.set_version(2)
+    assert core.try_take(2) is None  # η = 0: both stale
+    assert dropped == ["a", "b", "c"]  # every dropped item reaches on_drop, evicted or stale
 
 
 async def test_close_unblocks_producers_and_trainer() -> None:

@@ -149,6 +149,7 @@ async def test_async_mode_overlaps_and_respects_eta() -> None:
     assert recs[-1]["interrupted_groups_total"] > 0
     assert runner.max_concurrent > 4  # the next step's groups started before the current one trained
     assert recs[-1]["dropped_groups_total"] == 0  # block policy: nothing dropped
+    assert recs[-1]["dropped_tokens_total"] == 0
 
 
 async def test_partial_rollouts_carry_two_versions() -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from agentrl.bench.pipeline import main, run_pipeline_bench
+from agentrl.bench.pipeline import elastic_split, main, run_pipeline_bench
 from agentrl.bench.sim import PipelineSim, SimParams
 from agentrl.bench.traces import make_trace
 from agentrl.config import PipelineConfig
@@ -90,6 +90,23 @@ def test_weight_updates_split_in_flight_turns() -> None:
         assert sum(ep.tokens_by_version.values()) <= ep.episode.turns[0].output_tokens + 1e-6
 
 
+def test_dropped_token_frac_counts_the_decode_work_of_dropped_groups() -> None:
+    trace = make_trace("tool", 20, B, G, seed=0)
+    sim = PipelineSim(trace, SMALL, "async", 8, PipelineConfig(max_staleness=1, capacity_groups=4 * B,
+                                                                drop_policy="drop_stale"))
+    dropped = []
+    count = sim.core.on_drop
+    sim.core.on_drop = lambda g: (dropped.append(g), count(g))
+    res = sim.run()
+    assert dropped and res.buffer["dropped_stale"] == len(dropped)
+    # a dropped group had finished: its generated tokens are exactly its episodes' output tokens
+    assert res.dropped_output_tokens == pytest.approx(sum(m.episode.output_tokens for g in dropped
+                                                          for m in g.members))
+    assert res.trained_output_tokens + res.dropped_output_tokens <= res.decoded_tokens * (1 + 1e-9)
+    r = bench("tool", eta=1, drop_policy="block", steps=8)
+    assert r["dropped_groups"] == 0 and r["dropped_token_frac"] == 0.0
+
+
 def test_instant_trainer_makes_async_generation_bound() -> None:
     fast = replace(SMALL, train_s_per_token=0.0, train_step_s=0.0, sync_s=0.0)
     r = bench("math", eta=50, params=fast, capacity_groups=12 * B, steps=8)
@@ -114,7 +131,7 @@ def test_cli_prints_json_last_and_writes_plot(tmp_path, capsys) -> None:
     last = capsys.readouterr().out.strip().splitlines()[-1]
     out = json.loads(last)
     for key in ("async_over_sync", "trainer_idle_sync", "trainer_idle_async", "max_staleness_seen",
-                "eta", "mix", "seed"):
+                "eta", "mix", "seed", "dropped_token_frac"):
         assert key in out
     assert list(tmp_path.glob("*.png"))
 
@@ -125,3 +142,19 @@ def test_weight_sync_pauses_decoding() -> None:
     r = bench("math", eta=2, params=slow_sync, steps=4)
     peak_tok_s = SMALL.slots * SMALL.decode_rate(SMALL.slots)
     assert r["async"]["total_s"] >= 4 * 1e4 + r["async"]["decoded_tokens"] / peak_tok_s
+
+
+def test_elastic_split_follows_the_bottleneck() -> None:
+    """The probe gives GPUs to whichever side limits throughput: slow decode → inference, fast → trainer."""
+    kw = dict(groups_per_step=2, group_size=2, probe_steps=2, request_overhead_s=0.0)
+    slow_decode, rates = elastic_split("math", 4, 1, 0, decode_tok_s=0.5, **kw)
+    assert slow_decode == 3 and set(rates) == {1, 2, 3}
+    assert rates[3] > rates[2] > rates[1]
+    fast_decode, _ = elastic_split("math", 4, 1, 0, decode_tok_s=1e7, prefill_tok_s=1e9, **kw)
+    assert fast_decode == 1
+
+
+def test_cli_auto_split_reports_the_split(capsys) -> None:
+    main(["--mix", "math", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--gpus", "auto:3"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["gpus"] in ("1:2", "2:1") and set(out["split_probe_tokens_per_s"]) == {"1", "2"}
