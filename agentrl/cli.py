@@ -355,6 +355,12 @@ def bench_modes(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.modes", ctx)
 
 
+@bench_app.command("faults", context_settings=_PASSTHROUGH)
+def bench_faults(ctx: typer.Context) -> None:
+    """A real training run on two engines that kills one mid-step and restarts it (flags: --help)."""
+    _passthrough("agentrl.bench.faults", ctx)
+
+
 @bench_app.command("env-server", context_settings=_PASSTHROUGH)
 def bench_env_server(ctx: typer.Context) -> None:
     """Environment server load test: N sessions stepping at once (--env, --sessions, --duration, --json)."""

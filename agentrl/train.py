@@ -23,6 +23,7 @@ from agentrl.doctor import check_model
 from agentrl.engine_watch import EnginesLost, EngineWatch
 from agentrl.environment import Environment, Task, run_scope
 from agentrl.evaluate import evaluate
+from agentrl.inference.client import NoEnginesError
 from agentrl.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
 from agentrl.orchestrator import Orchestrator
 from agentrl.placement import plan_run
@@ -197,7 +198,11 @@ class TrainingRun:
                 await step
             raise EnginesLost(f"no inference engine has been in rotation for {watch.lost_after_s:.0f}s "
                               f"({watch.describe()})")
-        rec = step.result()
+        try:
+            rec = step.result()
+        except NoEnginesError as e:  # the weight update found no engine left: the step's update is lost
+            raise EnginesLost(f"the weight update of step {self.step + 1} found no inference engine in rotation "
+                              f"({e})") from None
         rec["engines_rejoined"] = len(await watch.rejoin(orch.version))
         rec["engines_live"] = len(watch.client.pool.live)
         return rec
@@ -243,4 +248,10 @@ class TrainingRun:
         finally:
             bar.close()
             self.version, self.orch = orch.version, None
+            # the books of every group after the orchestrator stopped (its in-flight groups were cancelled
+            # and released): admitted = consumed + dropped + released + buffered, nothing lost unrecorded
+            b = orch.buffer.stats()
+            self.metrics.write({"kind": "groups", "step": self.step, "failed_groups": orch.failed_groups,
+                                **{f"groups_{k}": b[k] for k in ("admitted", "consumed", "released", "dropped_stale",
+                                                                  "dropped_capacity", "in_flight", "buffered")}})
         plot_pipeline(self.metrics.path, self.run_dir / "pipeline.png")

@@ -94,7 +94,7 @@ class InferenceClient:
         try:
             r = await self._pick_pool().request(method, ep.url + path, **kwargs, **kw)
         except httpx.TransportError as e:  # connect/read/write errors and timeouts
-            raise TransientError(f"{type(e).__name__}: {e}") from e
+            raise TransientError(f"{type(e).__name__}: {e}", refused=isinstance(e, httpx.ConnectError)) from e
         return check_response(r, ep.url + path)
 
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -137,8 +137,10 @@ class InferenceClient:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
             except TransientError as e:
                 tried.append(ep.url)
-                if len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate failed: {e}"):
-                    log.warning("inference endpoint %s out of rotation: generate failed: %s", ep.url, e)
+                # a refused connection means no server: out of rotation at once (a dropped connection or a
+                # timeout is retried elsewhere, and the health watch decides about the engine)
+                if e.refused and len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate: {e}"):
+                    log.warning("inference endpoint %s out of rotation: generate: %s", ep.url, e)
                 raise Retry(f"{ep.url}: {e}") from None
             finally:
                 ep.outstanding -= 1

@@ -33,7 +33,12 @@ class RouteUnavailable(InferenceError):
 
 
 class TransientError(Exception):
-    """Retryable: connection error, timeout, or a 5xx answer."""
+    """Retryable: connection error, timeout, or a 5xx answer. ``refused``: nothing accepted the connection
+    (the server is not running), as opposed to a dropped connection, a timeout or an error answer."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass
