@@ -23,8 +23,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
-
 from agentrl.inference.client import InferenceClient
 
 log = logging.getLogger(__name__)
@@ -56,21 +54,12 @@ class EngineWatch:
         """Endpoints brought back so far."""
         self._none_since: float | None = None
 
-    async def healthy(self, url: str) -> bool:
-        """``GET /health`` answers 200 within ``health_timeout_s``."""
-        try:
-            async with httpx.AsyncClient(timeout=self.health_timeout_s) as http:
-                return (await http.get(url + "/health")).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     async def check(self) -> None:
         """One health round: unresponsive endpoints leave the rotation; :attr:`lost` is set once none has
         been in rotation for ``lost_after_s``."""
         pool = self.client.pool
         live = [e.url for e in pool.live]
-        oks = await asyncio.gather(*(self.healthy(u) for u in live))
-        for url, ok in zip(live, oks, strict=True):
+        for url, ok in (await self.client.health(live, self.health_timeout_s)).items():
             self._failures[url] = 0 if ok else self._failures.get(url, 0) + 1
             if self._failures[url] >= self.failures_to_drop and pool.mark_down(url, "health check failed"):
                 log.warning("inference endpoint %s out of rotation: %d health checks failed", url,
@@ -94,22 +83,26 @@ class EngineWatch:
     async def rejoin(self, version: int) -> list[str]:
         """Bring back every endpoint out of rotation that is healthy again, after giving it ``version``;
         returns those brought back. Call it when no weight update is in progress."""
-        back = []
-        for ep in list(self.client.pool.endpoints):
-            if ep.down is None or not await self.healthy(ep.url):
+        back: list[str] = []
+        down = [e.url for e in self.client.pool.endpoints if e.down is not None]
+        if not down:
+            return back
+        healthy = await self.client.health(down, self.health_timeout_s)
+        for url in down:
+            if not healthy[url]:
                 continue
             try:
-                await self.republish(ep.url, version)
+                await self.republish(url, version)
             except Exception as e:  # still not ready: tried again at the next step
                 log.warning("inference endpoint %s is healthy but could not receive version %d: %s",
-                            ep.url, version, e)
+                            url, version, e)
                 continue
-            self.client.pool.mark_up(ep.url)
-            self._failures[ep.url] = 0
+            self.client.pool.mark_up(url)
+            self._failures[url] = 0
             self._none_since = None
             self.rejoined += 1
-            back.append(ep.url)
-            log.info("inference endpoint %s rejoined at version %d", ep.url, version)
+            back.append(url)
+            log.info("inference endpoint %s rejoined at version %d", url, version)
         return back
 
     def describe(self) -> str:

@@ -52,6 +52,7 @@ class NetworkAdapterSync:
         self._buf: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self._meta_json = ""
+        self._nbytes = 0
         self._layout_id = ""
         self._run = secrets.token_hex(4)
 
@@ -63,6 +64,7 @@ class NetworkAdapterSync:
             self._views = layout_views(self._buf, layout)
             self._layout = layout
             self._meta_json = json.dumps({"nbytes": nbytes, "tensors": layout}, separators=(",", ":"))
+            self._nbytes = nbytes
             self._layout_id = f"{self._run}-{secrets.token_hex(4)}"
         torch._foreach_copy_(self._views, [tensors[n] for n, *_ in layout])
         return base64.b64encode(self._buf[:nbytes].numpy().tobytes()).decode("ascii")
@@ -103,7 +105,7 @@ class NetworkAdapterSync:
             "network_payload_bytes": float(len(payload)),
             "network_slots_created": float(len(missing)),
             "sync_s": t4 - t0,
-            "adapter_bytes": float(json.loads(self._meta_json)["nbytes"]),
+            "adapter_bytes": float(self._nbytes),
         }
 
     async def _create_slots(self, version: int, urls: list[str]) -> None:

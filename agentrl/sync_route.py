@@ -76,9 +76,8 @@ async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: An
     """The publisher ``mode`` asks for, over ``client``'s engines (see the module docstring). Its first
     ``publish`` creates the engines' LoRA slots. No prefix-cache resets: rollouts salt the cache with the
     policy version instead."""
-    file_sync = FileAdapterSync(trainer, client, adapter_dir, name)
     if mode == "file":
-        yield file_sync
+        yield FileAdapterSync(trainer, client, adapter_dir, name)
         return
     net_dir = adapter_dir / "network"
     if mode == "network":

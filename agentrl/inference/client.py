@@ -291,10 +291,6 @@ class InferenceClient:
         return [got[u] if u in got else [{"ok": False, "down": True, "error": f"{u} is out of rotation"}]
                 for u in asked]
 
-    def live_endpoints(self, only: list[str] | None = None) -> list[str]:
-        """The endpoints in rotation (among ``only``)."""
-        return [e.url for e in self.pool.live if only is None or e.url in only]
-
     def subset(self, urls: list[str]) -> EngineSubset:
         """The admin calls of this client, restricted to the endpoints ``urls`` (weight sync per host)."""
         self._targets(urls)  # unknown URLs fail here
@@ -335,18 +331,21 @@ class InferenceClient:
         oks = await asyncio.gather(*(one(ep) for ep in self.pool.endpoints))
         return {ep.url: ok for ep, ok in zip(self.pool.endpoints, oks, strict=True)}
 
-    async def health(self) -> dict[str, bool]:
-        """``GET /health`` on every endpoint (one try, short timeout)."""
+    async def health(self, only: list[str] | None = None, timeout_s: float | None = None) -> dict[str, bool]:
+        """``GET /health`` on every endpoint, in rotation or not (or those in ``only``): one try, a short
+        timeout (``timeout_s``, default the smaller of 5 s and the client's timeout)."""
+        timeout = min(5.0, self.timeout_s) if timeout_s is None else timeout_s
+        eps = [e for e in self.pool.endpoints if only is None or e.url in only]
 
         async def one(ep: Endpoint) -> bool:
             try:
-                r = await self._http.get(ep.url + "/health", timeout=min(5.0, self.timeout_s))
+                r = await self._http.get(ep.url + "/health", timeout=timeout)
             except httpx.HTTPError:
                 return False
             return r.status_code == 200
 
-        oks = await asyncio.gather(*(one(ep) for ep in self.pool.endpoints))
-        return {ep.url: ok for ep, ok in zip(self.pool.endpoints, oks, strict=True)}
+        oks = await asyncio.gather(*(one(ep) for ep in eps))
+        return {ep.url: ok for ep, ok in zip(eps, oks, strict=True)}
 
     async def aclose(self) -> None:
         """Close the connection pool."""
