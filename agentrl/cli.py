@@ -316,6 +316,41 @@ def serve_env(
         _fail(str(e))
 
 
+@app.command("serve-policy")
+def serve_policy(
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    tool_parser: ToolParserOpt = None,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8780,
+    token: Annotated[str | None, typer.Option(envvar="AGENTRL_POLICY_TOKEN", show_envvar=True,
+                                              help="Token that creates episodes (default: generated, printed).")] = None,
+    episode_ttl: Annotated[float, typer.Option(help="Close an episode silent this many seconds, as failed.")] = 600.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
+    rows (see docs/blackbox.md)."""
+    _setup(verbose)
+    from pydantic import ValidationError
+
+    from agentrl.config import DEFAULT_MODEL
+    from agentrl.policy.config import PolicyConfig
+
+    try:
+        cfg = PolicyConfig(host=host, port=port, token=token, episode_ttl_s=episode_ttl)
+    except ValidationError as e:
+        _fail(str(e))
+    from agentrl.policy.run import serve_policy as serve
+
+    try:
+        _run(serve(cfg, model=model or DEFAULT_MODEL, endpoints=endpoint or [], tool_parser=tool_parser or "hermes",
+                   log_dir=Path("runs") / "serve-policy"))
+    except typer.Exit:
+        raise
+    except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:
+        _fail(f"{type(e).__name__}: {e}")
+
+
 def _passthrough(module: str, ctx: typer.Context) -> None:
     """Run ``module.main(argv)`` with the remaining arguments (its own parser handles --help)."""
     import importlib

@@ -3,7 +3,8 @@
 Credentials: ``Authorization: Bearer <key>`` where the key is the server's token (creating episodes;
 any route) or an episode's ``api_key`` (its own calls, reward and trajectory). Chat calls made with an
 episode's key are recorded in that episode; calls made with the server token are served and not recorded.
-Errors have the env server's ``ErrorBody`` shape (``{"error", "message", "detail"}``).
+Errors have OpenAI's shape (``{"error": {"message", "type", "code", "param"}}``), so the ``openai`` SDK
+shows their messages.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
     app = FastAPI(title="agentrl policy endpoint", version=__version__, lifespan=lifespan,
                   description=__doc__)
     app.state.service = service
-    install_error_handlers(app)
+    install_error_handlers(app, openai=True)
     app.add_middleware(BodyLimit, max_bytes=service.config.max_request_bytes)
 
     @app.get("/health", tags=["server"])

@@ -127,7 +127,7 @@ async def test_keys_and_bad_input(chat: ChatFormat) -> None:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         for key, status in (("nope", 401), (ep["api_key"] + "x", 401)):
             r = await http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
-            assert r.status_code == status and r.json()["error"] == "unauthorized", r.text
+            assert r.status_code == status and r.json()["error"]["code"] == "unauthorized", r.text
         assert (await http.post("/v1/chat/completions", json=body, headers={"Authorization": ""})).status_code == 401
         own = {"Authorization": f"Bearer {ep['api_key']}"}
         assert (await http.post("/v1/episodes", headers=own)).status_code == 403  # an episode key cannot create
@@ -137,19 +137,19 @@ async def test_keys_and_bad_input(chat: ChatFormat) -> None:
                            ({**body, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts"),
                            ({**body, "tools": [{"type": "function"}]}, "tools[0]")):
             r = await http.post("/v1/chat/completions", json=bad, headers=own)
-            assert r.status_code == 400 and words in r.json()["message"], r.text
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         r = await http.post("/v1/chat/completions", content=b"{not json", headers={**own, "content-type": "application/json"})
-        assert r.status_code == 422 and "not valid JSON" in r.json()["message"]
+        assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"]
         assert (await http.post("/v1/chat/completions", json={"model": "m", "messages": []}, headers=own)).status_code == 422
         r = await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": "nan"}, headers=own)
         assert r.status_code == 422
         assert (await http.post("/v1/chat/completions", json=body, headers=own)).status_code == 200
         assert (await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": 1}, headers=own)).status_code == 200
         r = await http.post("/v1/chat/completions", json=body, headers=own)
-        assert r.status_code == 401 and "expired" in r.json()["message"]
+        assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
         # the server token is served, not recorded
         assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
-        assert (await http.get("/v1/models", headers=own)).json()["data"][0]["id"] == "agentrl-policy"
+        assert (await http.get("/v1/models")).json()["data"][0]["id"] == "agentrl-policy"
     assert service.book.get(ep["episode_id"]).calls == 1
 
 
@@ -160,7 +160,7 @@ async def test_ttl_closes_a_silent_episode_as_failed(chat: ChatFormat) -> None:
         await asyncio.sleep(0.3)
         r = await http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                             headers={"Authorization": f"Bearer {ep['api_key']}"})
-        assert r.status_code == 401 and "expired" in r.json()["message"]
+        assert r.status_code == 401 and "expired" in r.json()["error"]["message"]
         traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
     assert traj["status"] == "expired" and traj["reward"] is None and "TTL" in traj["error"]
 
