@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -87,6 +88,11 @@ def train(
     temperature: Annotated[float | None, typer.Option(
         help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
+    agent: Annotated[str | None, typer.Option(
+        help="Train a black-box agent program (a command line, launched per episode with OPENAI_BASE_URL, "
+             "OPENAI_API_KEY and AGENTRL_TASK; docs/blackbox.md).")] = None,
+    agent_reward: Annotated[str | None, typer.Option(
+        help="Who scores a black-box episode: env (the environment's reward) or agent (the program posts it).")] = None,
     inference_gpus: Annotated[str | None, typer.Option(
         help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
     trainer_gpus: Annotated[str | None, typer.Option(
@@ -108,6 +114,8 @@ def train(
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
         "sampling": {"temperature": temperature} if temperature is not None else None,
+        "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward))
+                  if v is not None} or None,
         "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
                       if v is not None} or None,
     }
