@@ -404,6 +404,12 @@ def bench_faults(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.faults", ctx)
 
 
+@bench_app.command("policy", context_settings=_PASSTHROUGH)
+def bench_policy(ctx: typer.Context) -> None:
+    """The policy endpoint's overhead: engine calls direct vs through the endpoint (--calls, --tokens, --json)."""
+    _passthrough("agentrl.bench.policy", ctx)
+
+
 @bench_app.command("env-server", context_settings=_PASSTHROUGH)
 def bench_env_server(ctx: typer.Context) -> None:
     """Environment server load test: N sessions stepping at once (--env, --sessions, --duration, --json)."""

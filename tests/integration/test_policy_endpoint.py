@@ -4,8 +4,14 @@ engine saw; a call in flight across a weight update keeps its prefix and carries
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +189,40 @@ async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat:
     assert len(versions) == total and 1 in versions and versions[0] == 0
     k = versions.index(1)
     assert versions == [0] * k + [1] * (total - k), "one v0 span (the kept prefix), then one v1 span"
+
+
+
+def _start_serve_policy(engine: str, model: Path) -> tuple[subprocess.Popen, str]:
+    """`agentrl serve-policy` in its own process group, and the URL it prints once it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-policy", "--endpoint", engine,
+                             "--model", str(model), "--port", "0", "--token", TOKEN],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        if (found := re.search(r"policy endpoint: (http://\S+)/v1", line)):
+            return proc, found.group(1)
+    proc.wait(timeout=30)
+    raise AssertionError("agentrl serve-policy stopped before serving:\n" + "".join(lines))
+
+
+async def test_serve_policy_command(vllm_server, tiny_model_dir: Path) -> None:
+    """`agentrl serve-policy --endpoint URL --port 0` serves episodes until SIGTERM, then exits 0."""
+    import httpx
+
+    proc, url = _start_serve_policy(vllm_server.url, tiny_model_dir)
+    try:
+        ep = await _episode(url)
+        async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0, timeout=120) as sdk:
+            r = await sdk.chat.completions.create(model="x", messages=[{"role": "user", "content": "What is 2 + 2?"}],
+                                                  max_tokens=8)
+        assert r.usage.completion_tokens == len(
+            (await _trajectory(url, ep, 0.0))["rows"][0]["completion_ids"]) > 0
+        async with httpx.AsyncClient(timeout=10) as h:
+            assert (await h.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
