@@ -22,6 +22,19 @@ from typing import Any
 TOKEN = "bench-policy-token-0123456789"
 
 
+class _Instant:
+    """An engine that answers every call at once with the same ids: what is left is the endpoint's own work
+    (HTTP, checks, rendering, parsing, recording)."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
+        from agentrl.inference.protocol import Generation
+
+        return Generation(list(self.ids), [-0.1] * len(self.ids), "stop", None, None, "instant")
+
+
 class _Forced:
     """The run's client with fixed-length generations (``ignore_eos``), for equal work on both paths."""
 
@@ -97,6 +110,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     for name, fn in (("direct", direct), ("endpoint", endpoint)):
                         lat[name].append(await sequential(fn))
                         thr[name].append(await concurrent(fn))
+        own = await _endpoint_only(chat, convs, tools, args)
     finally:
         if server is not None:
             await asyncio.to_thread(server.stop)
@@ -105,7 +119,46 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"bench": "policy", "calls": len(convs), "tokens_per_call": args.tokens, "rounds": args.rounds,
             "concurrency": args.concurrency, "direct_latency_ms": d_lat * 1e3, "endpoint_latency_ms": e_lat * 1e3,
             "overhead_ms_per_call": (e_lat - d_lat) * 1e3, "latency_ratio": e_lat / d_lat,
-            "direct_calls_per_s": d_thr, "endpoint_calls_per_s": e_thr, "throughput_ratio": e_thr / d_thr}
+            "direct_calls_per_s": d_thr, "endpoint_calls_per_s": e_thr, "throughput_ratio": e_thr / d_thr, **own}
+
+
+async def _endpoint_only(chat: Any, convs: list[Any], tools: Any, args: argparse.Namespace) -> dict[str, float]:
+    """The endpoint's own cost per recorded call (raw HTTP, no SDK) with an engine that answers at once."""
+    import httpx
+
+    from agentrl.policy.config import PolicyConfig
+    from agentrl.policy.run import serving
+    from agentrl.policy.service import PolicyService
+
+    answer = chat.encode('<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>')
+    service = PolicyService(PolicyConfig(port=0, token=TOKEN), _Instant([*answer, chat.eos_token_id]), chat)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with serving(service, TOKEN) as url, httpx.AsyncClient(timeout=60) as h:
+        async def call(messages: list[dict[str, Any]]) -> None:
+            ep = (await h.post(f"{url}/v1/episodes", headers=auth)).json()
+            r = await h.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {ep['api_key']}"},
+                             json={"model": "policy", "messages": messages, "tools": tools})
+            assert r.json()["choices"][0]["finish_reason"] == "tool_calls", r.text
+
+        async def health(_: Any) -> None:
+            await h.get(f"{url}/health")
+
+        out: dict[str, float] = {}
+        for name, fn in (("health", health), ("endpoint_only", call)):
+            for m in convs[:4]:
+                await fn(m)
+            lat, thr = [], []
+            for _ in range(args.rounds):
+                t = time.perf_counter()
+                for m in convs:
+                    await fn(m)
+                lat.append((time.perf_counter() - t) / len(convs))
+                t = time.perf_counter()
+                await asyncio.gather(*(fn(m) for m in convs))
+                thr.append(len(convs) / (time.perf_counter() - t))
+            out[f"{name}_ms"] = statistics.median(lat) * 1e3
+            out[f"{name}_per_s"] = statistics.median(thr)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sequential: {res['direct_latency_ms']:.1f} ms direct, {res['endpoint_latency_ms']:.1f} ms through the "
               f"endpoint (+{res['overhead_ms_per_call']:.1f} ms, x{res['latency_ratio']:.2f}); concurrent: "
               f"{res['direct_calls_per_s']:.1f} vs {res['endpoint_calls_per_s']:.1f} calls/s "
-              f"(x{res['throughput_ratio']:.2f})")
+              f"(x{res['throughput_ratio']:.2f}); the endpoint alone (an engine that answers at once): "
+              f"{res['endpoint_only_ms']:.1f} ms per episode + call, {res['endpoint_only_per_s']:.0f}/s at once "
+              f"(GET /health: {res['health_ms']:.1f} ms)")
     print(json.dumps(res))
     return 0
 
