@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -87,6 +88,11 @@ def train(
     temperature: Annotated[float | None, typer.Option(
         help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
+    agent: Annotated[str | None, typer.Option(
+        help="Train a black-box agent program (a command line, launched per episode with OPENAI_BASE_URL, "
+             "OPENAI_API_KEY and AGENTRL_TASK; docs/blackbox.md).")] = None,
+    agent_reward: Annotated[str | None, typer.Option(
+        help="Who scores a black-box episode: env (the environment's reward) or agent (the program posts it).")] = None,
     inference_gpus: Annotated[str | None, typer.Option(
         help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
     trainer_gpus: Annotated[str | None, typer.Option(
@@ -108,6 +114,8 @@ def train(
         "env_url": env_url, "mode": mode,
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
         "sampling": {"temperature": temperature} if temperature is not None else None,
+        "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward))
+                  if v is not None} or None,
         "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
                       if v is not None} or None,
     }
@@ -316,6 +324,41 @@ def serve_env(
         _fail(str(e))
 
 
+@app.command("serve-policy")
+def serve_policy(
+    model: ModelOpt = None,
+    endpoint: EndpointOpt = None,
+    tool_parser: ToolParserOpt = None,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8780,
+    token: Annotated[str | None, typer.Option(envvar="AGENTRL_POLICY_TOKEN", show_envvar=True,
+                                              help="Token that creates episodes (default: generated, printed).")] = None,
+    episode_ttl: Annotated[float, typer.Option(help="Close an episode silent this many seconds, as failed.")] = 600.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
+    rows (see docs/blackbox.md)."""
+    _setup(verbose)
+    from pydantic import ValidationError
+
+    from agentrl.config import DEFAULT_MODEL
+    from agentrl.policy.config import PolicyConfig
+
+    try:
+        cfg = PolicyConfig(host=host, port=port, token=token, episode_ttl_s=episode_ttl)
+    except ValidationError as e:
+        _fail(str(e))
+    from agentrl.policy.run import serve_policy as serve
+
+    try:
+        _run(serve(cfg, model=model or DEFAULT_MODEL, endpoints=endpoint or [], tool_parser=tool_parser or "hermes",
+                   log_dir=Path("runs") / "serve-policy"))
+    except typer.Exit:
+        raise
+    except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:
+        _fail(f"{type(e).__name__}: {e}")
+
+
 def _passthrough(module: str, ctx: typer.Context) -> None:
     """Run ``module.main(argv)`` with the remaining arguments (its own parser handles --help)."""
     import importlib
@@ -359,6 +402,12 @@ def bench_modes(ctx: typer.Context) -> None:
 def bench_faults(ctx: typer.Context) -> None:
     """A real training run on two engines that kills one mid-step and restarts it (flags: --help)."""
     _passthrough("agentrl.bench.faults", ctx)
+
+
+@bench_app.command("policy", context_settings=_PASSTHROUGH)
+def bench_policy(ctx: typer.Context) -> None:
+    """The policy endpoint's overhead: engine calls direct vs through the endpoint (--calls, --tokens, --json)."""
+    _passthrough("agentrl.bench.policy", ctx)
 
 
 @bench_app.command("env-server", context_settings=_PASSTHROUGH)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.inference.config import VLLMServerConfig
 from agentrl.placement import PlacementConfig
+from agentrl.policy.config import AgentConfig
 from agentrl.presets import preset_for
 from agentrl.trainer.config import TrainerConfig
 
@@ -176,6 +177,9 @@ class RunConfig(BaseModel):
     """The local vLLM server(s), when ``endpoints`` is empty."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Which GPUs the local vLLM servers and the trainer get (``agentrl train --dry-run`` shows the plan)."""
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """Black-box training: an agent program to launch per episode through the policy endpoint (empty
+    command: agentrl's own agent loop runs the environment's tools)."""
 
     @model_validator(mode="after")
     def _resolve_mode(self) -> RunConfig:

@@ -76,8 +76,15 @@ def to_samples(
     members = [t for t in flat if (keep_failed or not t.failed) and t.completion_ids]
     samples: list[TrainSample] = []
     if members:
-        rewards_N = torch.tensor([t.reward for t in members], dtype=torch.float32)
-        advs = group_advantages(rewards_N, [t.group_id for t in members], normalize_std).tolist()
+        # one advantage per episode (its rows share it), so an episode of several rows weighs as one
+        keys = [t.episode_id or f"#{i}" for i, t in enumerate(members)]
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        rewards_E = torch.tensor([members[i].reward for i in first.values()], dtype=torch.float32)
+        advs_E = group_advantages(rewards_E, [members[i].group_id for i in first.values()], normalize_std).tolist()
+        adv_of = dict(zip(first, advs_E, strict=True))
+        advs = [adv_of[k] for k in keys]
         for traj, adv in zip(members, advs, strict=True):
             if abs(adv) < 1e-8:
                 stats.num_zero_advantage += 1

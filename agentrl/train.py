@@ -102,6 +102,11 @@ class TrainingRun:
                     max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
                     policy_version=self.policy_version,
                 )
+                if cfg.agent.command:  # black-box training: the agent program drives the episodes
+                    from agentrl.policy.blackbox import blackbox_runner
+
+                    workers = await stack_ctx.enter_async_context(blackbox_runner(
+                        cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id))
                 log.info("start-up heap frozen: %d objects kept out of garbage collections", heap.freeze_heap())
                 first = None
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for

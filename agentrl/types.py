@@ -114,6 +114,9 @@ class Trajectory(BaseModel):
     env: str
     group_id: str = ""
     """Rollouts of the same task in the same step share a group id (GRPO groups)."""
+    episode_id: str = ""
+    """Rows of one episode share it (a black-box agent that rewrites its history makes several rows); group
+    advantages are computed per episode. Empty: the trajectory is its own episode."""
     prompt_ids: list[int] = Field(default_factory=list)
     completion_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)

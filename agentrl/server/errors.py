@@ -47,11 +47,17 @@ def error_response(
     message: str,
     detail: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
+    *,
+    openai: bool = False,
 ) -> JSONResponse:
-    """An ``ErrorBody`` JSON response."""
-    return JSONResponse(
-        {"error": code, "message": message, "detail": detail}, status_code=status, headers=headers
-    )
+    """An ``ErrorBody`` JSON response; with ``openai``, OpenAI's error shape (``{"error": {"message",
+    "type", "code", "param"}}``), which the ``openai`` SDK reads its messages from."""
+    if openai:
+        body: dict[str, Any] = {"error": {"message": message, "type": code, "code": code, "param": None},
+                                "detail": detail}
+    else:
+        body = {"error": code, "message": message, "detail": detail}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _clean(errors: list[Any]) -> list[dict[str, Any]]:
@@ -63,12 +69,13 @@ def _clean(errors: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Map validation errors, HTTP errors, ``ApiError`` and anything unexpected onto ``ErrorBody``."""
+def install_error_handlers(app: FastAPI, *, openai: bool = False) -> None:
+    """Map validation errors, HTTP errors, ``ApiError`` and anything unexpected onto ``ErrorBody`` (or, with
+    ``openai``, onto OpenAI's error shape)."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, headers=exc.headers)
+        return error_response(exc.status, exc.code, exc.message, headers=exc.headers, openai=openai)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -77,14 +84,14 @@ def install_error_handlers(app: FastAPI) -> None:
             msg = "the request body is not valid JSON"
         else:
             msg = "; ".join(f"{'.'.join(str(p) for p in d['loc'])}: {d['msg']}" for d in detail[:5])
-        return error_response(422, "invalid_request", msg or "invalid request", detail)
+        return error_response(422, "invalid_request", msg or "invalid request", detail, openai=openai)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None), openai=openai)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return error_response(500, "internal", "internal server error (logged on the server)")
+        return error_response(500, "internal", "internal server error (logged on the server)", openai=openai)

@@ -61,13 +61,16 @@ def test_cli_flag_set_is_pinned() -> None:
     assert flags["train"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
-         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--verbose", "-v"]
+         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward",
+         "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--adapter", "--n", "--temperature", "--tasks",
          "--endpoint", "--policy", "--verbose", "-v"]
     )
     assert flags["doctor"] == sorted(["--model", "--tool-parser", "--json"])
+    assert flags["serve-policy"] == sorted(["--model", "--endpoint", "--tool-parser", "--host", "--port", "--token",
+                                            "--episode-ttl", "--verbose", "-v"])
 
 
 def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:

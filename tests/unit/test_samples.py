@@ -34,3 +34,16 @@ def test_failed_episodes_are_counted_not_trained() -> None:
     assert [s.advantage for s in samples] == [0.5, -0.5]
     samples, _ = to_samples(groups, normalize_std=False, keep_failed=True)
     assert [round(s.advantage, 4) for s in samples] == [0.6667, -0.3333, -0.3333]
+
+
+def test_rows_of_one_episode_share_one_advantage() -> None:
+    """A black-box episode of several rows weighs as one episode in its group's statistics."""
+    from agentrl.samples import to_samples
+    from agentrl.types import Trajectory
+
+    def row(ep: str, reward: float) -> Trajectory:
+        return Trajectory(task_id="t", env="e", group_id="g", episode_id=ep, prompt_ids=[1], completion_ids=[2],
+                          loss_mask=[1], logprobs=[-0.1], versions=[0], reward=reward)
+
+    samples, _ = to_samples([[row("a", 1.0), row("a", 1.0), row("a", 1.0), row("b", 0.0)]], normalize_std=False)
+    assert [s.advantage for s in samples] == [0.5, 0.5, 0.5, -0.5]  # rows as episodes would give 0.25 / -0.75

@@ -1,0 +1,201 @@
+"""Black-box training: GRPO groups of episodes of an unmodified agent program, trained through the policy
+endpoint.
+
+For each episode the runner creates an endpoint episode, starts the program (its own process group) with
+``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` (the episode's key), ``AGENTRL_EPISODE_ID`` and ``AGENTRL_TASK``
+(JSON, also on stdin) in its environment, and waits for it. The reward is the environment's ``reward`` on
+the episode's last transcript, or the one the program posted. Each of the episode's rows becomes a
+:class:`~agentrl.types.Trajectory` with the episode's reward and id; the group's advantages are computed
+per episode (:func:`agentrl.samples.to_samples`). A program that fails, times out, never calls the
+endpoint or (with ``reward = "agent"``) posts no reward is a failed episode: recorded, never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from agentrl.config import SamplingConfig
+from agentrl.environment import Environment, Task
+from agentrl.episode import EnvFailure, Episode, error_text
+from agentrl.policy.config import AgentConfig
+from agentrl.policy.episodes import PolicyEpisode
+from agentrl.policy.service import PolicyService
+from agentrl.types import Message, StopReason, Trajectory
+
+log = logging.getLogger("agentrl.policy")
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+class BlackBoxRunner:
+    """Runs GRPO groups of an agent program's episodes (a :class:`~agentrl.protocols.GroupRunner`)."""
+
+    def __init__(self, agent: AgentConfig, service: PolicyService, base_url: str, env_cls: type[Environment],
+                 sampling: SamplingConfig, *, run_id: str = "") -> None:
+        self.agent = agent
+        self.service = service
+        self.base_url = base_url
+        self.env_cls = env_cls
+        self.run_id = run_id
+        self._slots = asyncio.Semaphore(agent.max_running)
+        self.sampling = sampling
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling of the endpoint's calls (evaluation changes its temperature)."""
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value: SamplingConfig) -> None:
+        self._sampling = value
+        self.service.config = self.service.config.model_copy(update={"temperature": value.temperature})
+
+    async def run_group(self, task: Task, group_size: int) -> list[Trajectory]:
+        """``group_size`` episodes of ``task``; every row of every episode, sharing a group id."""
+        gid = f"{task.get('id', '')}#{uuid.uuid4().hex[:8]}"
+        episodes = await asyncio.gather(*(self.run_one(task, gid) for _ in range(group_size)))
+        return [t for rows in episodes for t in rows]
+
+    async def run_groups(self, tasks: Sequence[Task], group_size: int,
+                         on_done: Callable[[list[Trajectory]], None] | None = None) -> list[list[Trajectory]]:
+        """One group per task, all in flight together (bounded by ``agent.max_running``)."""
+        async def one(task: Task) -> list[Trajectory]:
+            group = await self.run_group(task, group_size)
+            if on_done is not None:
+                on_done(group)
+            return group
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+    async def run_one(self, task: Task, group_id: str = "") -> list[Trajectory]:
+        """One episode of the program on ``task``: its rows as trajectories (one failed row when it broke)."""
+        async with self._slots:
+            t0 = time.perf_counter()
+            opening = Episode(self.env_cls, task, traces=True)
+            try:
+                messages = [m.to_openai() for m in await opening.open()]
+            except EnvFailure:
+                await opening.close()
+                return [self._failed(task, group_id, StopReason.ENV_ERROR, opening.error, t0)]
+            ep, key = self.service.book.create(task_id=str(task.get("id", "")), group_id=group_id)
+            payload = {"id": task.get("id"), "messages": messages}
+            if self.agent.reward == "agent":
+                payload["task"] = task
+            stop, error = await self._launch(ep, key, payload)
+            book = self.service.book
+            async with ep.lock:  # a call the program left in flight is recorded first
+                if stop is not None:
+                    book.finish(ep, "closed", error=error)
+                elif self.agent.reward == "agent":
+                    if ep.open:
+                        book.finish(ep, "closed", error="the agent program exited without posting a reward")
+                        stop, error = StopReason.ENV_ERROR, ep.error
+                    elif ep.status != "ended":
+                        stop, error = StopReason.ENV_ERROR, ep.error
+                else:
+                    book.finish(ep, "ended")
+            if stop is None and not ep.rows:
+                stop, error = StopReason.ENV_ERROR, "the agent program made no call to the policy endpoint"
+            reward, metrics = 0.0, {}
+            if stop is None and self.agent.reward == "env":
+                opening.end(StopReason.COMPLETED)
+                reward, metrics = await opening.score([Message.model_validate(_plain(m)) for m in ep.transcript])
+                if opening.stop_reason is StopReason.ENV_ERROR:
+                    stop, error = StopReason.ENV_ERROR, opening.error
+                ep.reward = reward
+            elif stop is None:
+                reward = float(ep.reward or 0.0)
+            await opening.close()
+            if stop is not None:
+                return [self._failed(task, group_id, stop, error, t0, ep)]
+            return self._rows(task, group_id, ep, reward, metrics, t0)
+
+    async def _launch(self, ep: PolicyEpisode, key: str, payload: dict[str, Any]) -> tuple[StopReason | None, str | None]:
+        """Run the program to its end; (None, None) when it exited 0, else the failure."""
+        data = json.dumps(payload)
+        env = {**os.environ, "OPENAI_BASE_URL": f"{self.base_url}/v1", "OPENAI_API_KEY": key,
+               "AGENTRL_EPISODE_ID": ep.id, "AGENTRL_TASK": data, "AGENTRL_RUN_ID": self.run_id}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.agent.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        except OSError as e:
+            return StopReason.ENV_ERROR, f"the agent program could not start: {error_text(e)}"
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(data.encode()), timeout=self.agent.timeout_s)
+        except asyncio.TimeoutError:
+            _kill(proc)
+            await proc.wait()
+            return StopReason.WALL_TIMEOUT, f"TimeoutError: the agent program ran past {self.agent.timeout_s:g}s"
+        finally:
+            if proc.returncode is None:  # cancelled: the run is stopping
+                _kill(proc)
+        _kill(proc)  # whatever it left running in its process group
+        if proc.returncode != 0:
+            tail = (err or b"").decode("utf-8", "replace").strip()[-1500:]
+            return StopReason.ENV_ERROR, f"the agent program exited with status {proc.returncode}: {tail}"
+        return None, None
+
+    def _rows(self, task: Task, group_id: str, ep: PolicyEpisode, reward: float, metrics: dict[str, float],
+              t0: float) -> list[Trajectory]:
+        out = []
+        for row in ep.rows:
+            t = Trajectory(task_id=str(task.get("id", "")), env=self.env_cls.name or self.env_cls.__name__,
+                           group_id=group_id, episode_id=ep.id, prompt_ids=row.prompt_ids,
+                           completion_ids=row.completion_ids, loss_mask=row.loss_mask, logprobs=row.logprobs,
+                           versions=row.versions, temperature=row.temperature, reward=reward, metrics=dict(metrics),
+                           messages=[Message.model_validate(_plain(m)) for m in row.messages],
+                           stop_reason=StopReason.MAX_TOKENS if row.last_token is not None and not
+                           self.service.chat.ends_turn([row.last_token]) else StopReason.COMPLETED,
+                           num_turns=row.calls)
+            t.timings.total_s = time.perf_counter() - t0
+            out.append(t)
+        return out
+
+    def _failed(self, task: Task, group_id: str, stop: StopReason, error: str | None, t0: float,
+                ep: PolicyEpisode | None = None) -> Trajectory:
+        t = Trajectory(task_id=str(task.get("id", "")), env=self.env_cls.name or self.env_cls.__name__,
+                       group_id=group_id, episode_id=ep.id if ep else "", stop_reason=stop, error=error)
+        t.timings.total_s = time.perf_counter() - t0
+        return t
+
+
+@contextlib.asynccontextmanager
+async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Callable[[], int],
+                          env_cls: type[Environment], run_id: str = "") -> AsyncIterator[BlackBoxRunner]:
+    """A training run's policy endpoint (loopback, a fresh token, the run's adapter, sampling and policy
+    version) serving in this event loop, and the runner of ``cfg.agent``'s program over it."""
+    from agentrl.policy.config import PolicyConfig
+    from agentrl.policy.run import serving
+    from agentrl.server.auth import generate_token
+
+    pcfg = PolicyConfig(port=0, max_context_tokens=cfg.sampling.max_context_tokens,
+                        temperature=cfg.sampling.temperature, episode_ttl_s=cfg.agent.timeout_s + 60)
+    service = PolicyService(pcfg, client, chat, model=cfg.adapter_name, policy_version=policy_version)
+    async with serving(service, generate_token()) as url:
+        yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id)
+
+
+def _plain(m: dict[str, Any]) -> dict[str, Any]:
+    """A normal-form message as an agentrl :class:`~agentrl.types.Message` dict."""
+    out: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{"id": c["id"] or uuid.uuid4().hex[:9], "name": c["function"]["name"],
+                              "arguments": c["function"]["arguments"] if isinstance(c["function"]["arguments"], dict)
+                              else {}} for c in m["tool_calls"]]
+    for k in ("tool_call_id", "name"):
+        if m.get(k):
+            out[k] = m[k]
+    return out

@@ -1,0 +1,59 @@
+"""Settings of the policy endpoint (``agentrl serve-policy``) and of black-box training runs, one docstring
+per field. Only pydantic here: every part of agentrl may import it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PolicyConfig(BaseModel):
+    """The chat endpoint and its episodes."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = Field(8780, ge=0, le=65535)
+    """TCP port (0: any free port; the chosen one is printed)."""
+    token: str | None = Field(None, min_length=16, repr=False)
+    """The server's bearer token: needed to create episodes (default: generated and printed)."""
+    served_model: str = "agentrl-policy"
+    """The model name ``GET /v1/models`` lists; requests may name any model (the policy is the policy)."""
+    episode_ttl_s: float = Field(600.0, gt=0, le=7 * 86400)
+    """An episode with no call and no reward for this long is closed and recorded as failed."""
+    max_open_episodes: int = Field(4096, ge=1, le=1_000_000)
+    """Open episodes at most; more answer HTTP 429."""
+    max_kept_episodes: int = Field(10_000, ge=1, le=1_000_000)
+    """Finished episodes whose trajectories stay readable (the oldest are forgotten first)."""
+    max_tokens_per_call: int = Field(1024, ge=1)
+    """Most tokens one call may generate (a request's ``max_tokens`` is capped by it)."""
+    max_context_tokens: int = Field(2048, ge=16)
+    """Prompt plus completion tokens at most; a longer prompt answers HTTP 400 ``context_length_exceeded``."""
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (HTTP 413 above)."""
+    temperature: float | None = Field(None, ge=0.0)
+    """Sample at this temperature whatever the request says (training sets the run's); None: the request's
+    (default 1)."""
+    generate_timeout_s: float = Field(600.0, gt=0)
+    """Wall-clock limit of one call's generation (queueing and weight-update pauses included)."""
+
+
+class AgentConfig(BaseModel):
+    """Black-box training: the agent program agentrl launches, once per episode."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    command: list[str] = Field(default_factory=list)
+    """The agent program's command line (empty: the run trains its environment with agentrl's own loop).
+    It gets ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``AGENTRL_TASK`` (JSON) in its environment and the
+    same task JSON on stdin."""
+    reward: Literal["env", "agent"] = "env"
+    """Who scores an episode: ``env`` (the environment's ``reward`` on the episode's last transcript) or
+    ``agent`` (the program posts ``{"reward": r}`` to its episode; an episode without one is failed)."""
+    timeout_s: float = Field(300.0, gt=0)
+    """Wall-clock limit of one agent program; past it the program's process group is killed and the
+    episode recorded as failed."""
+    max_running: int = Field(32, ge=1)
+    """Agent programs running at once."""

@@ -1,0 +1,138 @@
+"""OpenAI chat-completion requests: the accepted fields, their checks, and one normal form of a message.
+
+The normal form (:func:`normalize`) is what two calls of an episode are compared by: role, text content,
+tool calls as ``(id, name, arguments)`` with the arguments parsed from JSON, ``tool_call_id`` and
+``name``. Fields the SDK adds with empty values (``refusal``, ``audio``, ``function_call``, ...) are
+ignored, so an agent that sends back the message object it received extends its history.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.server.errors import ApiError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class ChatRequest(BaseModel):
+    """The body of ``POST /v1/chat/completions`` (the fields agentrl honours or refuses; others are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field("", max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=10_000)
+    tools: list[dict[str, Any]] | None = Field(None, max_length=512)
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = None
+    stop: str | list[str] | None = None
+    logprobs: bool | None = None
+    seed: int | None = None
+    parallel_tool_calls: bool | None = None
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, message, code="invalid_request_error")
+
+
+def check_request(req: ChatRequest) -> None:
+    """Refuse, with a clear HTTP 400, what the endpoint cannot honour without changing the sampled policy."""
+    if req.stream:
+        raise _bad("stream=true is not supported: call without streaming (the answer comes whole)")
+    if req.n not in (None, 1):
+        raise _bad("n must be 1: each call samples one completion (run several episodes for more)")
+    if req.stop:
+        raise _bad("stop sequences are not supported: a turn ends at the model's own end-of-turn token")
+    if req.logprobs:
+        raise _bad("logprobs=true is not supported: the endpoint records logprobs itself (GET "
+                   "/v1/episodes/{id}/trajectory)")
+    choice = req.tool_choice
+    if isinstance(choice, dict) or choice not in (None, "auto", "none"):
+        raise _bad(f"tool_choice {choice!r} is not supported (only 'auto' and 'none'): forcing a tool call "
+                   "needs constrained decoding, which samples from another distribution than the policy's")
+    for i, tool in enumerate(req.tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
+                       "...}}}")
+    for i, m in enumerate(req.messages):
+        _check_message(i, m)
+
+
+def _text(i: int, content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise _bad(f"messages[{i}].content: only text parts are supported "
+                           f"(got {str(p.get('type') if isinstance(p, dict) else type(p).__name__)!r})")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise _bad(f"messages[{i}].content must be a string, a list of text parts, or null")
+
+
+def _check_message(i: int, m: dict[str, Any]) -> None:
+    role = m.get("role")
+    if role not in ROLES:
+        raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, not {role!r}")
+    _text(i, m.get("content"))
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if role != "assistant" or not isinstance(calls, list):
+            raise _bad(f"messages[{i}].tool_calls: only assistant messages carry a list of tool calls")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise _bad(f"messages[{i}].tool_calls[{j}] needs function.name")
+            _arguments(i, fn.get("arguments"))
+    if role == "tool" and not isinstance(m.get("tool_call_id", ""), str):
+        raise _bad(f"messages[{i}].tool_call_id must be a string")
+
+
+def _arguments(i: int, raw: Any) -> Any:
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            raise _bad(f"messages[{i}]: tool call arguments are not valid JSON: {raw[:200]}") from None
+    return raw
+
+
+def normalize(i: int, m: dict[str, Any]) -> dict[str, Any]:
+    """One message in the normal form, also the form rendered with the chat template (arguments as
+    objects, as vLLM's server gives them to templates)."""
+    out: dict[str, Any] = {"role": m["role"], "content": _text(i, m.get("content"))}
+    if m.get("tool_calls"):
+        out["tool_calls"] = [
+            {"id": str(c.get("id") or ""), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": _arguments(i, c["function"].get("arguments"))}}
+            for c in m["tool_calls"]]
+    for key in ("tool_call_id", "name"):
+        if m.get(key):
+            out[key] = str(m[key])
+    return out
+
+
+def normalize_all(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every message of a request in the normal form."""
+    return [normalize(i, m) for i, m in enumerate(messages)]
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    """A canonical text of the tool schemas (a change of tools starts a new row)."""
+    return json.dumps(tools or [], sort_keys=True, separators=(",", ":"))
+

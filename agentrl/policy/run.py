@@ -1,0 +1,81 @@
+"""Serving the policy endpoint: inside a training run (in its event loop, beside its engines' client) or on
+its own (``agentrl serve-policy``: starting a vLLM server for ``--model`` or using ``--endpoint`` servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from agentrl.policy.config import PolicyConfig
+from agentrl.policy.service import PolicyService
+from agentrl.server.auth import generate_token
+from agentrl.server.run import bind_socket, url_of
+
+log = logging.getLogger("agentrl.policy")
+
+TOKEN_ENV = "AGENTRL_POLICY_TOKEN"
+"""Environment variable holding the policy endpoint's token (when ``--token`` is not given)."""
+
+
+@contextlib.asynccontextmanager
+async def serving(service: PolicyService, token: str) -> AsyncIterator[str]:
+    """Serve ``service`` on its configured host and port in this event loop until the block ends; yields the
+    base URL. Signals stay with the caller."""
+    import uvicorn
+
+    from agentrl.policy.app import create_app
+
+    cfg = service.config
+    sock = bind_socket(cfg.host, cfg.port)
+    url = url_of(sock)
+    app = create_app(service, token, public_url=url)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                                           timeout_graceful_shutdown=5, server_header=False))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="policy-endpoint")
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the policy endpoint stopped while starting")
+            await asyncio.sleep(0.02)
+        yield url
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+        sock.close()
+
+
+async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str], tool_parser: str,
+                       log_dir: Path) -> None:
+    """``agentrl serve-policy``: the engines (started here for ``model`` unless ``endpoints``), then the
+    endpoint, until Ctrl-C or SIGTERM."""
+    import os
+
+    from agentrl.config import load_config
+    from agentrl.stack import inference_stack
+
+    token = config.token or os.environ.get(TOKEN_ENV) or None
+    generated = token is None
+    token = token or generate_token()
+    cfg = load_config(None, {"model": model, "endpoints": endpoints or None, "tool_parser": tool_parser,
+                             "name": "serve-policy"})
+    async with inference_stack(cfg, log_dir) as stack:
+        service = PolicyService(config, stack.client, stack.chat, model=cfg.inference.served_model_name)
+        async with serving(service, token) as url:
+            print(f"agentrl policy endpoint: {url}/v1 (engines {', '.join(stack.client.endpoints)})",
+                  file=sys.stderr, flush=True)
+            if generated:
+                print(f"agentrl policy endpoint: token {token}  (set {TOKEN_ENV} or pass --token to choose one)",
+                      file=sys.stderr, flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()

@@ -1,0 +1,45 @@
+"""Black-box training on real parts: `examples/blackbox_agent.py` (only the `openai` SDK) is launched per
+episode against the run's policy endpoint, in front of the session vLLM server, and trained on calc with
+the real torchrun trainer; the environment's reward scores its final answers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.metrics import read_jsonl
+from agentrl.train import TrainingRun
+
+pytestmark = pytest.mark.integration
+
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "blackbox_agent.py"
+
+
+async def test_train_an_unmodified_openai_agent_on_calc(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
+    overrides = {
+        "env": "calc", "name": "blackbox", "output_dir": str(tmp_path), "model": str(tiny_model_dir),
+        "endpoints": [vllm_server.url], "steps": 2, "tasks_per_step": 2, "group_size": 4, "eval_size": 4,
+        "eval_every": 0, "checkpoint_every": 0, "engine_warmup": False,
+        "agent": {"command": [sys.executable, str(AGENT)], "reward": "env", "timeout_s": 120},
+    }
+    summary = await TrainingRun(load_config(None, overrides), progress=False).run()
+    recs = read_jsonl(tmp_path / "blackbox" / "metrics.jsonl")
+    train = [r for r in recs if r["kind"] == "train"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == [1, 2] and [r["version"] for r in train] == [1, 2]
+    assert len(evals) == 2 and all(e["num_failed"] == 0 and e["num_episodes"] >= 4 for e in evals), evals
+    for r in train:
+        # every episode of the agent program became at least one row, none failed
+        assert r["num_episodes"] >= 8 and r["num_failed"] == 0, r
+        assert r["model_tokens"] > 0 and r["turns_mean"] >= 1
+        if r["num_trained"]:
+            assert r["train_num_tokens"] > 0 and r["train_loss"] == r["train_loss"]
+            # on-policy: the endpoint's recorded behaviour logprobs match the trainer's
+            assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
+            assert r["train_policy_version"] == r["trained_on_version"] == r["version"] - 1
+    assert sum(r["num_trained"] for r in train) > 0, "no group had two different rewards in two steps"
+    assert summary["steps"] == 2 and 0.0 <= summary["success_after"] <= 1.0
+    assert (tmp_path / "blackbox" / "final_adapter" / "adapter_model.safetensors").is_file()
