@@ -8,11 +8,14 @@ guest address space live in the container's host cgroups, and two facts shape th
 * **Host threads.** Every Sentry thread that runs a guest process gets its own thread in that process's
   stub, so host threads grow far faster than guest processes: a fork bomb held at 128 guest processes by
   ``RLIMIT_NPROC`` peaked at 5,400 to 7,650 host pids (about 60 per guest process; ~1,300 of them stub
-  threads at 1,500), while an idle sandbox holds ~60. When the host pids limit refuses a thread, or the
-  threads' kernel memory fills the memory cgroup, the Sentry dies and the sandbox with it. So the guest is
-  bounded inside gVisor (``nproc = pids_limit``, `guest_ulimits`), the host limit leaves room for ~80 host
-  pids per guest process (`host_pids_limit`), and the headroom must hold the Sentry's cost of a full
-  process table (`RUNSC_MB_PER_PROCESS`; measured 126 MiB at 64 processes, 210 MiB at 128, idle 26 MiB).
+  threads at 1,500), while an idle sandbox holds ~60; on a loaded host (load average 20 on 2 CPUs) a bomb
+  held at 48 went past 64 + 80 per process. The growth is in fact quadratic: a stub may get one thread per
+  Sentry thread, and the Sentry runs about one thread per running guest process plus its own. When the host
+  pids limit refuses a thread, or the threads' kernel memory fills the memory cgroup, the Sentry dies and
+  the sandbox with it. So the guest is bounded inside gVisor (``nproc = pids_limit``, `guest_ulimits`), the
+  host limit is that structural bound (`host_pids_limit`: 24,640 for 128), and the headroom must hold the
+  Sentry's cost of a full process table (`RUNSC_MB_PER_PROCESS`; measured 126 MiB at 64 processes, 210 MiB
+  at 128, idle 26 MiB); the memory limit, not the pids limit, is what bounds the host threads.
 * **The host OOM killer ends the sandbox.** Guest memory is one memory file of the Sentry's; at the memory
   cgroup's limit the host OOM killer picks the stub with the most of it mapped, and gVisor's ptrace platform
   then kills the whole Sentry on purpose (a stub killed by SIGKILL is treated as fatal). gVisor has no
@@ -39,9 +42,8 @@ log = logging.getLogger("agentrl.sandbox")
 
 RUNSC_IDLE_PIDS = 64
 """Host pids an idle runsc sandbox needs (measured: 53 to 61), rounded up."""
-RUNSC_PIDS_PER_PROCESS = 80
-"""Host pids per guest process under runsc's ptrace platform: measured up to ~60 at the peak of a fork bomb
-held at 128 guest processes (7,647 host pids), with room to spare."""
+RUNSC_SENTRY_THREADS = 64
+"""Sentry threads beyond one per running guest process, for the host pids budget (`host_pids_limit`)."""
 RUNSC_SENTRY_MB = 64
 """Memory the Sentry and gofer of a runsc sandbox keep for themselves, MiB (measured: 26 idle)."""
 RUNSC_MB_PER_PROCESS = 2
@@ -51,8 +53,8 @@ guest's own pages (measured: 126 MiB at 64 processes, 210 MiB at 128)."""
 
 def host_pids_limit(runtime: str, pids_limit: int) -> int:
     """The engine's pids limit for a sandbox allowed ``pids_limit`` processes under ``runtime``."""
-    if runtime == "runsc":
-        return RUNSC_IDLE_PIDS + RUNSC_PIDS_PER_PROCESS * pids_limit
+    if runtime == "runsc":  # each guest process's stub may get one thread per Sentry thread
+        return RUNSC_IDLE_PIDS + pids_limit * (pids_limit + RUNSC_SENTRY_THREADS)
     return pids_limit
 
 
