@@ -263,8 +263,16 @@ class DockerSandbox:
         await self._reap()
 
     async def _reap(self) -> None:
-        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid).
-        Retried: right after a fork bomb the pids limit may refuse the reaper's own exec."""
+        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid). The
+        fast-exec helper does it without forking when it is alive and free (a fork bomb keeps the process
+        table full, so a new process may not start); otherwise an exec does, retried for the same reason."""
+        helper = self._helper
+        if helper is not None and helper.alive and helper.lock.acquire(blocking=False):
+            try:
+                if await to_thread(helper.reap):
+                    return
+            finally:
+                helper.lock.release()
         if self._helper is not None:
             self._helper.close()  # the reaper kills it anyway; the next exec starts a fresh one
         for attempt in range(4):

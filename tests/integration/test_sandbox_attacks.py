@@ -98,13 +98,16 @@ async def test_fork_bomb_is_contained(sb: DockerSandbox, tail: str) -> None:
     assert time.monotonic() - t0 < 20 and (r.timed_out or r.exit_code == 2), r
     for _ in range(4):  # a bomb still running: the first spawn failure resets the sandbox (and says so)
         n = await sb.exec("ps -u 1000 -o pid= | wc -l")
-        if n.ok:
+        if n.ok and n.output.strip():
             break
-        # under gVisor a shell that cannot fork sometimes exits 2 with its message lost
+        # under gVisor, right after a bomb, a command's output is sometimes lost (its status is kept)
         assert not n.timed_out and ("[process limit reached" in n.output or n.output == ""), n
     assert n.exit_code == 0 and int(n.output) <= sb.config.pids_limit, n  # contained by the pids limit
     await sb.reset()  # a bomb that outlived its command (the "returns" case) is stopped on demand
-    n = await sb.exec("ps -u 1000 -o pid= | wc -l")
+    for _ in range(2):
+        n = await sb.exec("ps -u 1000 -o pid= | wc -l")
+        if n.output.strip():
+            break
     assert n.exit_code == 0 and int(n.output) < 10, n
 
 
