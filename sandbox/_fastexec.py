@@ -25,7 +25,7 @@ from ._stream import Sink, _hijack
 from ._util import FrameParser
 
 SERVER_SRC = r"""
-import errno, json, os, select, struct, subprocess, sys, time
+import errno, json, os, select, struct, subprocess, sys
 out = sys.stdout.buffer
 def send(kind, data):
     out.write(struct.pack(">cI", kind, len(data)) + data); out.flush()
@@ -40,7 +40,7 @@ for line in sys.stdin.buffer:
                     os.kill(-1, sig)
                 except OSError:
                     pass
-            time.sleep(0.02)
+            select.select([], [], [], 0.02)  # let forks in flight land
             left = 0
             for d in os.listdir("/proc"):
                 if d.isdigit() and int(d) != os.getpid():
