@@ -23,7 +23,9 @@ OWNER_LABEL = "agentrl.owner"
 
 # Run as the sandbox user after a timeout: kill every process that user owns (kill -1 spares the caller
 # and PID 1; the keeper uid's init/timer are out of reach). Escapes via setsid/nohup/double fork die too.
-REAP_SCRIPT = "kill -9 -1 2>/dev/null; exit 0"
+# Stop first, then kill (``kill`` is a shell builtin: no fork needed): a stopped process cannot fork, so a
+# fork bomb's members forked while a pass ran are caught by the next one instead of refilling the table.
+REAP_SCRIPT = "kill -STOP -1 2>/dev/null; kill -STOP -1 2>/dev/null; kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; exit 0"
 
 
 def proc_start_time(pid: int) -> str:
@@ -58,12 +60,19 @@ def _secs(x: float) -> str:
     return f"{x:.3f}".rstrip("0").rstrip(".") + "s"
 
 
-def wrap_command(cmd: str, timeout_s: float, kill_after_s: float = 1.0) -> list[str]:
+def wrap_command(cmd: str, timeout_s: float, kill_after_s: float = 1.0, mem_limit_mb: int | None = None) -> list[str]:
     """argv of an exec: ``timeout --kill-after=K T sh -c CMD``. No quoting is involved: ``cmd`` is one argv
-    element. ``timeout`` puts itself and the command in a new process group and signals the whole group."""
+    element. ``timeout`` puts itself and the command in a new process group and signals the whole group.
+    With ``mem_limit_mb``, a shell first sets the address-space limit (``ulimit -v``, soft and hard, so the
+    command cannot raise it) and then ``exec``s the same argv."""
     if timeout_s <= 0:
         raise ValueError("timeout must be positive")
-    return ["timeout", f"--kill-after={_secs(kill_after_s)}", _secs(timeout_s), "sh", "-c", cmd]
+    argv = ["timeout", f"--kill-after={_secs(kill_after_s)}", _secs(timeout_s), "sh", "-c", cmd]
+    if mem_limit_mb is not None:
+        if mem_limit_mb <= 0:
+            raise ValueError("mem_limit_mb must be positive")
+        argv = ["sh", "-c", 'ulimit -v "$0" && exec "$@"', str(mem_limit_mb * 1024), *argv]
+    return argv
 
 
 def read_file_command(path: str, max_bytes: int) -> list[str]:

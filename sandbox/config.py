@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .runtime import runsc_budget_error
+
 _OWNER: str | None = None
 
 
@@ -50,7 +52,9 @@ class SandboxConfig(BaseModel):
     headroom_mb: int = Field(256, ge=16, le=1048576)
     """Memory kept for processes when both tmpfs are full: ``workspace_mb + tmp_mb + headroom_mb`` must fit in
     ``mem_mb``, so that filling the disk gives "No space left on device" instead of an OOM kill of the
-    sandbox itself."""
+    sandbox itself. Under ``runsc`` it is also each process's address-space limit (a bigger allocation gets
+    ENOMEM), it must hold a full process table (2 MiB per ``pids_limit``), and 64 MiB more must fit in
+    ``mem_mb`` for gVisor's Sentry (see `agentrl.sandbox.runtime`)."""
     user: str = Field("1000:1000", pattern=r"^\d+:\d+$")
     """``uid:gid`` that commands run as (the image's ``agent`` user). Root (uid 0) is refused."""
     keeper_user: str = Field("1001:1001", pattern=r"^\d+:\d+$")
@@ -109,6 +113,10 @@ class SandboxConfig(BaseModel):
                 f"workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + headroom_mb ({self.headroom_mb}) = "
                 f"{need} MiB does not fit in mem_mb ({self.mem_mb}): tmpfs pages count against the memory limit, so "
                 f"a full workspace would OOM-kill the sandbox. Raise mem_mb to {need} or lower the sizes.")
+        if self.runtime == "runsc":
+            why = runsc_budget_error(self.workspace_mb, self.tmp_mb, self.headroom_mb, self.mem_mb, self.pids_limit)
+            if why:
+                raise ValueError(why)
         return self
 
     @property
@@ -135,6 +143,10 @@ class ExecResult:
     oom_killed: bool = False
     """Whether the kernel killed a process of the command for memory (the output then ends with
     ``[killed: out of memory, limit N MiB]``; the exit status is usually 137)."""
+    memory_refused: bool = False
+    """Under ``runsc``: whether the command failed with an allocation refused at its per-process memory limit
+    (recognised by its error message: ``MemoryError``, "Cannot allocate memory", ``std::bad_alloc``, "out of
+    memory"); the output then ends with ``[out of memory: allocation refused, limit N MiB per process]``."""
 
     @property
     def ok(self) -> bool:

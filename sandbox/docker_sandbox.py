@@ -39,11 +39,16 @@ from ._util import (
     wrap_command,
 )
 from .config import ExecResult, SandboxConfig, default_owner
-from .runtime import reap_runtime_leftovers
+from .runtime import process_mem_limit_mb, reap_runtime_leftovers
 
 __all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
 OOM_COUNTER_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
 """Prints the container cgroup's ``oom_kill N`` line (cgroup v2, or v1 on kernels that count kills)."""
+SHELL_FORK_FAILED = re.compile(rb"^sh: \d+: Cannot fork$", re.M)
+"""What the command's ``sh`` prints when it cannot start a process (at the pids limit)."""
+ENOMEM_MESSAGE = re.compile(rb"MemoryError|Cannot allocate memory|std::bad_alloc|out of memory", re.I)
+"""What a failed allocation prints (Python, libc's strerror, C++, most runtimes): under runsc, a process over its
+address-space limit fails this way instead of being killed."""
 
 log = logging.getLogger("agentrl.sandbox")
 
@@ -198,11 +203,13 @@ class DockerSandbox:
         """
         cfg = self.config
         t = cfg.default_timeout_s if timeout is None else float(timeout)
-        argv = wrap_command(cmd, t, cfg.kill_after_s)
+        mem_limit = process_mem_limit_mb(cfg.runtime, cfg.headroom_mb)
+        argv = wrap_command(cmd, t, cfg.kill_after_s, mem_limit)
         buf = OutputBuffer(cfg.max_output_bytes)
         t0 = time.monotonic()
         code, host_gave_up = await self._run(argv, t + cfg.kill_after_s + cfg.host_grace_s,
                                              lambda _s, p: buf.add(p), workdir, env)
+        at_limit = False
         if code == SPAWN_EAGAIN or (code == 125 and b"timeout: fork system call failed" in buf.getvalue()):
             # at the pids limit (e.g. a fork bomb still running): reset, retry once
             log.warning("sandbox %s is at its pids limit: killing its processes", self.id[:12])
@@ -211,16 +218,27 @@ class DockerSandbox:
             code, host_gave_up = await self._run(argv, t + cfg.kill_after_s + cfg.host_grace_s,
                                                  lambda _s, p: buf.add(p), workdir, env)
             code = 126 if code == SPAWN_EAGAIN else code
+            at_limit = code in (125, 126)  # still no room: the bomb refilled the table
         duration = time.monotonic() - t0
         timed_out = host_gave_up or (code in (124, 137) and duration >= t * 0.98)
-        if timed_out:
+        # the command's own shell could not fork: its processes (or a bomb it left) fill the process table
+        at_limit = at_limit or (code == 2 and not timed_out and SHELL_FORK_FAILED.search(buf.getvalue()) is not None)
+        if timed_out or at_limit:
             await self._reap()
         output = buf.getvalue().decode("utf-8", "replace")
+        if at_limit:
+            log.warning("sandbox %s is at its pids limit: killed its processes", self.id[:12])
+            output += (f"\n[process limit reached (pids_limit {cfg.pids_limit}): every process of the sandbox "
+                       "was killed; run the command again]")
         oom = code == 137 and not timed_out and await self._oom_killed_since_last_look()
         if oom:
             output += f"\n[killed: out of memory, limit {cfg.mem_mb} MiB]"
+        refused = (mem_limit is not None and code not in (0, None) and not timed_out and not oom
+                   and ENOMEM_MESSAGE.search(buf.getvalue()) is not None)
+        if refused:
+            output += f"\n[out of memory: allocation refused, limit {mem_limit} MiB per process]"
         return ExecResult(exit_code=-1 if code is None else code, output=output, timed_out=timed_out,
-                          duration=duration, truncated=buf.truncated, oom_killed=oom)
+                          duration=duration, truncated=buf.truncated, oom_killed=oom, memory_refused=refused)
 
     async def _oom_killed_since_last_look(self) -> bool:
         """Whether the container's cgroup counted an OOM kill since the last look (cgroup v2
@@ -245,8 +263,16 @@ class DockerSandbox:
         await self._reap()
 
     async def _reap(self) -> None:
-        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid).
-        Retried: right after a fork bomb the pids limit may refuse the reaper's own exec."""
+        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid). The
+        fast-exec helper does it without forking when it is alive and free (a fork bomb keeps the process
+        table full, so a new process may not start); otherwise an exec does, retried for the same reason."""
+        helper = self._helper
+        if helper is not None and helper.alive and helper.lock.acquire(blocking=False):
+            try:
+                if await to_thread(helper.reap):
+                    return
+            finally:
+                helper.lock.release()
         if self._helper is not None:
             self._helper.close()  # the reaper kills it anyway; the next exec starts a fresh one
         for attempt in range(4):

@@ -172,17 +172,29 @@ async def test_pool_single_use_and_fast(sandbox_image: str, owner: str) -> None:
     assert gc(owner=owner) == []  # close() destroyed the warm ones
 
 
-async def test_a_full_disk_is_an_error_message_and_the_sandbox_stays_usable(sb: DockerSandbox) -> None:
+@pytest.mark.parametrize("runtime", ["runc", "runsc"])
+async def test_a_full_disk_is_an_error_message_and_the_sandbox_stays_usable(sandbox_image: str, owner: str,
+                                                                            runtime: str) -> None:
     """Default budgets: both tmpfs fit in the memory limit with room to spare, so filling them is "No space
-    left on device", not an OOM kill of the sandbox (which is what a 512 MiB limit did before)."""
-    for target in ("big", "/tmp/big"):
-        r = await sb.exec(f"head -c 2000M /dev/zero > {target}", timeout=60)
-        assert r.exit_code != 0 and "No space left on device" in r.output and not r.oom_killed, r
-    alive = await sb.exec("echo alive && python3 -c \"a = bytearray(128 << 20); print(len(a))\"")
-    assert alive.output == f"alive\n{128 << 20}\n", alive
-    r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(4096)]\"", timeout=60)
-    assert r.exit_code == 137 and r.oom_killed and f"limit {sb.config.mem_mb} MiB" in r.output, r
-    assert (await sb.exec("rm big /tmp/big && echo ok")).output == "ok\n"
+    left on device", not an OOM kill of the sandbox (which is what a 512 MiB limit did before). Under gVisor
+    too, where a memory bomb is refused at the per-process limit instead of killed."""
+    if runtime != "runc":
+        from agentrl.sandbox.runtime import engine_runtimes
+
+        have = engine_runtimes(_docker())
+        require(runtime in have, f"the engine has no {runtime} runtime (it has {sorted(have)}); run sandbox/provision.sh")
+    async with DockerSandbox(SandboxConfig(image=sandbox_image, owner=owner, runtime=runtime)) as sb:
+        for target in ("big", "/tmp/big"):
+            r = await sb.exec(f"head -c 2000M /dev/zero > {target}", timeout=60)
+            assert r.exit_code != 0 and "No space left on device" in r.output and not r.oom_killed, r
+        alive = await sb.exec("echo alive && python3 -c \"a = bytearray(128 << 20); print(len(a))\"")
+        assert alive.output == f"alive\n{128 << 20}\n", alive
+        r = await sb.exec("python3 -c \"a = [bytearray(1 << 20) for _ in range(4096)]\"", timeout=60)
+        if runtime == "runsc":
+            assert r.exit_code == 1 and r.memory_refused and f"limit {sb.config.headroom_mb} MiB per process" in r.output, r
+        else:
+            assert r.exit_code == 137 and r.oom_killed and f"limit {sb.config.mem_mb} MiB" in r.output, r
+        assert (await sb.exec("rm big /tmp/big && echo ok")).output == "ok\n"
 
 
 async def test_an_unknown_runtime_is_a_clear_error_and_leaves_nothing(sandbox_image: str, owner: str) -> None:

@@ -61,6 +61,11 @@ def test_wrap_command_keeps_cmd_as_one_argument() -> None:
     assert wrap_command("true", 0.25, 2.5)[1:3] == ["--kill-after=2.5s", "0.25s"]
     with pytest.raises(ValueError):
         wrap_command("true", 0)
+    limited = wrap_command(cmd, 30, mem_limit_mb=96)  # runsc: the address-space limit, then the same argv
+    assert limited[:4] == ["sh", "-c", 'ulimit -v "$0" && exec "$@"', str(96 * 1024)]
+    assert limited[4:] == wrap_command(cmd, 30)
+    with pytest.raises(ValueError):
+        wrap_command("true", 1, mem_limit_mb=0)
     argv = read_file_command("/tmp/a b;rm -rf /", 10)
     assert argv[-2:] == ["11", "/tmp/a b;rm -rf /"]
 
@@ -189,9 +194,26 @@ def test_runsc_gets_a_host_pids_budget_for_the_sentry() -> None:
 
     assert container_kwargs(SandboxConfig(), "img", {})["pids_limit"] == 128
     kw = container_kwargs(SandboxConfig(runtime="runsc"), "img", {})
-    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 128 * 15 + 53
+    # a fork bomb held at 128 guest processes peaked at 7,647 host pids
+    assert kw["runtime"] == "runsc" and kw["pids_limit"] == host_pids_limit("runsc", 128) > 7647
     assert {"name": "nproc", "soft": 128, "hard": 128} in kw["ulimits"]  # counted inside gVisor's kernel
     assert not any(u["name"] == "nproc" for u in container_kwargs(SandboxConfig(), "img", {})["ulimits"])
+
+
+def test_runsc_budgets_are_validated() -> None:
+    from agentrl.sandbox.runtime import process_mem_limit_mb
+
+    cfg = SandboxConfig(runtime="runsc")  # the defaults hold under gVisor too
+    assert cfg.workspace_mb + cfg.tmp_mb + cfg.headroom_mb + 64 <= cfg.mem_mb
+    assert process_mem_limit_mb("runsc", cfg.headroom_mb) == 256 and process_mem_limit_mb("runc", 256) is None
+    SandboxConfig(mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=160)  # fine under runc
+    with pytest.raises(ValidationError, match=r"under runsc, .* \+ 64 MiB for gVisor's Sentry = 320 MiB does not fit "
+                                              r"in mem_mb \(256\).*Raise mem_mb to 320"):
+        SandboxConfig(mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=160, runtime="runsc")
+    with pytest.raises(ValidationError, match=r"pids_limit 128 x 2 MiB .* = 256 MiB\) does not fit in headroom_mb "
+                                              r"\(96\).*lower pids_limit to 48"):
+        SandboxConfig(mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=96, runtime="runsc")
+    SandboxConfig(mem_mb=256, workspace_mb=64, tmp_mb=32, headroom_mb=96, pids_limit=48, runtime="runsc")
 
 
 def test_runtime_leftovers_are_found_by_container_id_and_killed(tmp_path) -> None:
