@@ -31,11 +31,17 @@ from agentrl.inference.protocol import (
 from agentrl.inference.routing import Endpoint, EndpointPool, NoLiveEngine
 from agentrl.retry import RetriesExhausted, Retry, RetryPolicy
 
-__all__ = ["ContextLengthError", "EndpointPool", "Generation", "InferenceClient", "InferenceError", "NoEnginesError"]
+__all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", "InferenceClient", "InferenceError",
+           "NoEnginesError"]
 
 
 class NoEnginesError(InferenceError):
     """Every endpoint is out of rotation (dead, hung, or failed a broadcast)."""
+
+
+class EngineRefused(InferenceError):
+    """An admin call found nothing accepting connections at an endpoint, through every retry: its server
+    is not running."""
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +177,16 @@ class InferenceClient:
         return parse_body(parsers[1], r, ep.url)
 
     async def _call(self, ep: Endpoint, method: str, path: str, **kw: Any) -> httpx.Response:
-        """One admin call on one endpoint, retrying transient failures with backoff."""
+        """One admin call on one endpoint, retrying transient failures with backoff (:class:`EngineRefused`
+        when the last attempt's connection was refused)."""
+        refused = False
 
         async def attempt(_: int) -> httpx.Response:
+            nonlocal refused
             try:
                 return await self._send(ep, method, path, **kw)
             except TransientError as e:
+                refused = e.refused
                 raise Retry(str(e)) from None
             except RouteUnavailable as e:
                 raise InferenceError(f"{e} (is the server started with VLLM_SERVER_DEV_MODE=1 and "
@@ -186,8 +196,9 @@ class InferenceClient:
         try:
             return await self.retry.run(attempt)
         except RetriesExhausted as e:
-            raise InferenceError(f"{method} {ep.url}{path} failed after {len(e.errors)} attempts; "
-                                 f"last error: {e}", endpoint=ep.url) from None
+            error = EngineRefused if refused else InferenceError
+            raise error(f"{method} {ep.url}{path} failed after {len(e.errors)} attempts; "
+                        f"last error: {e}", endpoint=ep.url) from None
 
     def _targets(self, only: list[str] | None) -> list[Endpoint]:
         """The endpoints in rotation among those named in ``only`` (all when None); an unknown URL is an
@@ -210,6 +221,14 @@ class InferenceClient:
         if not failed:
             return results
         if len(failed) == len(eps) or len(self.pool.endpoints) == 1:
+            others_live = [e for e in self.pool.live if e.url not in {f.url for f in eps}]
+            if len(failed) == len(eps) and not others_live and all(isinstance(r, EngineRefused) for _, r in failed):
+                # the last engines are gone (not merely erring): out of rotation, and the caller learns that
+                # none is left rather than why one call failed
+                for ep, r in failed:
+                    self.pool.mark_down(ep.url, f"{what} failed: {r}")
+                raise NoEnginesError(f"{what}: no inference engine accepts connections any more (" + "; ".join(
+                    f"{ep.url}: {r}" for ep, r in failed) + ")")
             if len(failed) == 1 and isinstance(failed[0][1], InferenceError):
                 raise failed[0][1]
             raise InferenceError("; ".join(str(r) for _, r in failed))

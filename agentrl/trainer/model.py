@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
@@ -60,13 +61,21 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def build_model(cfg: TrainerConfig, mesh: DeviceMesh) -> nn.Module:
-    """Load the model, add LoRA (seeded, so identical on every rank) and shard it with FSDP2."""
-    from transformers import AutoModelForCausalLM
+def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
+    """The HF model with LoRA added (seeded): its weights loaded from ``cfg.model_path``, or on the meta
+    device (shapes only, no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        cfg.model_path, dtype=torch.float32, attn_implementation=cfg.attn_implementation
-    )
+    if on_meta:
+        config = AutoConfig.from_pretrained(cfg.model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+            )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.model_path, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+        )
     model.config.use_cache = False
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -82,6 +91,31 @@ def build_model(cfg: TrainerConfig, mesh: DeviceMesh) -> nn.Module:
         )
         torch.manual_seed(cfg.seed)
         model = get_peft_model(model, lora_cfg)
+    return model
+
+
+def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Buffers that are not in the state dict (rotary ``inv_freq``...): computed at construction, so
+    garbage after ``to_empty``."""
+    out = {}
+    for prefix, module in model.named_modules():
+        for name in module._non_persistent_buffers_set:
+            buf = module._buffers.get(name)
+            if buf is not None:
+                out[f"{prefix}.{name}" if prefix else name] = buf
+    return out
+
+
+def build_model(cfg: TrainerConfig, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """The (LoRA) model sharded with FSDP2, with the full weights on rank 0 only.
+
+    Rank 0 loads the weights and adds LoRA (seeded); every other rank builds the same model on the meta
+    device. All shard it; the other ranks allocate only their own shards on ``device`` and receive them
+    from rank 0's weights (one tensor at a time), then the buffers that are not in the state dict.
+    """
+    rank = dist.get_rank()
+    model = _causal_lm(cfg, on_meta=rank != 0)
+    full = model.state_dict() if rank == 0 else {}
     mp = None
     if cfg.dtype == "bfloat16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -89,6 +123,16 @@ def build_model(cfg: TrainerConfig, mesh: DeviceMesh) -> nn.Module:
     for layer in _decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if dist.get_world_size() > 1:
+        if rank != 0:
+            model.to_empty(device=device)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+        set_model_state_dict(model, full, options=options)
+        with torch.no_grad():
+            for _, buf in sorted(_non_persistent_buffers(model).items()):
+                dist.broadcast(buf, src=0)
+    del full
+    torch.manual_seed(cfg.seed)  # the same RNG state on every rank, whichever way it built the model
     model.train()
     return model
 

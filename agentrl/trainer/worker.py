@@ -46,7 +46,7 @@ class Worker:
         if cfg.loss.kl_coef > 0 and not cfg.lora:
             raise ValueError("loss.kl_coef > 0 needs lora=True (the reference policy is the base model)")
         mesh = init_device_mesh(self.device.type, (self.world,))
-        self.model = model_io.build_model(cfg, mesh)
+        self.model = model_io.build_model(cfg, mesh, self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay

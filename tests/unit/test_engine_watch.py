@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.engine_watch import EngineWatch
-from agentrl.inference.client import InferenceClient, NoEnginesError
+from agentrl.inference.client import InferenceClient, InferenceError, NoEnginesError
 from agentrl.inference.routing import EndpointPool
 
 DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
@@ -31,6 +31,25 @@ async def test_failed_broadcast_drops_only_the_failing_endpoint() -> None:
         client.pool.mark_down("http://127.0.0.1:8", "test")
         with pytest.raises(NoEnginesError):
             await client.set_weight_version("3")
+
+
+async def test_a_broadcast_that_finds_the_last_engine_gone_says_none_is_left() -> None:
+    """A run's only engine killed: its weight update is refused, so the run learns that no engine is left
+    (and stops with a checkpoint) instead of failing on one call."""
+    async with InferenceClient([DEAD], timeout_s=2, max_retries=1) as client:
+        with pytest.raises(NoEnginesError, match="no inference engine accepts connections"):
+            await client.collective_rpc("agentrl_update", kwargs={"x": "1"})
+        assert not client.pool.live and "collective_rpc agentrl_update" in str(client.pool.endpoints[0].down)
+
+
+async def test_a_refused_engine_with_another_in_rotation_is_not_none_left() -> None:
+    """Only a subset of the engines (those of one sync path) gone while another is in rotation: the
+    failure is the caller's to handle, not a run without engines."""
+    async with InferenceClient([DEAD, "http://127.0.0.1:8"], timeout_s=2, max_retries=1) as client:
+        with pytest.raises(InferenceError) as info:
+            await client.set_weight_version("3", only=[DEAD])
+        assert not isinstance(info.value, NoEnginesError)
+        assert len(client.pool.live) == 2
 
 
 async def test_watch_drops_an_unresponsive_engine_and_notices_none_is_left() -> None:

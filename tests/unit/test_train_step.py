@@ -34,7 +34,7 @@ def make_step(model_dir: Path, **kw: object):
     from agentrl.trainer.train_step import TrainStep
 
     cfg = TrainerConfig(model_path=str(model_dir), lora_rank=4, lr=1e-3, **kw)
-    model = model_io.build_model(cfg, init_device_mesh("cpu", (1,)))
+    model = model_io.build_model(cfg, init_device_mesh("cpu", (1,)), torch.device("cpu"))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr)
     return TrainStep(model, opt, cfg, torch.device("cpu"))
 
