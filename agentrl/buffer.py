@@ -48,6 +48,18 @@ def group_oldest_version(group: list[Trajectory]) -> int | None:
     return oldest_version(v for traj in group for v in traj.versions)
 
 
+def newest_version(versions: Iterable[int]) -> int | None:
+    """The newest policy version among model tokens (``-1`` marks non-model tokens); None if none."""
+    return max((v for v in versions if v >= 0), default=None)
+
+
+def group_staleness_version(group: list[Trajectory], staleness_from: str = "oldest") -> int | None:
+    """The version a group's staleness is measured from (``pipeline.staleness_from``): its oldest or its
+    newest model token."""
+    versions = (v for traj in group for v in traj.versions)
+    return newest_version(versions) if staleness_from == "newest" else oldest_version(versions)
+
+
 class BufferCore(Generic[T]):
     """Admission, completion and batch selection bookkeeping; pure (no asyncio, no clock)."""
 
@@ -227,6 +239,7 @@ class RolloutBuffer:
 
     def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
         self.core: BufferCore[list[Trajectory]] = BufferCore(pipe, groups_per_step, start_version)
+        self.staleness_from = pipe.staleness_from
         self.core.on_drop = self._count_drop
         self._dropped_tokens = 0
         self._changed = asyncio.Event()
@@ -270,7 +283,7 @@ class RolloutBuffer:
         """Complete an admitted group (pass ``admit``'s return value when known)."""
         if self._closed:
             raise BufferClosed("rollout buffer closed")
-        self.core.complete(group, group_oldest_version(group), admitted_version)
+        self.core.complete(group, group_staleness_version(group, self.staleness_from), admitted_version)
         self._notify()
 
     async def get_batch(self, trainer_version: int) -> list[list[Trajectory]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 MARK = "agentrl-turn-marker"
 """Content of the dummy assistant turn: found again in renders to cut the delta after its end token."""
+_MAX_CACHED_OPENINGS = 256
+"""Opening prompts whose ids :meth:`ChatFormat.prompt_ids` keeps (a few batches of groups)."""
+_MAX_CACHED_OBSERVATIONS = 1024
+"""Observation deltas whose ids :meth:`ChatFormat.observation_ids` keeps."""
 _DUMMY_USER = {"role": "user", "content": "x"}
 _DUMMY_ASSISTANT = {"role": "assistant", "content": MARK}
 _DUMMY_CALL = {"role": "assistant", "content": "", "tool_calls": [
@@ -116,6 +121,9 @@ class ChatFormat:
         self.eos_token_id: int = stop[0]
         """The main end-of-turn token (the template's, else the tokenizer's eos)."""
         self.eos_text: str = tokenizer.convert_ids_to_tokens(self.eos_token_id)
+        self._openings: OrderedDict[str, list[int]] = OrderedDict()
+        self._observations: OrderedDict[str, list[int]] = OrderedDict()
+        self._call_id_rendered: dict[str, bool] = {}
 
     def _render_msgs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      gen: bool = False) -> str:
@@ -142,8 +150,21 @@ class ChatFormat:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """Token ids of the opening prompt, ending with the generation prompt."""
-        return self.encode(self._render(messages, tools, gen=True))
+        """Token ids of the opening prompt, ending with the generation prompt.
+
+        The episodes of a GRPO group open on the same messages: the ids of recent openings are kept
+        (keyed by the messages and tools as JSON), so a group renders and tokenizes its prompt once.
+        """
+        key = json.dumps([messages, tools], sort_keys=True, default=str)
+        ids = self._openings.get(key)
+        if ids is None:
+            ids = self.encode(self._render(messages, tools, gen=True))
+            self._openings[key] = ids
+            while len(self._openings) > _MAX_CACHED_OPENINGS:
+                self._openings.popitem(last=False)
+        else:
+            self._openings.move_to_end(key)
+        return list(ids)
 
     def _after_turn(self, rendered: str) -> str:
         """The text after the dummy assistant turn's end-of-turn token in ``rendered``."""
@@ -182,8 +203,46 @@ class ChatFormat:
 
     def observation_ids(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                         ended_with: int | None = None) -> list[int]:
-        """Token ids to append after an assistant turn (see :meth:`observation_text`)."""
-        return self.encode(self.observation_text(new_messages, tools, ended_with))
+        """Token ids to append after an assistant turn (see :meth:`observation_text`).
+
+        Rendering the template is most of the agent loop's own CPU per turn, and the episodes of a group
+        often see the same observation (the same call, the same result). Recent deltas are kept, keyed by
+        the new messages, the tools and whether the turn was closed; tool-call ids are left out of the key
+        when the template does not render them (checked once per tools list by rendering two ids), since
+        every call has a fresh id.
+        """
+        closed = ended_with is None or ended_with in self.end_of_turn_ids or (
+            not self.end_of_turn_ids and ended_with == self.eos_token_id)
+        tools_key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
+        if self._renders_call_ids(tools, tools_key):
+            shown = new_messages
+        else:
+            shown = [{k: v for k, v in m.items() if k != "tool_call_id"} for m in new_messages]
+        key = json.dumps([shown, closed], sort_keys=True, default=str) + tools_key
+        ids = self._observations.get(key)
+        if ids is None:
+            ids = self.encode(self.observation_text(new_messages, tools, ended_with))
+            self._observations[key] = ids
+            while len(self._observations) > _MAX_CACHED_OBSERVATIONS:
+                self._observations.popitem(last=False)
+        else:
+            self._observations.move_to_end(key)
+        return list(ids)
+
+    def _renders_call_ids(self, tools: list[dict[str, Any]] | None, tools_key: str) -> bool:
+        """Whether the template's rendering of a tool message depends on its ``tool_call_id``."""
+        known = self._call_id_rendered.get(tools_key)
+        if known is None:
+            def probe(call_id: str) -> str:
+                msg = {"role": "tool", "content": MARK, "tool_call_id": call_id, "name": "probe"}
+                return self._render([_DUMMY_USER, _DUMMY_CALL, msg], tools, gen=True)
+
+            try:
+                known = probe("a1b2c3d4e") != probe("f5e6d7c8b")
+            except Exception:  # a template that cannot render the probe: never leave the id out
+                known = True
+            self._call_id_rendered[tools_key] = known
+        return known
 
     def ends_turn(self, ids: list[int]) -> bool:
         """Whether model output ``ids`` ends with a stop token (a finished turn, not a cut one)."""

@@ -386,6 +386,12 @@ def bench_logprobs(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.logprobs", ctx)
 
 
+@bench_app.command("loop", context_settings=_PASSTHROUGH)
+def bench_loop(ctx: typer.Context) -> None:
+    """Agent loop vs raw requests on the same vLLM server: tokens/s of each (--episodes, --concurrency, --json)."""
+    _passthrough("agentrl.bench.loop", ctx)
+
+
 @bench_app.command("sandbox", context_settings=_PASSTHROUGH)
 def bench_sandbox(ctx: typer.Context) -> None:
     """Sandbox start, warm-pool acquire, exec latency and 32-way concurrency."""

@@ -74,6 +74,13 @@ class PipelineConfig(BaseModel):
     drop_policy: Literal["drop_stale", "block"] = "block"
     """``block``: batches are taken in admission order, so nothing goes stale and nothing is dropped;
     ``drop_stale``: batches are taken in completion order, and groups overtaken past η are dropped (counted)."""
+    staleness_from: Literal["oldest", "newest"] = "oldest"
+    """Which model token of a group its staleness (and so the η bound and ``drop_stale``) is measured from.
+    ``oldest``: every trained token is at most η versions old. ``newest``: a group is kept as long as it was
+    still generating within η versions, so a long episode continued across weight updates (partial
+    rollouts) is trained instead of dropped; its older tokens can be more than η versions old and rely on
+    the loss's importance correction (``trainer.loss.is_correction``, capped), which the
+    ``staleness_*`` metrics show."""
     capacity_groups: int | None = Field(None, ge=1)
     """Groups in flight plus buffered at most (back-pressure on the producer); default (η + 1) · groups
     per step. Must hold at least one step's groups."""

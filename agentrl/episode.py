@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.environment import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
+from agentrl.environment import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError, within
 from agentrl.types import SCORED_STOP_REASONS, Message, StopReason, ToolCall
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class Episode:
         try:
             self.env = self.env_cls()
             self.env.task = self.task
-            opening = await asyncio.wait_for(self.env.reset(self.task), timeout=self.reset_timeout_s)
+            opening = await within(self.env.reset(self.task), self.reset_timeout_s)
             if isinstance(opening, str):
                 if self.env.system_prompt:
                     self.messages.append(Message(role="system", content=self.env.system_prompt))
@@ -300,8 +300,7 @@ class Episode:
         if self.stop_reason in SCORED_STOP_REASONS and self.env is not None:
             t0 = time.perf_counter()
             try:
-                result = await asyncio.wait_for(self.env.reward(list(messages or self.messages)),
-                                                timeout=self.reward_timeout_s)
+                result = await within(self.env.reward(list(messages or self.messages)), self.reward_timeout_s)
                 self.reward, self.metrics = check_reward(result, f"{self.env_cls.__name__}.reward()")
             except asyncio.TimeoutError:
                 self._fail(f"TimeoutError: reward timed out after {self.reward_timeout_s}s")
@@ -362,7 +361,7 @@ class Episode:
         t0 = time.perf_counter()
         try:
             pending = env.call_tool(name, call.arguments)
-            result = obs(await (pending if step_left is None else asyncio.wait_for(pending, timeout=step_left)))
+            result = obs(await (pending if step_left is None else within(pending, step_left)))
         except ToolArgumentError as e:
             self.num_malformed_tool_calls += 1
             result = obs(f"Error: {e}", "invalid_arguments")

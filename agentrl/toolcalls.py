@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ _START_ATTRS = ("tool_call_start_token", "bot_token", "tool_calls_start_token", 
 _START_MARKERS = {"qwen3_coder": "<tool_call>", "qwen3_xml": "<tool_call>", "llama3_json": "<|python_tag|>",
                   "llama4_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
 """Where a parser object does not expose the text that opens a call: the marker of its format."""
+_MAX_CACHED_REQUESTS = 64
 
 
 @dataclass
@@ -131,11 +133,24 @@ class ToolCallParser:
             _START_MARKERS.get(name))
         """The text that opens a tool call in this format (None where the format has no fixed marker)."""
         self._json_blocks = self.start_marker == "<tool_call>" and getattr(cls, "tool_call_end_token", "") == "</tool_call>"
+        self._requests: OrderedDict[str, Any] = OrderedDict()
 
     def _request(self, tools: list[dict[str, Any]] | None) -> Any:
+        """The request the parser reads ``tools`` from. Building it (pydantic validation of vLLM's request
+        model) cost more than the parse itself, so one is kept per distinct tools list (an episode's tools
+        do not change between turns)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        return ChatCompletionRequest(model="agentrl", messages=[], tools=tools or None)
+        key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
+        req = self._requests.get(key)
+        if req is None:
+            req = ChatCompletionRequest(model="agentrl", messages=[], tools=tools or None)
+            self._requests[key] = req
+            while len(self._requests) > _MAX_CACHED_REQUESTS:
+                self._requests.popitem(last=False)
+        else:
+            self._requests.move_to_end(key)
+        return req
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         """Split ``text`` (one model turn, end token removed) into content and tool calls; never raises."""

@@ -26,9 +26,11 @@ from agentrl.bench.traces import MIXES, make_trace, mix_spec
 from agentrl.config import PipelineConfig
 
 
-def summarize(res: SimResult, slots: int) -> dict[str, Any]:
-    """Headline figures of one replay."""
+def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, Any]:
+    """Headline figures of one replay (``eta``: the bound that ``tokens_beyond_eta_frac`` is counted past)."""
     total = max(res.total_s, 1e-9)
+    aged = sum(res.token_ages.values())
+    token_ages = {k: round(v / aged, 4) for k, v in sorted(res.token_ages.items())} if aged else {}
     step_s = [b - a for a, b in zip([0.0, *res.step_ends_s], res.step_ends_s, strict=False)]
     return {
         "total_s": round(res.total_s, 3),
@@ -48,6 +50,8 @@ def summarize(res: SimResult, slots: int) -> dict[str, Any]:
         "dropped_capacity": res.buffer.get("dropped_capacity", 0),
         "dropped_token_frac": res.dropped_output_tokens
         / max(res.dropped_output_tokens + res.trained_output_tokens, 1e-9),
+        "trained_token_staleness": token_ages,
+        "tokens_beyond_eta_frac": round(sum(v for k, v in token_ages.items() if k > (eta or 0)), 4),
         "trace_exhausted": res.trace_exhausted,
     }
 
@@ -62,6 +66,7 @@ def run_pipeline_bench(
     group_size: int = 8,
     capacity_groups: int | None = None,
     drop_policy: Literal["drop_stale", "block"] = "drop_stale",
+    staleness_from: Literal["oldest", "newest"] = "oldest",
     params: SimParams | None = None,
     tail: Literal["lognormal", "pareto"] | None = None,
     sigma: float | None = None,
@@ -79,12 +84,13 @@ def run_pipeline_bench(
     # async may need groups beyond `steps` batches: replacements for dropped groups, plus the lookahead
     trace = make_trace(spec, 2 * steps + eta + 2, groups_per_step, group_size, seed)
     pipe = PipelineConfig(max_staleness=eta, capacity_groups=capacity_groups or 4 * groups_per_step,
-                          drop_policy=drop_policy)
+                          drop_policy=drop_policy, staleness_from=staleness_from)
     res_sync = PipelineSim(trace, p, "sync", steps).run()
     res_async = PipelineSim(trace, p, "async", steps, pipe).run()
-    s, a = summarize(res_sync, p.slots), summarize(res_async, p.slots)
+    s, a = summarize(res_sync, p.slots, 0), summarize(res_async, p.slots, eta)
     out: dict[str, Any] = {
         "mix": mix, "seed": seed, "eta": eta, "steps": steps, "drop_policy": drop_policy,
+        "staleness_from": staleness_from,
         "groups_per_step": groups_per_step, "group_size": group_size,
         "capacity_groups": pipe.capacity(groups_per_step),
         "async_over_sync": a["tokens_per_s"] / max(s["tokens_per_s"], 1e-12),
@@ -93,6 +99,8 @@ def run_pipeline_bench(
         "max_staleness_seen": a["max_staleness_seen"], "staleness_hist": a["staleness_hist"],
         "dropped_groups": a["dropped_stale"] + a["dropped_capacity"],
         "dropped_token_frac": a["dropped_token_frac"],
+        "trained_token_staleness": a["trained_token_staleness"],
+        "tokens_beyond_eta_frac": a["tokens_beyond_eta_frac"],
         "sync": s, "async": a, "params": asdict(p), "trace": asdict(spec),
     }
     if out_dir is not None:
@@ -189,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--capacity", type=int, default=None, help="capacity_groups (default 4 batches)")
     ap.add_argument("--policy", choices=["drop_stale", "block"], default="drop_stale")
+    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default="oldest",
+                    help="pipeline.staleness_from: measure a group's staleness from its oldest or newest token")
     ap.add_argument("--tail", choices=["lognormal", "pareto"], default=None)
     ap.add_argument("--sigma", type=float, default=None, help="lognormal σ of output lengths")
     ap.add_argument("--gpus", default="8:8",
@@ -214,7 +224,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SimParams.for_gpus(n_inf, n_train, **overrides)
     r = run_pipeline_bench(args.mix, args.steps, args.eta, args.seed, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, capacity_groups=args.capacity, drop_policy=args.policy,
-                           params=params, tail=args.tail, sigma=args.sigma, out_dir=args.out)
+                           staleness_from=args.staleness_from, params=params, tail=args.tail, sigma=args.sigma, out_dir=args.out)
     print(format_table(r))
     headline = {k: v for k, v in r.items() if k not in ("sync", "async", "params", "trace")}
     headline["gpus"] = f"{n_inf}:{n_train}"

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.bench.traces import Episode, Trace
-from agentrl.buffer import BufferCore, oldest_version
+from agentrl.buffer import BufferCore, newest_version, oldest_version
 from agentrl.config import PipelineConfig
 
 
@@ -86,6 +86,11 @@ class _Group:
     def oldest(self) -> int | None:
         return oldest_version(v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6)
 
+    def measured(self, staleness_from: str) -> int | None:
+        """The version its staleness is measured from (``pipeline.staleness_from``)."""
+        versions = [v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6]
+        return (newest_version if staleness_from == "newest" else oldest_version)(versions)
+
 
 @dataclass(eq=False)
 class _Ep:
@@ -114,6 +119,9 @@ class SimResult:
     dropped_output_tokens: float = 0.0
     """Generated tokens of groups the buffer dropped: decode work never trained."""
     staleness_hist: Counter[int] = field(default_factory=Counter)
+    """Trained groups by the staleness of their oldest token."""
+    token_ages: Counter[int] = field(default_factory=Counter)
+    """Trained generated tokens by their staleness (trainer version minus the token's version)."""
     buffer: dict[str, Any] = field(default_factory=dict)
     step_ends_s: list[float] = field(default_factory=list)
     train_iv: list[tuple[float, float]] = field(default_factory=list)
@@ -133,6 +141,7 @@ class PipelineSim:
         if mode == "async":
             pipe = pipeline or PipelineConfig(max_staleness=1, drop_policy="drop_stale")
             self.core: BufferCore[_Group] = BufferCore(pipe, self.B)
+            self.staleness_from = pipe.staleness_from
             self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
             raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
@@ -217,7 +226,7 @@ class PipelineSim:
                 batch, self.done_groups = self.done_groups, []
                 self._train(batch)
         else:
-            self.core.complete(g, g.oldest(), g.admitted_version)
+            self.core.complete(g, g.measured(self.staleness_from), g.admitted_version)
             self._try_train()
 
     def _try_admit(self) -> None:
@@ -246,6 +255,9 @@ class PipelineSim:
         for g in batch:
             oldest = g.oldest()
             self.res.staleness_hist[0 if oldest is None else self.version - oldest] += 1
+            for m in g.members:
+                for v, n in m.tokens_by_version.items():
+                    self.res.token_ages[self.version - v] += n
         self.res.trained_groups += len(batch)
         self.res.trained_tokens += tokens
         self.res.train_s += dur

@@ -4,7 +4,8 @@ Generation prefers vLLM's token-in/token-out route ``POST /inference/v1/generate
 and logprobs, weight-version spans) and falls back to ``POST /v1/completions`` with a token-id prompt
 when an endpoint does not serve it (detected once per endpoint). Special tokens are never skipped: a
 generation ended by EOS or a stop token id has that id as its last token (and a logprob for it).
-Routing: least outstanding requests; a ``key`` (e.g. an episode id) keeps one episode on one endpoint so
+Routing: least outstanding tokens (prompt plus ``max_tokens`` of each request in flight,
+:mod:`agentrl.inference.routing`); a ``key`` (e.g. an episode id) keeps one episode on one endpoint so
 its growing prompt hits that engine's prefix cache.
 """
 
@@ -132,6 +133,7 @@ class InferenceClient:
         if cache_salt:
             gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
         tried: list[str] = []
+        cost = len(prompt_ids) + max_tokens
 
         async def attempt(_: int) -> Generation:
             try:
@@ -139,6 +141,7 @@ class InferenceClient:
             except NoLiveEngine as e:
                 raise NoEnginesError(str(e)) from None
             ep.outstanding += 1
+            ep.outstanding_tokens += cost
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
             except TransientError as e:
@@ -150,6 +153,7 @@ class InferenceClient:
                 raise Retry(f"{ep.url}: {e}") from None
             finally:
                 ep.outstanding -= 1
+                ep.outstanding_tokens -= cost
             if len(gen.logprobs) != len(gen.token_ids):
                 raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
                                      f"{len(gen.logprobs)} logprobs", endpoint=ep.url)

@@ -1,4 +1,11 @@
-"""Endpoint selection for the inference client: least outstanding requests, sticky keys."""
+"""Endpoint selection for the inference client: least outstanding tokens, sticky keys.
+
+An engine's load is the work it has taken on and not finished: for every request in flight, its prompt
+plus the tokens it may still generate (``max_tokens``). Agentic requests differ by orders of magnitude in
+both (a first turn of 200 tokens next to a 30-turn context of 20k), so counting requests sends a new one
+to an engine that holds a few huge ones while another holds many small ones; counting tokens does not.
+Ties (e.g. an idle pool) go to the engine with fewer requests, then rotate.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,9 @@ class Endpoint:
 
     url: str
     outstanding: int = 0
+    """Requests in flight."""
+    outstanding_tokens: int = 0
+    """Tokens of the requests in flight: prompt plus ``max_tokens`` of each (see the module docstring)."""
     mode: str | None = None  # "generate" | "completions" once detected
     down: str | None = None
     """Why the endpoint is out of rotation (None: in rotation). See :meth:`EndpointPool.mark_down`."""
@@ -23,7 +33,7 @@ class NoLiveEngine(RuntimeError):
 
 
 class EndpointPool:
-    """Least-outstanding-requests selection with optional sticky keys (pure logic, no I/O)."""
+    """Least-outstanding-tokens selection with optional sticky keys (pure logic, no I/O)."""
 
     def __init__(self, urls: Iterable[str], max_keys: int = 65536) -> None:
         self.endpoints = [Endpoint(u.rstrip("/")) for u in urls]
@@ -35,7 +45,8 @@ class EndpointPool:
 
     def pick(self, key: str | None = None, avoid: Iterable[str] = ()) -> Endpoint:
         """The endpoint for a request: ``key``'s endpoint if it has one (and it is not in ``avoid``),
-        else the least loaded one (ties rotate); ``key`` then sticks to it."""
+        else the least loaded one: fewest outstanding tokens, then fewest requests, then in rotation;
+        ``key`` then sticks to it (its episode's next turns reuse that engine's prefix cache)."""
         avoid = set(avoid)
         if key is not None and (ep := self._sticky.get(key)) is not None and ep.url not in avoid and not ep.down:
             self._sticky.move_to_end(key)
@@ -48,7 +59,7 @@ class EndpointPool:
         n = len(candidates)
         start = self._rr % n
         self._rr += 1
-        ep = min((candidates[(start + i) % n] for i in range(n)), key=lambda e: e.outstanding)
+        ep = min((candidates[(start + i) % n] for i in range(n)), key=lambda e: (e.outstanding_tokens, e.outstanding))
         if key is not None:
             self._sticky[key] = ep
             self._sticky.move_to_end(key)

@@ -77,8 +77,11 @@ class CalcEnv(Environment):
         self.task = task
         return str(task["question"])
 
+    # An async tool runs on the event loop, in the episode's own task: the evaluator's limits keep every
+    # call to microseconds, so a worker thread (for tools that may block) would only add a round trip
+    # through the thread pool and the event loop to every turn.
     @tool
-    def calculate(self, expression: str) -> str:
+    async def calculate(self, expression: str) -> str:
         """Evaluate an arithmetic expression and return the result.
 
         Args:

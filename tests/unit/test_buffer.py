@@ -239,3 +239,31 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
     results = await asyncio.gather(*producers, return_exceptions=True)
     assert all(isinstance(r, BufferClosed) for r in results)
     assert len(seen) == steps * b and max(seen) <= eta
+
+
+def test_group_staleness_version_oldest_or_newest() -> None:
+    from agentrl.buffer import group_staleness_version
+    from agentrl.types import Trajectory
+
+    group = [Trajectory(task_id="t", env="e", versions=[-1, 3, 3, 4, -1, 5]),
+             Trajectory(task_id="t", env="e", versions=[-1, 4])]
+    assert group_staleness_version(group) == 3
+    assert group_staleness_version(group, "newest") == 5
+    assert group_staleness_version([Trajectory(task_id="t", env="e", versions=[-1, -1])], "newest") is None
+
+
+def test_buffer_measures_staleness_from_the_configured_token() -> None:
+    """With staleness_from = "newest", a group whose newest token is within η is trained where "oldest"
+    drops it (the real buffer's put, drop_stale, η = 1, trainer at version 3)."""
+    from agentrl.buffer import RolloutBuffer
+
+    async def run(rule: str) -> tuple[list | None, int]:
+        buf = RolloutBuffer(PipelineConfig(max_staleness=1, drop_policy="drop_stale", staleness_from=rule), 1)
+        adm = await buf.admit()
+        buf.set_version(3)
+        buf.put([Trajectory(task_id="t", env="e", versions=[0, 0, 2, 3])], adm)
+        return buf.core.try_take(3), buf.core.dropped_stale
+
+    assert asyncio.run(run("oldest")) == (None, 1)
+    batch, dropped = asyncio.run(run("newest"))
+    assert dropped == 0 and batch is not None and len(batch) == 1

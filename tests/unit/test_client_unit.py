@@ -23,12 +23,24 @@ def _gen_body(ids: list[int], versions: list[dict] | None = None, finish: str = 
 # ---- endpoint selection ---------------------------------------------------------------------------------
 
 
-def test_pool_least_outstanding() -> None:
+def test_pool_least_outstanding_requests_when_tokens_tie() -> None:
     pool = EndpointPool([A, B, C])
     pool.endpoints[0].outstanding = 3
     pool.endpoints[1].outstanding = 1
     pool.endpoints[2].outstanding = 2
     assert pool.pick().url == B
+
+
+def test_pool_dispatches_by_outstanding_tokens_not_requests() -> None:
+    """A holds one long-context request, B three short ones: by requests A is the lighter engine, by the
+    work it holds it is the heavier one, and the new request goes to B."""
+    pool = EndpointPool([A, B])
+    a, b = pool.endpoints
+    a.outstanding, a.outstanding_tokens = 1, 20_000 + 4_096
+    b.outstanding, b.outstanding_tokens = 3, 3 * (300 + 512)
+    assert {pool.pick().url for _ in range(4)} == {B}
+    b.outstanding_tokens = 30_000  # now B holds more work than A
+    assert pool.pick().url == A
 
 
 def test_pool_ties_rotate() -> None:
@@ -197,7 +209,31 @@ async def test_least_outstanding_under_concurrency() -> None:
     async with _client(handler, endpoints=(A, B, C)) as c:
         gens = await asyncio.gather(*(c.generate([1], max_tokens=1) for _ in range(30)))
         assert Counter(g.endpoint for g in gens) == {A: 10, B: 10, C: 10}
-        assert all(e.outstanding == 0 for e in c.pool.endpoints)
+        assert all(e.outstanding == 0 and e.outstanding_tokens == 0 for e in c.pool.endpoints)
+
+
+async def test_generate_counts_prompt_and_max_tokens_while_in_flight() -> None:
+    """While a request is in flight its engine holds len(prompt) + max_tokens outstanding tokens; a long
+    request on A sends the short ones that follow to B, and everything is released at the end."""
+    release = asyncio.Event()
+    seen: dict[str, int] = {}
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if len(json.loads(req.content)["token_ids"]) > 100:
+            await release.wait()
+        return httpx.Response(200, json=_gen_body([1]))
+
+    async with _client(handler, endpoints=(A, B)) as c:
+        long = asyncio.create_task(c.generate(list(range(1000)), max_tokens=500))
+        await asyncio.sleep(0.05)
+        seen = {e.url: e.outstanding_tokens for e in c.pool.endpoints}
+        shorts = [await c.generate([1, 2], max_tokens=8) for _ in range(3)]
+        release.set()
+        await long
+        assert sorted(seen.values()) == [0, 1500]
+        busy = next(u for u, n in seen.items() if n)
+        assert {g.endpoint for g in shorts} == {B if busy == A else A}
+        assert all(e.outstanding == 0 and e.outstanding_tokens == 0 for e in c.pool.endpoints)
 
 
 async def test_broadcast_admin_calls() -> None:

@@ -192,3 +192,20 @@ async def test_an_episode_ending_turns_on_either_stop_token_matches_the_template
     assert traj.prompt_ids + traj.completion_ids == chat.encode(rendered.rstrip("\n"))
     model_ids = [t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True) if m]
     assert model_ids.count(end_id) == 2
+
+
+def test_cached_observation_deltas_equal_fresh_renders(family_dir: tuple[str, Path]) -> None:
+    """observation_ids keeps recent deltas (tool-call ids left out of the key only where the template does
+    not render them): every answer equals a fresh render, whichever ids and stop tokens come in."""
+    name, path = family_dir
+    chat = _chat(name, path)
+    renders_ids = chat._renders_call_ids(TOOLS, json.dumps(TOOLS, sort_keys=True))
+    assert renders_ids == (name == "mistral"), "only Mistral's template shows tool-call ids"
+    for call_id in ("a1b2c3d4e", "z9y8x7w6v", "a1b2c3d4e"):
+        for ended in (None, *chat.stop_token_ids, 42):
+            msgs = [{"role": "tool", "content": "5", "tool_call_id": call_id, "name": "add"}]
+            fresh = chat.encode(chat.observation_text(msgs, TOOLS, ended_with=ended))
+            assert chat.observation_ids(msgs, TOOLS, ended_with=ended) == fresh
+    assert chat.prompt_ids([{"role": "user", "content": "2+3?"}], TOOLS) == chat.prompt_ids(
+        [{"role": "user", "content": "2+3?"}], TOOLS) == chat.encode(chat._render(
+            [{"role": "user", "content": "2+3?"}], TOOLS, gen=True))

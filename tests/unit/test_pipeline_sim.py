@@ -158,3 +158,18 @@ def test_cli_auto_split_reports_the_split(capsys) -> None:
     main(["--mix", "math", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--gpus", "auto:3"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["gpus"] in ("1:2", "2:1") and set(out["split_probe_tokens_per_s"]) == {"1", "2"}
+
+
+def test_staleness_from_newest_keeps_long_groups_and_reports_their_old_tokens() -> None:
+    """pipeline.staleness_from = "newest": a group still generating within η is trained, not dropped; the
+    tokens it carries from older versions are counted past η (what importance correction must absorb)."""
+    oldest = bench("tool", eta=1, drop_policy="drop_stale", steps=8)
+    newest = bench("tool", eta=1, drop_policy="drop_stale", steps=8, staleness_from="newest")
+    assert oldest["dropped_groups"] > 0 and oldest["tokens_beyond_eta_frac"] == 0.0
+    assert max(int(k) for k in oldest["trained_token_staleness"]) <= 1
+    assert newest["dropped_groups"] < oldest["dropped_groups"]
+    assert newest["dropped_token_frac"] < oldest["dropped_token_frac"]
+    assert newest["tokens_beyond_eta_frac"] > 0.0
+    assert newest["tokens_beyond_eta_frac"] == pytest.approx(
+        sum(v for k, v in newest["trained_token_staleness"].items() if int(k) > 1), abs=1e-3)
+    assert sum(newest["trained_token_staleness"].values()) == pytest.approx(1.0, abs=1e-3)
