@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sync-s", type=float, default=None,
                     help="weight publication time (default: the measured LoRA sync, see SimParams.sync_s)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
+    ap.add_argument("--real", action="store_true",
+                    help="replay the trace on a real vLLM server and torchrun trainer instead (see "
+                         "`agentrl bench pipeline --real --help` for its options: --model, --max-len, "
+                         "--token-scale, --time-scale, --inference-cores, --trainer-cores)")
     args = ap.parse_args(argv)
     overrides = {} if args.sync_s is None else {"sync_s": args.sync_s}
     probe: dict[int, float] | None = None

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -94,7 +95,8 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
                            time_scale=args.time_scale, vocab=args.vocab,
                            version=lambda: orch.version if orch is not None else version0)
     counter = itertools.count()
-    pipe = PipelineConfig(max_staleness=args.eta if mode == "async" else 0, drop_policy="block")
+    pipe = PipelineConfig(max_staleness=args.eta if mode == "async" else 0, drop_policy=args.policy,
+                          staleness_from=args.staleness_from)
     orch = Orchestrator(runner=runner, trainer=trainer, publisher=publisher, engine=client,
                         sample_task=lambda: {"id": next(counter)}, pipeline=pipe,
                         groups_per_step=args.groups_per_step, group_size=args.group_size, version=version0)
@@ -105,6 +107,8 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
             recs.append(await orch.step())
     wall = time.perf_counter() - t0
     trained_tokens = sum(r["total_tokens"] for r in recs)
+    trained_model_tokens = sum(r["model_tokens"] for r in recs)
+    dropped_model_tokens = recs[-1]["dropped_tokens_total"] if recs else 0
     train_s = sum(r["train_s"] for r in recs)
     hist: dict[str, int] = recs[-1]["staleness_hist"] if recs else {}
     return {
@@ -116,6 +120,8 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
         "mixed_version_episodes": sum(r["mixed_version_episodes"] for r in recs),
         "update_ms_p50": sorted(1e3 * r["update_s"] for r in recs)[len(recs) // 2] if recs else 0.0,
         "version_end": orch.version,
+        "dropped_groups": recs[-1]["dropped_groups_total"] if recs else 0,
+        "dropped_token_frac": dropped_model_tokens / max(trained_model_tokens + dropped_model_tokens, 1),
     }
 
 
@@ -133,9 +139,11 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     spec = mix_spec(args.mix)
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)
     server = VLLMServer(VLLMServerConfig(model=model, dtype="float32", max_model_len=args.max_len + 64,
-                                         max_lora_rank=16, max_loras=2), work)
-    trainer = TrainerProcess(TrainerConfig(model_path=model, lr=1e-4), work)
+                                         max_lora_rank=16, max_loras=2, cpu_cores=args.inference_cores), work)
+    trainer = TrainerProcess(TrainerConfig(model_path=model, lr=1e-4, cpu_cores=args.trainer_cores), work)
     out: dict[str, Any] = {"mix": args.mix, "eta": args.eta, "steps": args.steps, "seed": args.seed,
+                           "drop_policy": args.policy, "staleness_from": args.staleness_from,
+                           "inference_cores": args.inference_cores, "trainer_cores": args.trainer_cores,
                            "groups_per_step": args.groups_per_step, "group_size": args.group_size,
                            "token_scale": args.token_scale, "time_scale": args.time_scale, "real": True}
     await asyncio.to_thread(server.start)
@@ -155,6 +163,7 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(trainer.close)
         await asyncio.to_thread(server.stop)
+    shutil.rmtree(work, ignore_errors=True)  # kept (engine and trainer logs) only when the run failed
     out.update({
         "async_over_sync": res_async["tokens_per_s"] / max(res_sync["tokens_per_s"], 1e-12),
         "trainer_idle_sync": res_sync["trainer_idle"], "trainer_idle_async": res_async["trainer_idle"],
@@ -164,6 +173,7 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
         "mixed_version_episodes": res_async["mixed_version_episodes"],
         "wall_s_sync": res_sync["wall_s"], "wall_s_async": res_async["wall_s"],
         "update_ms_p50_async": res_async["update_ms_p50"],
+        "dropped_groups": res_async["dropped_groups"], "dropped_token_frac": res_async["dropped_token_frac"],
     })
     return out
 
@@ -175,6 +185,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--token-scale", type=float, default=0.1, help="trace token counts are multiplied by this")
     ap.add_argument("--time-scale", type=float, default=0.5, help="trace tool latencies are multiplied by this")
     ap.add_argument("--vocab", type=int, default=900, help="random token ids are drawn below this")
+    ap.add_argument("--inference-cores", default=None,
+                    help="CPU: pin the vLLM server to these cores (e.g. 0), the CPU analogue of inference GPUs")
+    ap.add_argument("--trainer-cores", default=None, help="CPU: pin the trainer to these cores (e.g. 1)")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -186,6 +199,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--policy", choices=["drop_stale", "block"], default="block",
+                    help="pipeline.drop_policy of the async run (block: nothing is dropped)")
+    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default="oldest",
+                    help="pipeline.staleness_from of the async run")
     add_args(ap)
     args = ap.parse_args(argv)
     r = asyncio.run(run_real(args))

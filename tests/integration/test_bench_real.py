@@ -32,6 +32,8 @@ def test_bench_pipeline_real_mode(tiny_model_dir: Path, capsys: pytest.CaptureFi
     assert 0 <= r["max_staleness_seen"] <= eta
     assert sum(r["staleness_hist"].values()) == 3 * 2
     assert r["update_ms_p50_async"] > 0
+    # the default policy (block) never drops: every generated token is trained
+    assert r["drop_policy"] == "block" and r["dropped_groups"] == 0 and r["dropped_token_frac"] == 0.0
 
 
 def test_bench_logprobs_engine_and_trainer_agree(vllm_server, tiny_model_dir: Path,
