@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.lru import lru_get
 from agentrl.toolcalls import DEFAULT_TOOL_PARSER, ParsedTurn, ToolCallParser
 
 __all__ = ["ChatFormat", "ParsedTurn", "end_of_turn_ids", "generation_eos_ids"]
@@ -38,18 +38,6 @@ _DUMMY_USER = {"role": "user", "content": "x"}
 _DUMMY_ASSISTANT = {"role": "assistant", "content": MARK}
 _DUMMY_CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe", "arguments": {"q": MARK}}}]}
-
-
-def _cached(cache: OrderedDict[str, list[int]], key: str, limit: int, make: Callable[[], list[int]]) -> list[int]:
-    """A copy of ``cache[key]``, made with ``make()`` on a miss; least recently used entries beyond ``limit`` go."""
-    ids = cache.get(key)
-    if ids is None:
-        ids = cache[key] = make()
-        while len(cache) > limit:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return list(ids)
 
 
 def generation_eos_ids(model_dir: str | Path | None) -> list[int]:
@@ -169,8 +157,8 @@ class ChatFormat:
         (keyed by the messages and tools as JSON), so a group renders and tokenizes its prompt once.
         """
         key = json.dumps([messages, tools], sort_keys=True, default=str)
-        return _cached(self._openings, key, _MAX_CACHED_OPENINGS,
-                       lambda: self.encode(self._render(messages, tools, gen=True)))
+        return list(lru_get(self._openings, key, _MAX_CACHED_OPENINGS,
+                            lambda: self.encode(self._render(messages, tools, gen=True))))
 
     def _after_turn(self, rendered: str) -> str:
         """The text after the dummy assistant turn's end-of-turn token in ``rendered``."""
@@ -225,8 +213,8 @@ class ChatFormat:
         else:
             shown = [{k: v for k, v in m.items() if k != "tool_call_id"} for m in new_messages]
         key = json.dumps([shown, closed], sort_keys=True, default=str) + tools_key
-        return _cached(self._observations, key, _MAX_CACHED_OBSERVATIONS,
-                       lambda: self.encode(self.observation_text(new_messages, tools, ended_with)))
+        return list(lru_get(self._observations, key, _MAX_CACHED_OBSERVATIONS,
+                            lambda: self.encode(self.observation_text(new_messages, tools, ended_with))))
 
     def _renders_call_ids(self, tools: list[dict[str, Any]] | None, tools_key: str) -> bool:
         """Whether the template's rendering of a tool message depends on its ``tool_call_id``."""

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.lru import lru_get
 from agentrl.types import ToolCall
 
 DEFAULT_TOOL_PARSER = "hermes"
@@ -142,15 +143,8 @@ class ToolCallParser:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         key = json.dumps(tools, sort_keys=True, default=str) if tools else ""
-        req = self._requests.get(key)
-        if req is None:
-            req = ChatCompletionRequest(model="agentrl", messages=[], tools=tools or None)
-            self._requests[key] = req
-            while len(self._requests) > _MAX_CACHED_REQUESTS:
-                self._requests.popitem(last=False)
-        else:
-            self._requests.move_to_end(key)
-        return req
+        return lru_get(self._requests, key, _MAX_CACHED_REQUESTS,
+                       lambda: ChatCompletionRequest(model="agentrl", messages=[], tools=tools or None))
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedTurn:
         """Split ``text`` (one model turn, end token removed) into content and tool calls; never raises."""
