@@ -53,11 +53,15 @@ def newest_version(versions: Iterable[int]) -> int | None:
     return max((v for v in versions if v >= 0), default=None)
 
 
-def group_staleness_version(group: list[Trajectory], staleness_from: str = "oldest") -> int | None:
-    """The version a group's staleness is measured from (``pipeline.staleness_from``): its oldest or its
-    newest model token."""
-    versions = (v for traj in group for v in traj.versions)
+def staleness_version(versions: Iterable[int], staleness_from: str = "oldest") -> int | None:
+    """The version staleness is measured from (``pipeline.staleness_from``): the oldest or the newest of the
+    model tokens' ``versions``."""
     return newest_version(versions) if staleness_from == "newest" else oldest_version(versions)
+
+
+def group_staleness_version(group: list[Trajectory], staleness_from: str = "oldest") -> int | None:
+    """The version a GRPO group's staleness is measured from: its oldest or its newest model token."""
+    return staleness_version((v for traj in group for v in traj.versions), staleness_from)
 
 
 class BufferCore(Generic[T]):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.bench.traces import Episode, Trace
-from agentrl.buffer import BufferCore, newest_version, oldest_version
+from agentrl.buffer import BufferCore, staleness_version
 from agentrl.config import PipelineConfig
 
 
@@ -83,13 +83,10 @@ class _Group:
         """Model tokens decoded so far for this group."""
         return sum(n for m in self.members for n in m.tokens_by_version.values())
 
-    def oldest(self) -> int | None:
-        return oldest_version(v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6)
-
-    def measured(self, staleness_from: str) -> int | None:
-        """The version its staleness is measured from (``pipeline.staleness_from``)."""
-        versions = [v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6]
-        return (newest_version if staleness_from == "newest" else oldest_version)(versions)
+    def measured(self, staleness_from: str = "oldest") -> int | None:
+        """The version its staleness is measured from (``pipeline.staleness_from``; default its oldest token)."""
+        return staleness_version((v for m in self.members for v, n in m.tokens_by_version.items() if n > 1e-6),
+                                 staleness_from)
 
 
 @dataclass(eq=False)
@@ -253,7 +250,7 @@ class PipelineSim:
         tokens = sum(g.tokens for g in batch)
         dur = self.p.train_s_per_token * tokens + self.p.train_step_s
         for g in batch:
-            oldest = g.oldest()
+            oldest = g.measured()
             self.res.staleness_hist[0 if oldest is None else self.version - oldest] += 1
             for m in g.members:
                 for v, n in m.tokens_by_version.items():
