@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.engine import add_engine_args
+
 ADAPTER = "bench-logprobs"
 
 
@@ -53,10 +55,10 @@ def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    from agentrl.bench.engine import bench_model, engine_url
     from agentrl.config import SamplingConfig
     from agentrl.envs.calc import CalcEnv
-    from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+    from agentrl.inference import InferenceClient
     from agentrl.samples import to_samples
     from agentrl.stack import load_chat_format
     from agentrl.sync import FileAdapterSync
@@ -64,49 +66,45 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.trainer.config import TrainerConfig
     from agentrl.workers import RolloutWorkers
 
-    model = str(args.model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
+    model = bench_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="agentrl-bench-logprobs-"))
     tasks = list(CalcEnv.tasks("train"))[: args.episodes]
-    server = None if args.endpoint else VLLMServer(
-        VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16), work)
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=2e-3, lora_rank=16, lora_alpha=32.0), work)
-    if server is not None:
-        await asyncio.to_thread(server.start)
-    try:
-        await asyncio.to_thread(trainer.start)
-        chat = await asyncio.to_thread(load_chat_format, model)
-        async with InferenceClient([args.endpoint or server.url], timeout_s=600) as client:
-            sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
-            await sync.publish(0)
+    async with engine_url(args.endpoint, work, model=model, dtype="float32", max_model_len=1024,
+                          max_lora_rank=16) as engine:
+        try:
+            await asyncio.to_thread(trainer.start)
+            chat = await asyncio.to_thread(load_chat_format, model)
+            async with InferenceClient([engine], timeout_s=600) as client:
+                sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
+                await sync.publish(0)
 
-            async def episodes(temperature: float, version: int) -> list[Any]:
-                workers = RolloutWorkers(CalcEnv, client, chat, SamplingConfig(temperature=temperature),
-                                         max_concurrency=args.episodes, model=ADAPTER,
-                                         policy_version=lambda: version)
-                groups = await workers.run_groups(tasks, 1)
-                return [t for g in groups for t in g]
+                async def episodes(temperature: float, version: int) -> list[Any]:
+                    workers = RolloutWorkers(CalcEnv, client, chat, SamplingConfig(temperature=temperature),
+                                             max_concurrency=args.episodes, model=ADAPTER,
+                                             policy_version=lambda: version)
+                    groups = await workers.run_groups(tasks, 1)
+                    return [t for g in groups for t in g]
 
-            # one real training step, so the engine serves a non-trivial adapter (version 1)
-            warm = await episodes(1.0, 0)
-            for i, t in enumerate(warm):
-                t.group_id, t.reward = "warm", float(i % 2)
-            samples, _ = to_samples([warm])
-            await trainer.train(samples, policy_version=0)
-            await sync.publish(1)
-            out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model}
-            for temperature in (1.0, args.temperature):
-                trajs = await episodes(temperature, 1)
-                tempered = _samples(trajs)
-                res = compare(tempered, await trainer.logprobs(tempered))
-                if temperature != 1.0:
-                    plain = _samples(trajs, temperature=1.0)
-                    res["untempered"] = compare(tempered, await trainer.logprobs(plain))
-                res["failed_episodes"] = float(sum(t.failed for t in trajs))
-                out["t1" if temperature == 1.0 else "tT"] = res
-    finally:
-        await asyncio.to_thread(trainer.close)
-        if server is not None:
-            await asyncio.to_thread(server.stop)
+                # one real training step, so the engine serves a non-trivial adapter (version 1)
+                warm = await episodes(1.0, 0)
+                for i, t in enumerate(warm):
+                    t.group_id, t.reward = "warm", float(i % 2)
+                samples, _ = to_samples([warm])
+                await trainer.train(samples, policy_version=0)
+                await sync.publish(1)
+                out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model}
+                for temperature in (1.0, args.temperature):
+                    trajs = await episodes(temperature, 1)
+                    tempered = _samples(trajs)
+                    res = compare(tempered, await trainer.logprobs(tempered))
+                    if temperature != 1.0:
+                        plain = _samples(trajs, temperature=1.0)
+                        res["untempered"] = compare(tempered, await trainer.logprobs(plain))
+                    res["failed_episodes"] = float(sum(t.failed for t in trajs))
+                    out["t1" if temperature == 1.0 else "tT"] = res
+        finally:
+            await asyncio.to_thread(trainer.close)
     t_res = out.pop("tT", out["t1"])
     out.update(t_res)
     out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
@@ -118,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl bench logprobs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature to check (> 0)")
     parser.add_argument("--episodes", type=int, default=64, help="calc episodes per temperature")
-    parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
-    parser.add_argument("--endpoint", default=None,
-                        help="a running vLLM server of --model (LoRA enabled, --logprobs-mode processed_logprobs) "
-                             "to use instead of starting one")
+    add_engine_args(parser, needs="LoRA enabled, --logprobs-mode processed_logprobs")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if not args.temperature > 0:

@@ -36,11 +36,12 @@ import json
 import pstats
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agentrl.bench.engine import add_engine_args
 
 
 @dataclass
@@ -165,27 +166,22 @@ def _top(profiler: cProfile.Profile, n: int = 25) -> list[dict[str, Any]]:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Start (or connect to) the engine, warm it up, and alternate the loop and raw phases."""
+    from agentrl.bench.engine import bench_model, engine_url
     from agentrl.config import SamplingConfig
     from agentrl.envs.calc import CalcEnv
-    from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+    from agentrl.inference import InferenceClient
     from agentrl.stack import load_chat_format
 
-    model = str(args.model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
-    server = None
-    if not args.endpoint:
-        work = Path(tempfile.mkdtemp(prefix="agentrl-bench-loop-"))
-        server = VLLMServer(VLLMServerConfig(model=model, dtype="float32", max_model_len=1024), work)
-        await asyncio.to_thread(server.start)
+    model = bench_model(args.model)
     all_tasks = list(CalcEnv.tasks("train"))
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=1024)
     loop, raw = PhaseResult(), PhaseResult()
     ratios: list[float] = []
     profiler = cProfile.Profile() if args.profile else None
-    try:
+    async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024) as url:
         chat = await asyncio.to_thread(load_chat_format, model)
         chat.parser  # noqa: B018  (build the tool parser, and import vLLM, before anything is timed)
-        async with InferenceClient([args.endpoint or server.url], timeout_s=600) as client:  # type: ignore[union-attr]
+        async with InferenceClient([url], timeout_s=600) as client:
             for rep in range(-1, args.repeats):  # -1: the warm-up pair, not measured
                 tasks = all_tasks[(rep + 1) * args.tasks:(rep + 2) * args.tasks]
                 lres, reqs = await run_loop_phase(CalcEnv, tasks, args.group_size, client, chat, sampling,
@@ -195,9 +191,6 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     loop.add(lres)
                     raw.add(rres)
                     ratios.append((lres.tokens / lres.wall_s) / max(rres.tokens / rres.wall_s, 1e-9))
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
     loop_tps = loop.tokens / max(loop.wall_s, 1e-9)
     raw_tps = raw.tokens / max(raw.wall_s, 1e-9)
     out: dict[str, Any] = {
@@ -229,9 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=128, help="episodes in flight at once (both phases)")
     parser.add_argument("--repeats", type=int, default=5, help="loop/raw pairs measured, alternating")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (both phases)")
-    parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
-    parser.add_argument("--endpoint", default=None, help="a running vLLM server of --model to use instead of "
-                        "starting one")
+    add_engine_args(parser)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the loop phases and report the N functions with the most cumulative time")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -127,14 +127,14 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
 
 async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     """Start the engine and the trainer once, replay the trace in both modes, compare."""
+    from agentrl.bench.engine import bench_model
     from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
     from agentrl.sync import FileAdapterSync
     from agentrl.sync_shm import SharedMemoryAdapterSync
     from agentrl.trainer.client import TrainerProcess
     from agentrl.trainer.config import TrainerConfig
 
-    model = str(args.model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
+    model = bench_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="agentrl-bench-real-"))
     spec = mix_spec(args.mix)
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)

@@ -14,10 +14,10 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from agentrl.bench.engine import add_engine_args
 
 TOKEN = "bench-policy-token-0123456789"
 
@@ -49,26 +49,21 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     import openai
 
+    from agentrl.bench.engine import bench_model, engine_url
     from agentrl.envs.calc import CalcEnv
-    from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+    from agentrl.inference import InferenceClient
     from agentrl.policy.config import PolicyConfig
     from agentrl.policy.run import serving
     from agentrl.policy.service import PolicyService
     from agentrl.stack import load_chat_format
 
-    model = str(args.model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
-    server = None if args.endpoint else VLLMServer(
-        VLLMServerConfig(model=model, dtype="float32", max_model_len=1024),
-        Path(tempfile.mkdtemp(prefix="agentrl-bench-policy-")))
-    if server is not None:
-        await asyncio.to_thread(server.start)
-    try:
+    model = bench_model(args.model)
+    async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024) as engine:
         chat = await asyncio.to_thread(load_chat_format, model)
         tools = CalcEnv.tool_schemas()
         convs = [[{"role": "system", "content": CalcEnv.system_prompt}, {"role": "user", "content": t["question"]}]
                  for t in CalcEnv.tasks("test")[: args.calls]]
-        async with InferenceClient([args.endpoint or server.url], timeout_s=600) as client:
+        async with InferenceClient([engine], timeout_s=600) as client:
             service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024), _Forced(client), chat)
             async with serving(service, TOKEN) as url, httpx.AsyncClient(timeout=30) as h:
                 async def direct(messages: list[dict[str, Any]]) -> None:
@@ -111,9 +106,6 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                         lat[name].append(await sequential(fn))
                         thr[name].append(await concurrent(fn))
         own = await _endpoint_only(chat, convs, tools, args)
-    finally:
-        if server is not None:
-            await asyncio.to_thread(server.stop)
     d_lat, e_lat = statistics.median(lat["direct"]), statistics.median(lat["endpoint"])
     d_thr, e_thr = statistics.median(thr["direct"]), statistics.median(thr["endpoint"])
     return {"bench": "policy", "calls": len(convs), "tokens_per_call": args.tokens, "rounds": args.rounds,
@@ -167,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16, help="tokens each call generates")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians are reported)")
     parser.add_argument("--concurrency", type=int, default=16, help="calls at once in the throughput pass")
-    parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
-    parser.add_argument("--endpoint", default=None, help="a running vLLM server of --model to use instead of starting one")
+    add_engine_args(parser)
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if min(args.calls, args.tokens, args.rounds, args.concurrency) < 1:

@@ -1,0 +1,43 @@
+"""The engine a benchmark measures on: a vLLM server of its own, or one already running (``--endpoint``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+
+def add_engine_args(parser: argparse.ArgumentParser, needs: str = "") -> None:
+    """``--model`` and ``--endpoint``, the same for every benchmark that runs on one engine; ``needs`` says
+    what a running server must have been started with."""
+    parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
+    parser.add_argument("--endpoint", default=None, help=f"a running vLLM server of --model{f' ({needs})' if needs else ''} "
+                        "to use instead of starting one")
+
+
+def bench_model(model: str | Path | None) -> str:
+    """The model directory to measure: ``model``, or the embedded tiny model (built if missing)."""
+    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+
+    return str(model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
+
+
+@asynccontextmanager
+async def engine_url(endpoint: str | None, work: Path | None = None, **server: Any) -> AsyncIterator[str]:
+    """The URL of ``endpoint``, or of a vLLM server started with ``VLLMServerConfig(**server)`` and stopped on
+    exit (its log in ``work``, by default a new temporary directory)."""
+    if endpoint:
+        yield endpoint
+        return
+    from agentrl.inference import VLLMServer, VLLMServerConfig
+
+    own = VLLMServer(VLLMServerConfig(**server), work or Path(tempfile.mkdtemp(prefix="agentrl-bench-engine-")))
+    await asyncio.to_thread(own.start)
+    try:
+        yield own.url
+    finally:
+        await asyncio.to_thread(own.stop)
