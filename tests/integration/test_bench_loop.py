@@ -1,5 +1,6 @@
 """``agentrl bench loop`` on the session vLLM server: calc episodes through the agent loop, then the same
-requests replayed raw; the JSON report is well-formed and consistent (no timing is asserted)."""
+requests replayed raw; and `agentrl bench policy`, direct calls vs the policy endpoint. Each JSON report is
+well-formed and consistent (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,23 @@ def test_bench_loop_reports_both_rates(vllm_server, tiny_model_dir: Path, capsys
     assert r["loop_client_cpu_s"] > 0 and r["raw_client_cpu_s"] > 0
     assert 0 < len(r["profile_top"]) <= 5 and all(row["calls"] > 0 for row in r["profile_top"])
 
+
+
+def test_bench_policy_reports_both_paths(vllm_server, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench policy`` on the session vLLM server: the same calls direct and through the policy
+    endpoint; the JSON report is well-formed and its ratios follow from its own figures."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.bench.policy import main
+
+    assert main(["--calls", "4", "--tokens", "8", "--rounds", "1", "--concurrency", "4", "--json",
+                 "--model", str(tiny_model_dir), "--endpoint", vllm_server.url]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, "--json prints only the JSON line"
+    r = json.loads(out[-1])
+    assert r["bench"] == "policy" and r["calls"] == 4 and r["tokens_per_call"] == 8
+    for key in ("direct_latency_ms", "endpoint_latency_ms", "direct_calls_per_s", "endpoint_calls_per_s",
+                "endpoint_only_ms", "endpoint_only_per_s"):
+        assert r[key] > 0, (key, r[key])
+    assert r["latency_ratio"] == pytest.approx(r["endpoint_latency_ms"] / r["direct_latency_ms"], rel=1e-6)
+    assert r["overhead_ms_per_call"] == pytest.approx(r["endpoint_latency_ms"] - r["direct_latency_ms"], rel=1e-6)
+    assert r["throughput_ratio"] == pytest.approx(r["endpoint_calls_per_s"] / r["direct_calls_per_s"], rel=1e-6)
