@@ -109,17 +109,20 @@ def run_pipeline_bench(
 
 
 def elastic_split(mix: str, total_gpus: int, eta: int, seed: int, *, groups_per_step: int, group_size: int = 8,
-                  drop_policy: Literal["drop_stale", "block"] = "drop_stale", probe_steps: int = 10,
+                  drop_policy: Literal["drop_stale", "block"] = "drop_stale",
+                  staleness_from: Literal["oldest", "newest"] = "oldest", probe_steps: int = 10,
                   **overrides: Any) -> tuple[int, dict[int, float]]:
     """The inference share of ``total_gpus`` that gives async training the most trained tokens/s.
 
     Each split from 1 to ``total_gpus - 1`` inference GPUs is replayed for ``probe_steps`` async steps of
-    the same trace and batch (``groups_per_step`` fixed, so only the hardware changes); returns the best
+    the same trace, batch (``groups_per_step`` fixed, so only the hardware changes) and buffer rules as the
+    run it is for; returns the best
     inference GPU count and the probed tokens/s per count.
     """
     spec = mix_spec(mix)
     trace = make_trace(spec, 2 * probe_steps + eta + 2, groups_per_step, group_size, seed)
-    pipe = PipelineConfig(max_staleness=eta, capacity_groups=4 * groups_per_step, drop_policy=drop_policy)
+    pipe = PipelineConfig(max_staleness=eta, capacity_groups=4 * groups_per_step, drop_policy=drop_policy,
+                          staleness_from=staleness_from)
     rates: dict[int, float] = {}
     for n_inf in range(1, total_gpus):
         p = SimParams.for_gpus(n_inf, total_gpus - n_inf, **overrides)
@@ -220,7 +223,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ap.error(f"--gpus {args.gpus}: at least 2 GPUs are needed to split")
         gps = args.groups_per_step or max(1, 64 * total // 2 // args.group_size)
         n_inf, probe = elastic_split(args.mix, total, args.eta, args.seed, groups_per_step=gps,
-                                     group_size=args.group_size, drop_policy=args.policy, **overrides)
+                                     group_size=args.group_size, drop_policy=args.policy,
+                                     staleness_from=args.staleness_from, **overrides)
         n_train = total - n_inf
         args.groups_per_step = gps
     else:

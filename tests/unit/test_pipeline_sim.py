@@ -154,6 +154,16 @@ def test_elastic_split_follows_the_bottleneck() -> None:
     assert fast_decode == 1
 
 
+def test_elastic_split_probes_with_the_runs_buffer_rules() -> None:
+    """The split probe replays the buffer rules of the run it chooses for: with ``newest``, the long groups
+    that ``oldest`` drops are trained, so every split's probed throughput is higher."""
+    kw = dict(groups_per_step=8, group_size=4, probe_steps=6, drop_policy="drop_stale")
+    _, oldest = elastic_split("tool", 4, 1, 0, **kw)
+    _, newest = elastic_split("tool", 4, 1, 0, staleness_from="newest", **kw)
+    assert set(oldest) == set(newest) == {1, 2, 3}
+    assert all(newest[n] > oldest[n] for n in oldest)
+
+
 def test_cli_auto_split_reports_the_split(capsys) -> None:
     main(["--mix", "math", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--gpus", "auto:3"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
