@@ -68,6 +68,7 @@ def run_pipeline_bench(
     drop_policy: Literal["drop_stale", "block"] = "drop_stale",
     staleness_from: Literal["oldest", "newest"] = "oldest",
     params: SimParams | None = None,
+    dispatch: Literal["tokens", "requests"] = "tokens",
     tail: Literal["lognormal", "pareto"] | None = None,
     sigma: float | None = None,
     out_dir: Path | None = None,
@@ -76,6 +77,7 @@ def run_pipeline_bench(
 
     ``groups_per_step`` defaults to ``slots // group_size`` (a sync batch fills the engine once);
     ``capacity_groups`` to 4 batches (in-flight plus buffered groups held at once).
+    ``dispatch`` is the inference client's rule for an episode's engine when ``params.engines`` > 1.
     With ``out_dir``, a timeline/utilisation PNG is written there.
     """
     p = params or SimParams()
@@ -85,12 +87,12 @@ def run_pipeline_bench(
     trace = make_trace(spec, 2 * steps + eta + 2, groups_per_step, group_size, seed)
     pipe = PipelineConfig(max_staleness=eta, capacity_groups=capacity_groups or 4 * groups_per_step,
                           drop_policy=drop_policy, staleness_from=staleness_from)
-    res_sync = PipelineSim(trace, p, "sync", steps).run()
-    res_async = PipelineSim(trace, p, "async", steps, pipe).run()
+    res_sync = PipelineSim(trace, p, "sync", steps, dispatch=dispatch).run()
+    res_async = PipelineSim(trace, p, "async", steps, pipe, dispatch=dispatch).run()
     s, a = summarize(res_sync, p.slots, 0), summarize(res_async, p.slots, eta)
     out: dict[str, Any] = {
         "mix": mix, "seed": seed, "eta": eta, "steps": steps, "drop_policy": drop_policy,
-        "staleness_from": staleness_from,
+        "staleness_from": staleness_from, "engines": p.engines, "dispatch": dispatch,
         "groups_per_step": groups_per_step, "group_size": group_size,
         "capacity_groups": pipe.capacity(groups_per_step),
         "async_over_sync": a["tokens_per_s"] / max(s["tokens_per_s"], 1e-12),
@@ -207,6 +209,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--gpus", default="8:8",
                     help="inference:trainer H100s (default 8:8), or auto[:N]: the split of N (default 16) with "
                          "the most async trained tokens/s in a 10-step probe of each split")
+    ap.add_argument("--engines", type=int, default=1,
+                    help="inference engines the slots are split over (default 1: one pooled engine, i.e. perfect "
+                         "balance; N: N replicas, an episode's turns on the engine its first turn was sent to)")
+    ap.add_argument("--dispatch", choices=["tokens", "requests"], default="tokens",
+                    help="with --engines > 1, the client's rule for a new episode's engine: least outstanding "
+                         "tokens (prompt + max_tokens per request in flight; what training uses) or least requests")
     ap.add_argument("--sync-s", type=float, default=None,
                     help="weight publication time (default: the measured LoRA sync, see SimParams.sync_s)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
@@ -215,7 +223,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "`agentrl bench pipeline --real --help` for its options: --model, --max-len, "
                          "--token-scale, --time-scale, --inference-cores, --trainer-cores)")
     args = ap.parse_args(argv)
-    overrides = {} if args.sync_s is None else {"sync_s": args.sync_s}
+    overrides: dict[str, Any] = {"engines": args.engines}
+    if args.sync_s is not None:
+        overrides["sync_s"] = args.sync_s
     probe: dict[int, float] | None = None
     if args.gpus.startswith("auto"):
         total = int(args.gpus.split(":")[1]) if ":" in args.gpus else 16
@@ -232,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SimParams.for_gpus(n_inf, n_train, **overrides)
     r = run_pipeline_bench(args.mix, args.steps, args.eta, args.seed, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, capacity_groups=args.capacity, drop_policy=args.policy,
-                           staleness_from=args.staleness_from, params=params, tail=args.tail, sigma=args.sigma, out_dir=args.out)
+                           staleness_from=args.staleness_from, params=params, dispatch=args.dispatch, tail=args.tail,
+                           sigma=args.sigma, out_dir=args.out)
     print(format_table(r))
     headline = {k: v for k, v in r.items() if k not in ("sync", "async", "params", "trace")}
     headline["gpus"] = f"{n_inf}:{n_train}"

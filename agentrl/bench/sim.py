@@ -1,9 +1,13 @@
 """A deterministic discrete-event simulator of one RL pipeline (virtual clock, an event heap, no sleeping).
 
-Inference engine: ``slots`` concurrent requests (FIFO queue beyond), each request a prefill delay then
-decode. Decode is processor sharing: every decoding request advances at ``decode_rate(n)`` tokens/s,
-n = requests decoding now, tracked with a "virtual work" clock W (dW/dt = decode_rate(n)) so a request
-that starts at W0 with k tokens to decode ends when W = W0 + k. Weight syncs pause decode.
+Inference: ``engines`` engines sharing ``slots`` (each ``slots / engines`` concurrent requests, a FIFO
+queue beyond), each request a prefill delay then decode. Decode is processor sharing within an engine:
+every request decoding there advances at ``decode_rate(n)`` tokens/s, n = requests decoding on that engine,
+tracked with a per-engine "virtual work" clock W (dW/dt = decode_rate(n)) so a request that starts at W0
+with k tokens to decode ends when W = W0 + k. Weight syncs pause every engine. With several engines, an
+episode's first request is dispatched by the inference client's own rule
+(``agentrl.inference.routing.EndpointPool``: least outstanding tokens, or with ``dispatch="requests"``
+least outstanding requests) and its later turns stay on that engine (its prefix cache).
 
 Trainer: a batch of B groups costs ``train_s_per_token · tokens + train_step_s``, then ``sync_s`` to
 publish the weights (version + 1). Per-token versions are tracked as token counts per version for each
@@ -28,6 +32,7 @@ from typing import Any, Literal
 from agentrl.bench.traces import Episode, Trace
 from agentrl.buffer import BufferCore, staleness_version
 from agentrl.config import PipelineConfig
+from agentrl.inference.routing import Endpoint, EndpointPool
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,9 @@ class SimParams:
 
     slots: int = 512
     """Concurrent requests across the inference GPUs (64 per GPU × 8 vLLM replicas). Assumed."""
+    engines: int = 1
+    """Engines the slots and ``decode_half_n`` are split over. 1 (default): one pooled engine, i.e. a
+    perfectly balanced set of replicas; ``for_gpus(..., engines=N)`` models N replicas and their dispatch."""
     decode_tok_s: float = 80.0
     """Per-request decode speed at low concurrency (7B bf16 on one H100, contexts of a few k tokens). Assumed."""
     decode_half_n: float = 256.0
@@ -64,8 +72,20 @@ class SimParams:
                       "train_s_per_token": 18.75e-6 * 8 / trainer_gpus, **overrides})
 
     def decode_rate(self, n: int) -> float:
-        """Tokens/s of each decoding request when ``n`` requests decode concurrently."""
-        return self.decode_tok_s / (1.0 + n / self.decode_half_n)
+        """Tokens/s of each decoding request when ``n`` requests decode concurrently on one engine."""
+        return self.decode_tok_s / (1.0 + n * self.engines / self.decode_half_n)
+
+
+@dataclass(eq=False)
+class _Engine:
+    """One engine's decode state: its virtual work clock, decoding heap, queue and busy slots."""
+
+    slots: int
+    endpoint: Endpoint
+    w: float = 0.0
+    used: int = 0
+    decoding: list[tuple[float, int, _Ep]] = field(default_factory=list)
+    waiting: deque[_Ep] = field(default_factory=deque)
 
 
 @dataclass(eq=False)
@@ -97,6 +117,9 @@ class _Ep:
     seg_w: float = 0.0
     seg_version: int = 0
     tokens_by_version: Counter[int] = field(default_factory=Counter)
+    engine: _Engine | None = None
+    cost: int = 0
+    """Outstanding tokens its request in flight counts on its engine (prompt + ``max_tokens``)."""
 
 
 @dataclass
@@ -131,8 +154,14 @@ class PipelineSim:
     """Replays the first groups of ``trace`` until ``steps`` train steps are done."""
 
     def __init__(self, trace: Trace, params: SimParams, mode: Literal["sync", "async"], steps: int,
-                 pipeline: PipelineConfig | None = None) -> None:
+                 pipeline: PipelineConfig | None = None, dispatch: Literal["tokens", "requests"] = "tokens") -> None:
         self.p, self.mode, self.n_steps = params, mode, steps
+        if params.engines < 1 or params.slots % params.engines:
+            raise ValueError(f"{params.slots} slots do not split evenly over {params.engines} engines")
+        self.pool = EndpointPool(str(i) for i in range(params.engines))
+        self.engines = [_Engine(params.slots // params.engines, e) for e in self.pool.endpoints]
+        self.dispatch = dispatch
+        self.max_tokens = trace.max_output_tokens
         self.groups = trace.groups
         self.B = trace.groups_per_step
         if mode == "async":
@@ -142,12 +171,10 @@ class PipelineSim:
             self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
             raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
-        self.t = self.w = 0.0
+        self.t = 0.0
         self.version = 0
         self.paused = self.trainer_busy = self.stop = False
         self.events: list[tuple[float, int, Callable[[Any], None], Any]] = []
-        self.decoding: list[tuple[float, int, _Ep]] = []
-        self.waiting: deque[_Ep] = deque()
         self.used = 0
         self.next_k = 0
         self.done_groups: list[_Group] = []
@@ -161,35 +188,51 @@ class PipelineSim:
     def _advance(self, t: float) -> None:
         dt = t - self.t
         if dt > 0:
-            if self.decoding and not self.paused:
-                rate = self.p.decode_rate(len(self.decoding))
-                self.w += rate * dt
-                self.res.decoded_tokens += rate * dt * len(self.decoding)
+            if not self.paused:
+                for eng in self.engines:
+                    if eng.decoding:
+                        rate = self.p.decode_rate(len(eng.decoding))
+                        eng.w += rate * dt
+                        self.res.decoded_tokens += rate * dt * len(eng.decoding)
             self.res.slot_s += self.used * dt
             self.t = t
 
-    def _set_used(self, n: int) -> None:
-        self.used = n
-        self.res.slots_timeline.append((self.t, n))
+    def _set_used(self, eng: _Engine, delta: int) -> None:
+        eng.used += delta
+        self.used += delta
+        self.res.slots_timeline.append((self.t, self.used))
 
     def _request(self, ep: _Ep) -> None:
-        self.waiting.append(ep)
-        self._schedule()
+        turn = ep.episode.turns[ep.turn]
+        if ep.engine is None:  # first turn: the client's dispatch rule; later turns stay (prefix cache)
+            ep.engine = self.engines[int(self.pool.pick().url)]
+        context = sum(t.prompt_tokens + t.output_tokens for t in ep.episode.turns[:ep.turn]) + turn.prompt_tokens
+        ep.cost = context + self.max_tokens if self.dispatch == "tokens" else 0
+        ep.engine.endpoint.outstanding += 1
+        ep.engine.endpoint.outstanding_tokens += ep.cost
+        ep.engine.waiting.append(ep)
+        self._schedule(ep.engine)
 
-    def _schedule(self) -> None:
-        while self.waiting and self.used < self.p.slots:
-            ep = self.waiting.popleft()
-            self._set_used(self.used + 1)
+    def _schedule(self, eng: _Engine) -> None:
+        while eng.waiting and eng.used < eng.slots:
+            ep = eng.waiting.popleft()
+            self._set_used(eng, 1)
             prefill_s = self.p.request_overhead_s + ep.episode.turns[ep.turn].prompt_tokens / self.p.prefill_tok_s
             self._at(self.t + prefill_s, self._start_decode, ep)
 
     def _start_decode(self, ep: _Ep) -> None:
-        ep.seg_w, ep.seg_version = self.w, self.version
-        heapq.heappush(self.decoding, (self.w + ep.episode.turns[ep.turn].output_tokens, next(self.seq), ep))
+        eng = ep.engine
+        assert eng is not None
+        ep.seg_w, ep.seg_version = eng.w, self.version
+        heapq.heappush(eng.decoding, (eng.w + ep.episode.turns[ep.turn].output_tokens, next(self.seq), ep))
 
     def _decode_done(self, ep: _Ep, finish_w: float) -> None:
+        eng = ep.engine
+        assert eng is not None
         ep.tokens_by_version[ep.seg_version] += finish_w - ep.seg_w
-        self._set_used(self.used - 1)
+        self._set_used(eng, -1)
+        eng.endpoint.outstanding -= 1
+        eng.endpoint.outstanding_tokens -= ep.cost
         turn = ep.episode.turns[ep.turn]
         ep.turn += 1
         if ep.turn < len(ep.episode.turns):
@@ -198,14 +241,20 @@ class PipelineSim:
             ep.group.remaining -= 1
             if ep.group.remaining == 0:
                 self._group_done(ep.group)
-        self._schedule()
+        self._schedule(eng)
+
+    @property
+    def decoding(self) -> list[tuple[float, int, _Ep]]:
+        """The requests decoding now, on every engine."""
+        return [d for eng in self.engines for d in eng.decoding]
 
     def _bump_version(self) -> None:
         """New weights: tokens decoded from now on carry the next version (in-flight turns split)."""
-        for _, _, ep in self.decoding:
-            if self.w > ep.seg_w:
-                ep.tokens_by_version[ep.seg_version] += self.w - ep.seg_w
-            ep.seg_w, ep.seg_version = self.w, self.version + 1
+        for eng in self.engines:
+            for _, _, ep in eng.decoding:
+                if eng.w > ep.seg_w:
+                    ep.tokens_by_version[ep.seg_version] += eng.w - ep.seg_w
+                ep.seg_w, ep.seg_version = eng.w, self.version + 1
         self.version += 1
 
     def _start_group(self, k: int, admitted_version: int = 0) -> None:
@@ -292,15 +341,19 @@ class PipelineSim:
             self._try_admit()
         while not self.stop:
             t_ev = self.events[0][0] if self.events else math.inf
-            t_dec = math.inf
-            if self.decoding and not self.paused:
-                t_dec = self.t + max(0.0, self.decoding[0][0] - self.w) / self.p.decode_rate(len(self.decoding))
+            t_dec, first = math.inf, None
+            if not self.paused:
+                for eng in self.engines:
+                    if eng.decoding:
+                        t = self.t + max(0.0, eng.decoding[0][0] - eng.w) / self.p.decode_rate(len(eng.decoding))
+                        if t < t_dec:
+                            t_dec, first = t, eng
             if t_ev == t_dec == math.inf:
                 raise RuntimeError(f"{self.mode} simulation stalled at t={self.t:.1f}s, step {self.res.steps}")
-            if t_dec < t_ev:
+            if first is not None and t_dec < t_ev:
                 self._advance(t_dec)
-                finish_w, _, ep = heapq.heappop(self.decoding)
-                self.w = max(self.w, finish_w)
+                finish_w, _, ep = heapq.heappop(first.decoding)
+                first.w = max(first.w, finish_w)
                 self._decode_done(ep, finish_w)
             else:
                 t, _, fn, arg = heapq.heappop(self.events)

@@ -134,6 +134,8 @@ class Trace:
     group_size: int
     groups_per_step: int
     steps: list[list[list[Episode]]] = field(default_factory=list)
+    max_output_tokens: int = 0
+    """The mix's per-turn output cap: the ``max_tokens`` every model call is sent with."""
 
     @property
     def groups(self) -> list[list[Episode]]:
@@ -161,7 +163,7 @@ def mix_spec(mix: str, tail: Dist | None = None, sigma: float | None = None, dri
 def make_trace(mix: str | MixSpec, steps: int, groups_per_step: int, group_size: int, seed: int = 0) -> Trace:
     """A deterministic trace of ``steps`` × ``groups_per_step`` groups of ``group_size`` episodes."""
     spec = mix_spec(mix) if isinstance(mix, str) else mix
-    out = Trace(spec.name, seed, group_size, groups_per_step)
+    out = Trace(spec.name, seed, group_size, groups_per_step, max_output_tokens=spec.max_output_tokens)
     for s in range(steps):
         row = []
         for g in range(groups_per_step):

@@ -183,3 +183,42 @@ def test_staleness_from_newest_keeps_long_groups_and_reports_their_old_tokens() 
     assert newest["tokens_beyond_eta_frac"] == pytest.approx(
         sum(v for k, v in newest["trained_token_staleness"].items() if int(k) > 1), abs=1e-3)
     assert sum(newest["trained_token_staleness"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_engines_split_the_slots_and_keep_an_episode_on_one_engine() -> None:
+    """N engines: the client's dispatch rule (``EndpointPool``) places each episode's first turn, its later
+    turns stay there, no engine holds more than its share of slots, and every request is accounted back."""
+    trace = make_trace("tool", 6, B, G, seed=0)
+    p = replace(SMALL, engines=4)
+    seen: dict[int, set[int]] = {}
+    sim = PipelineSim(trace, p, "sync", 4)
+    request = sim._request
+
+    def spy(ep) -> None:
+        request(ep)
+        seen.setdefault(id(ep), set()).add(sim.engines.index(ep.engine))
+        assert all(e.used <= e.slots == 4 for e in sim.engines)
+
+    sim._request = spy
+    res = sim.run()
+    assert res.steps == 4 and all(len(s) == 1 for s in seen.values())
+    assert len({e for s in seen.values() for e in s}) == 4  # every engine got episodes
+    assert all(e.endpoint.outstanding == 0 and e.endpoint.outstanding_tokens == 0 for e in sim.engines)
+    assert res.trained_tokens == PipelineSim(trace, SMALL, "sync", 4).run().trained_tokens
+
+
+@pytest.mark.parametrize("dispatch", ["tokens", "requests"])
+def test_one_engine_is_the_pooled_model_whatever_the_dispatch_rule(dispatch: str) -> None:
+    """engines=1 is the pooled engine (the rule has nothing to choose); over several engines the same
+    batches are trained and the JSON says which engines and rule produced the figures."""
+    pooled = bench("swe", steps=4)
+    assert bench("swe", steps=4, dispatch=dispatch)["sync"] == pooled["sync"]
+    split = bench("swe", steps=4, dispatch=dispatch, params=replace(SMALL, engines=4))
+    assert split["engines"] == 4 and split["dispatch"] == dispatch
+    assert split["sync"]["trained_tokens"] == pooled["sync"]["trained_tokens"]
+    assert split["sync"]["total_s"] != pooled["sync"]["total_s"]  # the split is modelled, not ignored
+
+
+def test_slots_must_split_evenly_over_engines() -> None:
+    with pytest.raises(ValueError, match="split evenly"):
+        PipelineSim(make_trace("tool", 2, B, G), replace(SMALL, engines=3), "sync", 1)
