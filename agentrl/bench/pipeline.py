@@ -68,7 +68,7 @@ def run_pipeline_bench(
     drop_policy: Literal["drop_stale", "block"] = "drop_stale",
     staleness_from: Literal["oldest", "newest"] = "oldest",
     params: SimParams | None = None,
-    dispatch: Literal["tokens", "requests"] = "tokens",
+    dispatch: Literal["requests", "tokens"] = "requests",
     tail: Literal["lognormal", "pareto"] | None = None,
     sigma: float | None = None,
     out_dir: Path | None = None,
@@ -212,9 +212,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--engines", type=int, default=1,
                     help="inference engines the slots are split over (default 1: one pooled engine, i.e. perfect "
                          "balance; N: N replicas, an episode's turns on the engine its first turn was sent to)")
-    ap.add_argument("--dispatch", choices=["tokens", "requests"], default="tokens",
+    ap.add_argument("--dispatch", choices=["requests", "tokens"], default="requests",
                     help="with --engines > 1, the client's rule for a new episode's engine: least outstanding "
-                         "tokens (prompt + max_tokens per request in flight; what training uses) or least requests")
+                         "requests (what training uses) or least outstanding tokens (prompt + max_tokens each)")
+    ap.add_argument("--kv-tokens-per-gpu", type=int, default=0,
+                    help="KV-cache tokens per inference GPU (0, default: unlimited; ~470000 for a 7B model on an "
+                         "H100): a request holds its context plus output in it while it runs")
     ap.add_argument("--sync-s", type=float, default=None,
                     help="weight publication time (default: the measured LoRA sync, see SimParams.sync_s)")
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "`agentrl bench pipeline --real --help` for its options: --model, --max-len, "
                          "--token-scale, --time-scale, --inference-cores, --trainer-cores)")
     args = ap.parse_args(argv)
-    overrides: dict[str, Any] = {"engines": args.engines}
+    overrides: dict[str, Any] = {"engines": args.engines, "kv_tokens_per_gpu": args.kv_tokens_per_gpu}
     if args.sync_s is not None:
         overrides["sync_s"] = args.sync_s
     probe: dict[int, float] | None = None

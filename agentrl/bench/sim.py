@@ -6,8 +6,8 @@ every request decoding there advances at ``decode_rate(n)`` tokens/s, n = reques
 tracked with a per-engine "virtual work" clock W (dW/dt = decode_rate(n)) so a request that starts at W0
 with k tokens to decode ends when W = W0 + k. Weight syncs pause every engine. With several engines, an
 episode's first request is dispatched by the inference client's own rule
-(``agentrl.inference.routing.EndpointPool``: least outstanding tokens, or with ``dispatch="requests"``
-least outstanding requests) and its later turns stay on that engine (its prefix cache).
+(``agentrl.inference.routing.EndpointPool``: least outstanding requests, or with ``dispatch="tokens"``
+least outstanding tokens) and its later turns stay on that engine (its prefix cache).
 
 Trainer: a batch of B groups costs ``train_s_per_token · tokens + train_step_s``, then ``sync_s`` to
 publish the weights (version + 1). Per-token versions are tracked as token counts per version for each
@@ -44,6 +44,13 @@ class SimParams:
     engines: int = 1
     """Engines the slots and ``decode_half_n`` are split over. 1 (default): one pooled engine, i.e. a
     perfectly balanced set of replicas; ``for_gpus(..., engines=N)`` models N replicas and their dispatch."""
+    kv_tokens: int = 0
+    """KV-cache capacity in tokens over all engines (split evenly); 0 (default): unlimited, only ``slots``
+    bound concurrency. A request holds its whole context plus its output from the moment it takes a slot
+    until it finishes, and waits (first in, first out) while that does not fit. A 7B model with grouped-query
+    attention (8 KV heads × 128 × 32 layers × K and V × 2 bytes = 128 KiB per token) leaves ~60 GB of an
+    H100 for ~470k tokens. Assumed; vLLM allocates blocks as tokens are generated and preempts when full,
+    which this reservation approximates from the safe side."""
     decode_tok_s: float = 80.0
     """Per-request decode speed at low concurrency (7B bf16 on one H100, contexts of a few k tokens). Assumed."""
     decode_half_n: float = 256.0
@@ -65,10 +72,12 @@ class SimParams:
     over NCCL, ~0.4 s) is what moves. ``--sync-s`` overrides it."""
 
     @classmethod
-    def for_gpus(cls, inference_gpus: int = 8, trainer_gpus: int = 8, **overrides: Any) -> SimParams:
-        """The defaults rescaled to another split of H100s: 64 slots and half speed at 32 requests per
-        inference GPU; trainer throughput linear in its GPUs."""
+    def for_gpus(cls, inference_gpus: int = 8, trainer_gpus: int = 8, kv_tokens_per_gpu: int = 0,
+                 **overrides: Any) -> SimParams:
+        """The defaults rescaled to another split of H100s: 64 slots, half speed at 32 requests and
+        ``kv_tokens_per_gpu`` of KV cache per inference GPU; trainer throughput linear in its GPUs."""
         return cls(**{"slots": 64 * inference_gpus, "decode_half_n": 32.0 * inference_gpus,
+                      "kv_tokens": kv_tokens_per_gpu * inference_gpus,
                       "train_s_per_token": 18.75e-6 * 8 / trainer_gpus, **overrides})
 
     def decode_rate(self, n: int) -> float:
@@ -82,8 +91,11 @@ class _Engine:
 
     slots: int
     endpoint: Endpoint
+    kv_tokens: int = 0
+    """KV-cache capacity (0: unlimited)."""
     w: float = 0.0
     used: int = 0
+    kv_used: int = 0
     decoding: list[tuple[float, int, _Ep]] = field(default_factory=list)
     waiting: deque[_Ep] = field(default_factory=deque)
 
@@ -118,8 +130,12 @@ class _Ep:
     seg_version: int = 0
     tokens_by_version: Counter[int] = field(default_factory=Counter)
     engine: _Engine | None = None
+    context: int = 0
+    """Tokens before this turn's output: earlier turns plus this turn's new prompt tokens."""
     cost: int = 0
     """Outstanding tokens its request in flight counts on its engine (prompt + ``max_tokens``)."""
+    kv: int = 0
+    """KV-cache tokens its request holds while in a slot (context + output)."""
 
 
 @dataclass
@@ -154,13 +170,13 @@ class PipelineSim:
     """Replays the first groups of ``trace`` until ``steps`` train steps are done."""
 
     def __init__(self, trace: Trace, params: SimParams, mode: Literal["sync", "async"], steps: int,
-                 pipeline: PipelineConfig | None = None, dispatch: Literal["tokens", "requests"] = "tokens") -> None:
+                 pipeline: PipelineConfig | None = None, dispatch: Literal["requests", "tokens"] = "requests") -> None:
         self.p, self.mode, self.n_steps = params, mode, steps
         if params.engines < 1 or params.slots % params.engines:
             raise ValueError(f"{params.slots} slots do not split evenly over {params.engines} engines")
-        self.pool = EndpointPool(str(i) for i in range(params.engines))
-        self.engines = [_Engine(params.slots // params.engines, e) for e in self.pool.endpoints]
-        self.dispatch = dispatch
+        self.pool = EndpointPool((str(i) for i in range(params.engines)), by=dispatch)
+        self.engines = [_Engine(params.slots // params.engines, e, params.kv_tokens // params.engines)
+                        for e in self.pool.endpoints]
         self.max_tokens = trace.max_output_tokens
         self.groups = trace.groups
         self.B = trace.groups_per_step
@@ -206,8 +222,8 @@ class PipelineSim:
         turn = ep.episode.turns[ep.turn]
         if ep.engine is None:  # first turn: the client's dispatch rule; later turns stay (prefix cache)
             ep.engine = self.engines[int(self.pool.pick().url)]
-        context = sum(t.prompt_tokens + t.output_tokens for t in ep.episode.turns[:ep.turn]) + turn.prompt_tokens
-        ep.cost = context + self.max_tokens if self.dispatch == "tokens" else 0
+        ep.context = sum(t.prompt_tokens + t.output_tokens for t in ep.episode.turns[:ep.turn]) + turn.prompt_tokens
+        ep.cost = ep.context + self.max_tokens  # what the client counts per request in flight
         ep.engine.endpoint.outstanding += 1
         ep.engine.endpoint.outstanding_tokens += ep.cost
         ep.engine.waiting.append(ep)
@@ -215,7 +231,13 @@ class PipelineSim:
 
     def _schedule(self, eng: _Engine) -> None:
         while eng.waiting and eng.used < eng.slots:
-            ep = eng.waiting.popleft()
+            ep = eng.waiting[0]
+            need = ep.context + ep.episode.turns[ep.turn].output_tokens
+            if eng.kv_tokens and eng.used and eng.kv_used + need > eng.kv_tokens:
+                break  # first in, first out: the head waits for KV-cache space (alone, it always runs)
+            eng.waiting.popleft()
+            ep.kv = need
+            eng.kv_used += need
             self._set_used(eng, 1)
             prefill_s = self.p.request_overhead_s + ep.episode.turns[ep.turn].prompt_tokens / self.p.prefill_tok_s
             self._at(self.t + prefill_s, self._start_decode, ep)
@@ -231,6 +253,7 @@ class PipelineSim:
         assert eng is not None
         ep.tokens_by_version[ep.seg_version] += finish_w - ep.seg_w
         self._set_used(eng, -1)
+        eng.kv_used -= ep.kv
         eng.endpoint.outstanding -= 1
         eng.endpoint.outstanding_tokens -= ep.cost
         turn = ep.episode.turns[ep.turn]

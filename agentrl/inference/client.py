@@ -4,9 +4,9 @@ Generation prefers vLLM's token-in/token-out route ``POST /inference/v1/generate
 and logprobs, weight-version spans) and falls back to ``POST /v1/completions`` with a token-id prompt
 when an endpoint does not serve it (detected once per endpoint). Special tokens are never skipped: a
 generation ended by EOS or a stop token id has that id as its last token (and a logprob for it).
-Routing: least outstanding tokens (prompt plus ``max_tokens`` of each request in flight,
-:mod:`agentrl.inference.routing`); a ``key`` (e.g. an episode id) keeps one episode on one endpoint so
-its growing prompt hits that engine's prefix cache.
+Routing: least outstanding requests (:mod:`agentrl.inference.routing`, which says why not tokens); a
+``key`` (e.g. an episode id) keeps one episode on one endpoint so its growing prompt hits that engine's
+prefix cache.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def _gen_body(ids: list[int], versions: list[dict] | None = None, finish: str = 
 # ---- endpoint selection ---------------------------------------------------------------------------------
 
 
-def test_pool_least_outstanding_requests_when_tokens_tie() -> None:
+def test_pool_least_outstanding_requests() -> None:
     pool = EndpointPool([A, B, C])
     pool.endpoints[0].outstanding = 3
     pool.endpoints[1].outstanding = 1
@@ -31,16 +31,19 @@ def test_pool_least_outstanding_requests_when_tokens_tie() -> None:
     assert pool.pick().url == B
 
 
-def test_pool_dispatches_by_outstanding_tokens_not_requests() -> None:
-    """A holds one long-context request, B three short ones: by requests A is the lighter engine, by the
-    work it holds it is the heavier one, and the new request goes to B."""
-    pool = EndpointPool([A, B])
-    a, b = pool.endpoints
-    a.outstanding, a.outstanding_tokens = 1, 20_000 + 4_096
-    b.outstanding, b.outstanding_tokens = 3, 3 * (300 + 512)
-    assert {pool.pick().url for _ in range(4)} == {B}
-    b.outstanding_tokens = 30_000  # now B holds more work than A
+def test_pool_dispatch_rules_requests_and_tokens() -> None:
+    """A holds one long-context request, B three short ones: by requests (the default) A is the lighter
+    engine; by tokens, the rule the simulator compares it with, B is."""
+    for by, lighter in (("requests", A), ("tokens", B)):
+        pool = EndpointPool([A, B], by=by)
+        a, b = pool.endpoints
+        a.outstanding, a.outstanding_tokens = 1, 20_000 + 4_096
+        b.outstanding, b.outstanding_tokens = 3, 3 * (300 + 512)
+        assert {pool.pick().url for _ in range(4)} == {lighter}, by
+    b.outstanding_tokens = 30_000  # by tokens B now holds more work than A
     assert pool.pick().url == A
+    with pytest.raises(ValueError, match="requests"):
+        EndpointPool([A], by="bytes")  # type: ignore[arg-type]
 
 
 def test_pool_ties_rotate() -> None:

@@ -222,3 +222,35 @@ def test_one_engine_is_the_pooled_model_whatever_the_dispatch_rule(dispatch: str
 def test_slots_must_split_evenly_over_engines() -> None:
     with pytest.raises(ValueError, match="split evenly"):
         PipelineSim(make_trace("tool", 2, B, G), replace(SMALL, engines=3), "sync", 1)
+
+
+def test_kv_cache_bounds_what_runs_at_once() -> None:
+    """A bounded KV cache: the requests running on an engine never hold more than it (one alone may, so a
+    long context still runs), everything is released at the end, and a smaller cache only slows sync."""
+    trace = make_trace("swe", 4, B, G, seed=0)
+    biggest = max(sum(t.prompt_tokens + t.output_tokens for t in e.turns) for g in trace.groups for e in g)
+    p = replace(SMALL, engines=2, kv_tokens=2 * biggest)
+    sim = PipelineSim(trace, p, "sync", 3)
+    schedule, cache_bound = sim._schedule, []
+
+    def spy(eng) -> None:
+        schedule(eng)
+        assert eng.kv_used <= eng.kv_tokens or eng.used == 1
+        cache_bound.append(bool(eng.waiting) and eng.used < eng.slots)  # a request waits for the cache, not a slot
+
+    sim._schedule = spy
+    tight = sim.run()
+    assert all(e.kv_used == 0 and e.used == 0 for e in sim.engines)
+    assert any(cache_bound)
+    roomy = PipelineSim(trace, replace(p, kv_tokens=0), "sync", 3).run()
+    assert tight.trained_tokens == roomy.trained_tokens and tight.total_s > roomy.total_s
+
+
+def test_cli_engines_dispatch_and_kv_cache(capsys) -> None:
+    argv = ["--mix", "swe", "--steps", "2", "--groups-per-step", "2", "--group-size", "2", "--gpus", "2:1"]
+    main([*argv, "--engines", "2", "--dispatch", "tokens", "--kv-tokens-per-gpu", "20000"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["engines"] == 2 and out["dispatch"] == "tokens"
+    main(argv)
+    pooled = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert pooled["engines"] == 1 and pooled["dispatch"] == "requests"
