@@ -81,7 +81,7 @@ class PipelineConfig(BaseModel):
     rollouts) is trained instead of dropped; its older tokens can be more than η versions old and rely on
     the loss's importance correction (``trainer.loss.is_correction``, capped), which the
     ``staleness_*`` metrics show. With ``drop_stale`` and η = 2 it is the throughput setting for long-tail
-    multi-turn workloads (``docs/async.md``: 2.69× over sync on the simulated tool mix, nothing dropped)."""
+    multi-turn workloads (``docs/async.md``: 2.68× over sync on the simulated tool mix, nothing dropped)."""
     capacity_groups: int | None = Field(None, ge=1)
     """Groups in flight plus buffered at most (back-pressure on the producer); default (η + 1) · groups
     per step. Must hold at least one step's groups."""
