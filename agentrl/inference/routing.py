@@ -4,7 +4,7 @@ A training episode is sticky: its first request picks an engine and its later tu
 prefix cache), so a pick places a whole episode. The default rule counts requests in flight (ties rotate).
 The alternative, ``by="tokens"``, counts each request's prompt plus ``max_tokens``, on the idea that a few
 20k-token contexts load an engine more than many short ones. Measured in the pipeline simulator (which
-drives this class) on multi-turn mixes over 8 engines, it never won and lost 1-5 %, and 5-14 % with a
+drives this class) on multi-turn mixes over 8 or 16 engines, it never won: up to 5 % slower, and 5-15 % with a
 bounded KV cache: an engine holding old long contexts looks loaded though those episodes are about to end,
 one full of young episodes looks light though they will grow (``docs/async.md``, *Dispatch to engines*).
 """
