@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import shutil
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A new temporary directory for a benchmark's engine and trainer files: removed when the block ends
+    normally, kept (and its path logged) when it raises, so the logs of a failed run are not lost."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    except BaseException:
+        log.warning("benchmark files kept for their logs: %s", work)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def add_engine_args(parser: argparse.ArgumentParser, needs: str = "") -> None:
@@ -29,13 +46,18 @@ def bench_model(model: str | Path | None) -> str:
 @asynccontextmanager
 async def engine_url(endpoint: str | None, work: Path | None = None, **server: Any) -> AsyncIterator[str]:
     """The URL of ``endpoint``, or of a vLLM server started with ``VLLMServerConfig(**server)`` and stopped on
-    exit (its log in ``work``, by default a new temporary directory)."""
+    exit (its log in ``work``, by default a ``scratch_dir``)."""
     if endpoint:
         yield endpoint
         return
     from agentrl.inference import VLLMServer, VLLMServerConfig
 
-    own = VLLMServer(VLLMServerConfig(**server), work or Path(tempfile.mkdtemp(prefix="agentrl-bench-engine-")))
+    if work is None:
+        with scratch_dir("agentrl-bench-engine-") as tmp:
+            async with engine_url(None, tmp, **server) as url:
+                yield url
+        return
+    own = VLLMServer(VLLMServerConfig(**server), work)
     await asyncio.to_thread(own.start)
     try:
         yield own.url

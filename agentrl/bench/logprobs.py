@@ -26,7 +26,6 @@ import asyncio
 import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,20 @@ def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    from agentrl.bench.engine import bench_model, engine_url
+    from agentrl.bench.engine import bench_model, scratch_dir
+
+    model = bench_model(args.model)
+    with scratch_dir("agentrl-bench-logprobs-") as work:
+        out = await _measure_in(args, model, work)
+    t_res = out.pop("tT", out["t1"])
+    out.update(t_res)
+    out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
+    out["targets_met"] = bool(abs(out["is_weight_mean"] - 1.0) <= 0.03 and out["mae_ratio_vs_t1"] <= 1.5)
+    return out
+
+
+async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
+    from agentrl.bench.engine import engine_url
     from agentrl.config import SamplingConfig
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
@@ -66,8 +78,6 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.trainer.config import TrainerConfig
     from agentrl.workers import RolloutWorkers
 
-    model = bench_model(args.model)
-    work = Path(tempfile.mkdtemp(prefix="agentrl-bench-logprobs-"))
     tasks = list(CalcEnv.tasks("train"))[: args.episodes]
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=2e-3, lora_rank=16, lora_alpha=32.0), work)
     async with engine_url(args.endpoint, work, model=model, dtype="float32", max_model_len=1024,
@@ -105,10 +115,6 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     out["t1" if temperature == 1.0 else "tT"] = res
         finally:
             await asyncio.to_thread(trainer.close)
-    t_res = out.pop("tT", out["t1"])
-    out.update(t_res)
-    out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
-    out["targets_met"] = bool(abs(out["is_weight_mean"] - 1.0) <= 0.03 and out["mae_ratio_vs_t1"] <= 1.5)
     return out
 
 

@@ -21,8 +21,6 @@ import asyncio
 import itertools
 import json
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -127,15 +125,20 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
 
 async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     """Start the engine and the trainer once, replay the trace in both modes, compare."""
-    from agentrl.bench.engine import bench_model
+    from agentrl.bench.engine import bench_model, scratch_dir
+
+    model = bench_model(args.model)
+    with scratch_dir("agentrl-bench-real-") as work:
+        return await _run_real_in(args, model, work)
+
+
+async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
     from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
     from agentrl.sync import FileAdapterSync
     from agentrl.sync_shm import SharedMemoryAdapterSync
     from agentrl.trainer.client import TrainerProcess
     from agentrl.trainer.config import TrainerConfig
 
-    model = bench_model(args.model)
-    work = Path(tempfile.mkdtemp(prefix="agentrl-bench-real-"))
     spec = mix_spec(args.mix)
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)
     server = VLLMServer(VLLMServerConfig(model=model, dtype="float32", max_model_len=args.max_len + 64,
@@ -163,7 +166,6 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         await asyncio.to_thread(trainer.close)
         await asyncio.to_thread(server.stop)
-    shutil.rmtree(work, ignore_errors=True)  # kept (engine and trainer logs) only when the run failed
     out.update({
         "async_over_sync": res_async["tokens_per_s"] / max(res_sync["tokens_per_s"], 1e-12),
         "trainer_idle_sync": res_sync["trainer_idle"], "trainer_idle_async": res_async["trainer_idle"],

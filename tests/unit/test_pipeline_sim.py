@@ -190,13 +190,13 @@ def test_engines_split_the_slots_and_keep_an_episode_on_one_engine() -> None:
     turns stay there, no engine holds more than its share of slots, and every request is accounted back."""
     trace = make_trace("tool", 6, B, G, seed=0)
     p = replace(SMALL, engines=4)
-    seen: dict[int, set[int]] = {}
+    seen: dict[object, set[int]] = {}  # keyed by the episode itself (kept alive, so never confused with a later one)
     sim = PipelineSim(trace, p, "sync", 4)
     request = sim._request
 
     def spy(ep) -> None:
         request(ep)
-        seen.setdefault(id(ep), set()).add(sim.engines.index(ep.engine))
+        seen.setdefault(ep, set()).add(sim.engines.index(ep.engine))
         assert all(e.used <= e.slots == 4 for e in sim.engines)
 
     sim._request = spy
