@@ -224,8 +224,7 @@ class PipelineSim:
             ep.engine = self.engines[int(self.pool.pick().url)]
         ep.context = sum(t.prompt_tokens + t.output_tokens for t in ep.episode.turns[:ep.turn]) + turn.prompt_tokens
         ep.cost = ep.context + self.max_tokens  # what the client counts per request in flight
-        ep.engine.endpoint.outstanding += 1
-        ep.engine.endpoint.outstanding_tokens += ep.cost
+        ep.engine.endpoint.begin(ep.cost)
         ep.engine.waiting.append(ep)
         self._schedule(ep.engine)
 
@@ -254,8 +253,7 @@ class PipelineSim:
         ep.tokens_by_version[ep.seg_version] += finish_w - ep.seg_w
         self._set_used(eng, -1)
         eng.kv_used -= ep.kv
-        eng.endpoint.outstanding -= 1
-        eng.endpoint.outstanding_tokens -= ep.cost
+        eng.endpoint.end(ep.cost)
         turn = ep.episode.turns[ep.turn]
         ep.turn += 1
         if ep.turn < len(ep.episode.turns):

@@ -140,8 +140,7 @@ class InferenceClient:
                 ep = self.pool.pick(key, avoid=tried)
             except NoLiveEngine as e:
                 raise NoEnginesError(str(e)) from None
-            ep.outstanding += 1
-            ep.outstanding_tokens += cost
+            ep.begin(cost)
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
             except TransientError as e:
@@ -152,8 +151,7 @@ class InferenceClient:
                     log.warning("inference endpoint %s out of rotation: generate: %s", ep.url, e)
                 raise Retry(f"{ep.url}: {e}") from None
             finally:
-                ep.outstanding -= 1
-                ep.outstanding_tokens -= cost
+                ep.end(cost)
             if len(gen.logprobs) != len(gen.token_ids):
                 raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
                                      f"{len(gen.logprobs)} logprobs", endpoint=ep.url)

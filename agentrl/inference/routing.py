@@ -30,6 +30,16 @@ class Endpoint:
     down: str | None = None
     """Why the endpoint is out of rotation (None: in rotation). See :meth:`EndpointPool.mark_down`."""
 
+    def begin(self, cost: int) -> None:
+        """A request of ``cost`` tokens (prompt plus ``max_tokens``) was sent here."""
+        self.outstanding += 1
+        self.outstanding_tokens += cost
+
+    def end(self, cost: int) -> None:
+        """A request counted by :meth:`begin` answered or failed."""
+        self.outstanding -= 1
+        self.outstanding_tokens -= cost
+
 
 class NoLiveEngine(RuntimeError):
     """Every endpoint is out of rotation."""
