@@ -8,7 +8,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,10 @@ async def engine_url(endpoint: str | None, work: Path | None = None, **server: A
         return
     from agentrl.inference import VLLMServer, VLLMServerConfig
 
-    if work is None:
-        with scratch_dir("agentrl-bench-engine-") as tmp:
-            async with engine_url(None, tmp, **server) as url:
-                yield url
-        return
-    own = VLLMServer(VLLMServerConfig(**server), work)
-    await asyncio.to_thread(own.start)
-    try:
-        yield own.url
-    finally:
-        await asyncio.to_thread(own.stop)
+    with scratch_dir("agentrl-bench-engine-") if work is None else nullcontext(work) as logs:
+        own = VLLMServer(VLLMServerConfig(**server), logs)
+        await asyncio.to_thread(own.start)
+        try:
+            yield own.url
+        finally:
+            await asyncio.to_thread(own.stop)
