@@ -167,8 +167,10 @@ async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat:
             ep = await _episode(url)
             sdk = openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0, timeout=300)
             messages = [{"role": "user", "content": "Count."}]
+            calls = []
 
             async def call() -> Any:
+                calls.append(1)
                 return await sdk.chat.completions.create(model="policy", messages=messages, temperature=0.0,
                                                          max_tokens=total)
 
@@ -184,7 +186,12 @@ async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat:
             traj = await _trajectory(url, ep, 0.0)
             await sdk.close()
         await client.unload_lora_adapter(name)
-    (row,) = traj["rows"]
+    # an attempt the engine outran (it finished inside one pause round trip) was started again from the
+    # same messages, in the same episode: a row of its own. The last row is the call caught mid-way.
+    assert len(traj["rows"]) == len(calls)
+    assert all({v for v, m in zip(r["versions"], r["loss_mask"], strict=True) if m} == {0} for r in traj["rows"][:-1]), \
+        "an outran attempt ran before the update"
+    row = traj["rows"][-1]
     versions = [v for v, m in zip(row["versions"], row["loss_mask"], strict=True) if m]
     assert len(versions) == total and 1 in versions and versions[0] == 0
     k = versions.index(1)
