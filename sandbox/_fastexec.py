@@ -69,7 +69,16 @@ for line in sys.stdin.buffer:
                 break
             send(b"o", d)
         elif p.poll() is not None:
-            break  # exited; background processes may hold the pipe: stop reading after 50 ms of silence
+            # exited after the last look: take what it wrote since (background processes may hold the
+            # pipe open, so read only what is there, and a bounded amount of it)
+            for _ in range(64):
+                if not select.select([fd], [], [], 0)[0]:
+                    break
+                d = os.read(fd, 65536)
+                if not d:
+                    break
+                send(b"o", d)
+            break
     p.stdout.close()
     send(b"x", str(p.wait()).encode())
 """
