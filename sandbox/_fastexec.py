@@ -62,23 +62,19 @@ for line in sys.stdin.buffer:
         send(b"o", (str(e) + "\n").encode())
         send(b"x", b"-11" if e.errno == errno.EAGAIN else b"127"); continue
     fd = p.stdout.fileno()
+    exited = False
     while True:
-        if select.select([fd], [], [], 0.05)[0]:
+        # once it has exited, look without waiting: that takes what it wrote between the last look and its
+        # exit, and stops at the first empty look (background processes may hold the pipe open)
+        if select.select([fd], [], [], 0 if exited else 0.05)[0]:
             d = os.read(fd, 65536)
             if not d:
                 break
             send(b"o", d)
-        elif p.poll() is not None:
-            # exited after the last look: take what it wrote since (background processes may hold the
-            # pipe open, so read only what is there, and a bounded amount of it)
-            for _ in range(64):
-                if not select.select([fd], [], [], 0)[0]:
-                    break
-                d = os.read(fd, 65536)
-                if not d:
-                    break
-                send(b"o", d)
+        elif exited:
             break
+        else:
+            exited = p.poll() is not None
     p.stdout.close()
     send(b"x", str(p.wait()).encode())
 """
