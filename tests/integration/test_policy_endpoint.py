@@ -74,6 +74,11 @@ async def _trajectory(url: str, ep: dict[str, Any], reward: float) -> dict[str, 
         return (await h.get(f"{url}/v1/episodes/{ep['episode_id']}/trajectory", headers=auth)).json()
 
 
+def _sampled_versions(row: dict[str, Any]) -> list[int]:
+    """The policy versions of the row's sampled (mask-1) tokens."""
+    return [v for v, m in zip(row["versions"], row["loss_mask"], strict=True) if m]
+
+
 def _check_row(row: dict[str, Any], calls: list[tuple[list[int], Generation]]) -> None:
     """A row is the ids the engine saw: its calls' prompts extend each other by the sampled ids, its last
     prompt plus the last output is the whole row, and the mask-1 tokens are exactly the engine's outputs."""
@@ -131,7 +136,7 @@ async def test_sdk_agents_record_token_faithful_rows(vllm_server, chat: ChatForm
                     calls = list(rec.calls)
                     for row in traj["rows"]:
                         _check_row(row, calls[: row["calls"]])
-                        assert row["reward"] == 1.0 and set(v for v, m in zip(row["versions"], row["loss_mask"], strict=False) if m) == {0}
+                        assert row["reward"] == 1.0 and set(_sampled_versions(row)) == {0}
                         calls = calls[row["calls"]:]
                     assert not calls
                     rows_seen[rewrite] = max(rows_seen[rewrite], len(traj["rows"]))
@@ -189,10 +194,8 @@ async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat:
     # an attempt the engine outran (it finished inside one pause round trip) was started again from the
     # same messages, in the same episode: a row of its own. The last row is the call caught mid-way.
     assert len(traj["rows"]) == len(calls)
-    assert all({v for v, m in zip(r["versions"], r["loss_mask"], strict=True) if m} == {0} for r in traj["rows"][:-1]), \
-        "an outran attempt ran before the update"
-    row = traj["rows"][-1]
-    versions = [v for v, m in zip(row["versions"], row["loss_mask"], strict=True) if m]
+    assert all(set(_sampled_versions(r)) == {0} for r in traj["rows"][:-1]), "an outran attempt ran before the update"
+    versions = _sampled_versions(traj["rows"][-1])
     assert len(versions) == total and 1 in versions and versions[0] == 0
     k = versions.index(1)
     assert versions == [0] * k + [1] * (total - k), "one v0 span (the kept prefix), then one v1 span"
