@@ -9,14 +9,14 @@ PIP := $(PY) -m pip
 STACK ?= cpu
 # Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
-STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
 .PHONY: install test test-unit train lint model clean
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 ifeq ($(STACK),cpu)

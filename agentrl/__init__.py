@@ -17,43 +17,43 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "Environment": "agentrl.environment",
-    "tool": "agentrl.environment",
-    "ToolError": "agentrl.environment",
-    "ToolArgumentError": "agentrl.environment",
-    "Task": "agentrl.environment",
+    "Environment": "agentrl.environment.base",
+    "tool": "agentrl.environment.base",
+    "ToolError": "agentrl.environment.base",
+    "ToolArgumentError": "agentrl.environment.base",
+    "Task": "agentrl.environment.base",
     "Trajectory": "agentrl.types",
     "Message": "agentrl.types",
     "ToolCall": "agentrl.types",
     "StopReason": "agentrl.types",
-    "load_env": "agentrl.registry",
-    "UnknownEnvironmentError": "agentrl.registry",
-    "ChatFormat": "agentrl.chat",
-    "run_episode": "agentrl.rollout",
-    "SamplingConfig": "agentrl.config",
-    "Episode": "agentrl.episode",
-    "RolloutWorkers": "agentrl.workers",
+    "load_env": "agentrl.environment.registry",
+    "UnknownEnvironmentError": "agentrl.environment.registry",
+    "ChatFormat": "agentrl.rollout.chat",
+    "run_episode": "agentrl.rollout.loop",
+    "SamplingConfig": "agentrl.config.run",
+    "Episode": "agentrl.rollout.episode",
+    "RolloutWorkers": "agentrl.rollout.groups",
     "InferenceClient": "agentrl.inference.client",
     "VLLMServer": "agentrl.inference.server",
-    "RunConfig": "agentrl.config",
-    "RemoteEnvironment": "agentrl.remote",
-    "RemoteEnvError": "agentrl.remote",
+    "RunConfig": "agentrl.config.run",
+    "RemoteEnvironment": "agentrl.environment.remote",
+    "RemoteEnvError": "agentrl.environment.remote",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from agentrl.chat import ChatFormat
-    from agentrl.config import RunConfig, SamplingConfig
-    from agentrl.environment import Environment, Task, ToolArgumentError, ToolError, tool
-    from agentrl.episode import Episode
+    from agentrl.config.run import RunConfig, SamplingConfig
+    from agentrl.environment.base import Environment, Task, ToolArgumentError, ToolError, tool
+    from agentrl.environment.registry import UnknownEnvironmentError, load_env
+    from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
     from agentrl.inference.client import InferenceClient
     from agentrl.inference.server import VLLMServer
-    from agentrl.registry import UnknownEnvironmentError, load_env
-    from agentrl.remote import RemoteEnvError, RemoteEnvironment
-    from agentrl.rollout import run_episode
+    from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.episode import Episode
+    from agentrl.rollout.groups import RolloutWorkers
+    from agentrl.rollout.loop import run_episode
     from agentrl.types import Message, StopReason, ToolCall, Trajectory
-    from agentrl.workers import RolloutWorkers
 
 
 def __getattr__(name: str) -> Any:

@@ -105,8 +105,8 @@ def train(
 ) -> None:
     """Train a policy on an environment (sync or async mode)."""
     _setup(verbose)
-    from agentrl.config import load_config
-    from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
+    from agentrl.config.run import load_config
+    from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
     overrides = {
         "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "name": name, "steps": steps,
@@ -126,7 +126,7 @@ def train(
             typer.echo(cfg.resolved().to_toml())
             return
         if dry_run:
-            from agentrl.placement import plan_run
+            from agentrl.launch.placement import plan_run
 
             plan = plan_run(cfg.resolved())
             typer.echo(plan.render())
@@ -135,9 +135,9 @@ def train(
         load_env(env, url=cfg.env_url, token=cfg.env_token)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    except RuntimeError as e:  # agentrl.remote.RemoteEnvError: the env server is unreachable or refuses
+    except RuntimeError as e:  # agentrl.environment.remote.RemoteEnvError: the env server is unreachable or refuses
         _fail(str(e))
-    from agentrl.train import TrainingRun
+    from agentrl.orchestrator.run import TrainingRun
 
     try:
         summary = _run(TrainingRun(cfg, resume=resume).run())
@@ -166,8 +166,8 @@ def eval_(
 ) -> None:
     """Report the success rate on the held-out split (optionally with a LoRA adapter)."""
     _setup(verbose)
-    from agentrl.config import load_config
-    from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
+    from agentrl.config.run import load_config
+    from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
     env = canonical_spec(env)
     try:
@@ -178,8 +178,8 @@ def eval_(
         _fail(str(e))
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
-    from agentrl.evaluate import run_eval
-    from agentrl.scripted import POLICIES, run_scripted_eval
+    from agentrl.orchestrator.evaluate import run_eval
+    from agentrl.rollout.scripted import POLICIES, run_scripted_eval
 
     if policy != "model" and policy not in POLICIES:
         _fail(f"unknown policy {policy!r}; expected model, {', '.join(sorted(POLICIES))}")
@@ -203,9 +203,9 @@ def doctor(
 ) -> None:
     """Check a model directory for the agent loop: chat template, stop tokens, tool-call parser, observation
     delta (the checks `agentrl train` runs at start). Exit 1 when a problem is found."""
-    from agentrl.config import DEFAULT_MODEL
-    from agentrl.doctor import diagnose
-    from agentrl.stack import ensure_model
+    from agentrl.config.run import DEFAULT_MODEL
+    from agentrl.launch.doctor import diagnose
+    from agentrl.launch.stack import ensure_model
 
     model = model or DEFAULT_MODEL
     try:
@@ -251,7 +251,7 @@ def trainer_node(
         spec = json.loads(join.read_text())
     except (OSError, json.JSONDecodeError) as e:
         _fail(f"cannot read the join file {join}: {e}")
-    from agentrl.trainer.client import run_node
+    from agentrl.trainer.launch import run_node
 
     raise typer.Exit(run_node(spec, work_dir, nproc))
 
@@ -259,7 +259,7 @@ def trainer_node(
 @app.command()
 def envs() -> None:
     """List the environments that can be found by name."""
-    from agentrl.registry import known_envs
+    from agentrl.environment.registry import known_envs
 
     for name, target in sorted(known_envs().items()):
         typer.echo(f"{name}\t{target}")
@@ -304,7 +304,7 @@ def serve_env(
 ) -> None:
     """Serve environments over HTTP for agents outside this process (see docs/env-server.md)."""
     _setup(verbose)
-    from agentrl.registry import UnknownEnvironmentError
+    from agentrl.environment.registry import UnknownEnvironmentError
     from agentrl.server import load_server_config
 
     overrides = {
@@ -341,8 +341,8 @@ def serve_policy(
     _setup(verbose)
     from pydantic import ValidationError
 
-    from agentrl.config import DEFAULT_MODEL
-    from agentrl.policy.config import PolicyConfig
+    from agentrl.config.policy import PolicyConfig
+    from agentrl.config.run import DEFAULT_MODEL
 
     try:
         cfg = PolicyConfig(host=host, port=port, token=token, episode_ttl_s=episode_ttl)

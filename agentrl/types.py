@@ -16,6 +16,7 @@ Text is never re-tokenized to rebuild a sequence: the ids above are the ids the 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -153,3 +154,43 @@ class Trajectory(BaseModel):
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")
+
+
+@dataclass
+class TrainSample:
+    """One training sequence: the prompt and completion ids, aligned per position.
+
+    ``behav_logprobs[t]`` is the behaviour policy's ``log p(input_ids[t] | input_ids[:t])`` (0 where the
+    mask is 0), the same convention as :func:`agentrl.trainer.loss.token_logprobs`.
+    """
+
+    input_ids: list[int]
+    """Token ids of the whole sequence (prompt + completion)."""
+    loss_mask: list[int]
+    """1 on model-generated tokens (trained on), 0 on prompt, tool and template tokens."""
+    behav_logprobs: list[float]
+    """Logprob of each token under the policy that sampled it; 0.0 where the mask is 0."""
+    advantage: float
+    """The sequence's advantage (e.g. GRPO group-normalised reward)."""
+    versions: list[int]
+    """Policy version that generated each token; -1 where the mask is 0."""
+    temperature: float = 1.0
+    """Sampling temperature of the masked tokens: logprobs are of ``softmax(logits / temperature)``."""
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if n == 0:
+            raise ValueError("TrainSample.input_ids is empty")
+        if not self.temperature > 0:
+            raise ValueError(f"TrainSample.temperature must be > 0 (got {self.temperature}): greedy "
+                             "generations have no sampling distribution to train")
+        for name in ("loss_mask", "behav_logprobs", "versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries, expected {n}")
+        if self.loss_mask[0]:
+            raise ValueError("TrainSample.loss_mask[0] must be 0: the first token has no context")
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Number of positions with a loss mask of 1."""
+        return sum(1 for m in self.loss_mask if m)

@@ -10,7 +10,13 @@ them back with :func:`token_versions`. Nothing else invents a version.
 
 from __future__ import annotations
 
-from agentrl.inference.protocol import Generation
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from agentrl.types import Trajectory
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentrl.inference.wire import Generation
 
 UNLABELLED = frozenset({"", "None", "default"})
 """Labels of an engine whose weights were never labelled (vLLM serves ``"default"`` until the first
@@ -55,3 +61,29 @@ def token_versions(gen: Generation, sent_version: int) -> list[int]:
         for i in range(max(0, start), min(n, end)):
             out[i] = v
     return out
+
+
+def oldest_version(versions: Iterable[int]) -> int | None:
+    """The oldest policy version among model tokens (``-1`` marks non-model tokens); None if none."""
+    return min((v for v in versions if v >= 0), default=None)
+
+
+def group_oldest_version(group: list[Trajectory]) -> int | None:
+    """The oldest model-token version of a GRPO group: what its staleness is measured from."""
+    return oldest_version(v for traj in group for v in traj.versions)
+
+
+def newest_version(versions: Iterable[int]) -> int | None:
+    """The newest policy version among model tokens (``-1`` marks non-model tokens); None if none."""
+    return max((v for v in versions if v >= 0), default=None)
+
+
+def staleness_version(versions: Iterable[int], staleness_from: str = "oldest") -> int | None:
+    """The version staleness is measured from (``pipeline.staleness_from``): the oldest or the newest of the
+    model tokens' ``versions``."""
+    return newest_version(versions) if staleness_from == "newest" else oldest_version(versions)
+
+
+def group_staleness_version(group: list[Trajectory], staleness_from: str = "oldest") -> int | None:
+    """The version a GRPO group's staleness is measured from: its oldest or its newest model token."""
+    return staleness_version((v for traj in group for v in traj.versions), staleness_from)

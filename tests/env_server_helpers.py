@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import agentrl
-from agentrl.server.config import ServerConfig
+from agentrl.config.server import ServerConfig
 
 TOKEN = "test-token-0123456789abcdef"
 BAD_REWARDS: dict[str, Any] = {
@@ -131,7 +131,7 @@ class ThreadServer:
     def __enter__(self) -> ThreadServer:
         import uvicorn
 
-        from agentrl.server.run import bind_socket, url_of
+        from agentrl.http.serve import bind_socket, url_of
 
         sock = bind_socket("127.0.0.1", 0)
         self.url = url_of(sock)

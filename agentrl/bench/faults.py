@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.metrics import read_jsonl
+from agentrl.orchestrator.metrics import read_jsonl
 
 
 def _records(path: Path, kind: str) -> list[dict[str, Any]]:
@@ -72,10 +72,10 @@ async def _fault(run: Any, metrics: Path, server: Any, kill_after_step: int, res
 
 async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: float, steps_after_rejoin: int,
                      work: Path) -> dict[str, Any]:
-    from agentrl.config import DEFAULT_MODEL, load_config
+    from agentrl.config.run import DEFAULT_MODEL, load_config
     from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.stack import ensure_model
-    from agentrl.train import TrainingRun
+    from agentrl.launch.stack import ensure_model
+    from agentrl.orchestrator.run import TrainingRun
 
     model = str(Path(ensure_model(DEFAULT_MODEL)).resolve())
     scfg = VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,

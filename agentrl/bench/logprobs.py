@@ -36,7 +36,7 @@ ADAPTER = "bench-logprobs"
 
 def _samples(trajs: list[Any], temperature: float | None = None) -> list[Any]:
     """Trainer samples of the episodes' tokens (advantage 0: only scored), optionally re-tempered."""
-    from agentrl.samples import sample_of
+    from agentrl.orchestrator.samples import sample_of
 
     return [sample_of(t, 0.0, temperature) for t in trajs if not t.failed and t.completion_ids]
 
@@ -68,15 +68,15 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
     from agentrl.bench.engine import engine_url
-    from agentrl.config import SamplingConfig
+    from agentrl.config.run import SamplingConfig
+    from agentrl.config.trainer import TrainerConfig
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
-    from agentrl.samples import to_samples
-    from agentrl.stack import load_chat_format
-    from agentrl.sync import FileAdapterSync
+    from agentrl.launch.stack import load_chat_format
+    from agentrl.orchestrator.samples import to_samples
+    from agentrl.rollout.groups import RolloutWorkers
     from agentrl.trainer.client import TrainerProcess
-    from agentrl.trainer.config import TrainerConfig
-    from agentrl.workers import RolloutWorkers
+    from agentrl.weight_sync.file import FileAdapterSync
 
     tasks = list(CalcEnv.tasks("train"))[: args.episodes]
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=2e-3, lora_rank=16, lora_alpha=32.0), work)

@@ -4,7 +4,7 @@ The same work is driven twice against the same vLLM server (started on the embed
 ``--endpoint``):
 
 - **loop**: ``--tasks`` calc tasks × ``--group-size`` episodes through the agent loop
-  (:class:`agentrl.workers.RolloutWorkers`, the path training uses: chat template, tool-call parsing, tools,
+  (:class:`agentrl.rollout.groups.RolloutWorkers`, the path training uses: chat template, tool-call parsing, tools,
   observation deltas), at most ``--concurrency`` episodes in flight (the defaults are the calc preset's
   step: 16 × 8 episodes, 128 in flight);
 - **raw**: the requests those episodes made, replayed as bare generation requests: per episode, turn after
@@ -105,7 +105,7 @@ async def run_loop_phase(env_cls: Any, tasks: list[Any], group_size: int, client
                          concurrency: int, salt_version: int,
                          profiler: cProfile.Profile | None = None) -> tuple[PhaseResult, list[list[Request]]]:
     """The episodes through the agent loop; the phase's figures and each episode's requests."""
-    from agentrl.workers import RolloutWorkers
+    from agentrl.rollout.groups import RolloutWorkers
 
     workers = RolloutWorkers(env_cls, client, chat, sampling, max_concurrency=concurrency,
                              policy_version=lambda: salt_version)
@@ -167,10 +167,10 @@ def _top(profiler: cProfile.Profile, n: int = 25) -> list[dict[str, Any]]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Start (or connect to) the engine, warm it up, and alternate the loop and raw phases."""
     from agentrl.bench.engine import bench_model, engine_url
-    from agentrl.config import SamplingConfig
+    from agentrl.config.run import SamplingConfig
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
-    from agentrl.stack import load_chat_format
+    from agentrl.launch.stack import load_chat_format
 
     model = bench_model(args.model)
     all_tasks = list(CalcEnv.tasks("train"))

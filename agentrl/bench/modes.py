@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.metrics import plot_curves, read_jsonl
+from agentrl.orchestrator.metrics import plot_curves, read_jsonl
 
 
 def _summary(run_dir: Path) -> dict[str, Any]:
@@ -53,8 +53,8 @@ def _curve(run_dir: Path, window: int = 5) -> list[tuple[float, float]]:
 
 async def run_modes(env: str, steps: int, eta: int, out: Path, eval_every: int, eval_size: int,
                     extra: dict[str, Any]) -> dict[str, Any]:
-    from agentrl.config import load_config
-    from agentrl.train import TrainingRun
+    from agentrl.config.run import load_config
+    from agentrl.orchestrator.run import TrainingRun
 
     for mode in ("sync", "async"):
         overrides = {"env": env, "name": mode, "output_dir": str(out), "steps": steps, "mode": mode,

@@ -2,7 +2,7 @@
 
 The same seeded trace (``agentrl.bench.traces``) is replayed through the discrete-event simulator
 (``agentrl.bench.sim``) twice: synchronously (generate a batch, wait for its slowest group, train,
-sync) and asynchronously (producers gated by ``agentrl.buffer.BufferCore``: staleness ≤ η, bounded
+sync) and asynchronously (producers gated by ``agentrl.orchestrator.buffer.BufferCore``: staleness ≤ η, bounded
 capacity, partial rollouts across weight updates). Both runs train the same number of steps of
 ``groups_per_step`` groups; throughput counts trained tokens (dropped stale groups are wasted work).
 
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from agentrl.bench.sim import PipelineSim, SimParams, SimResult
 from agentrl.bench.traces import MIXES, make_trace, mix_spec
-from agentrl.config import PipelineConfig
+from agentrl.config.run import PipelineConfig
 
 
 def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, Any]:

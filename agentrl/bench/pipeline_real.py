@@ -2,7 +2,7 @@
 
 The simulated mode models generation and training time; this mode measures them. One vLLM server
 (the embedded tiny model) and one real torchrun trainer (LoRA) are started once; the same seeded
-trace is then replayed by the real :class:`~agentrl.orchestrator.Orchestrator` twice, in ``sync``
+trace is then replayed by the real :class:`~agentrl.orchestrator.loop.Orchestrator` twice, in ``sync``
 mode (η = 0) and in ``async`` mode (η given), with in-place shared-memory adapter sync and partial
 rollouts. Each trace episode is replayed turn by turn: the engine decodes exactly the trace's output
 length (scaled to fit the model's context), the tool latency is slept, and observation tokens are
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.traces import MIXES, Episode, make_trace, mix_spec
-from agentrl.config import PipelineConfig
-from agentrl.orchestrator import Orchestrator
+from agentrl.config.run import PipelineConfig
+from agentrl.orchestrator.loop import Orchestrator
 from agentrl.types import StopReason, Trajectory
 from agentrl.versions import token_versions
 
@@ -133,11 +133,11 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
+    from agentrl.config.trainer import TrainerConfig
     from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
-    from agentrl.sync import FileAdapterSync
-    from agentrl.sync_shm import SharedMemoryAdapterSync
     from agentrl.trainer.client import TrainerProcess
-    from agentrl.trainer.config import TrainerConfig
+    from agentrl.weight_sync.file import FileAdapterSync
+    from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     spec = mix_spec(args.mix)
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)

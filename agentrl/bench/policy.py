@@ -30,7 +30,7 @@ class _Instant:
         self.ids = ids
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
-        from agentrl.inference.protocol import Generation
+        from agentrl.inference.wire import Generation
 
         return Generation(list(self.ids), [-0.1] * len(self.ids), "stop", None, None, "instant")
 
@@ -50,12 +50,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     import openai
 
     from agentrl.bench.engine import bench_model, engine_url
+    from agentrl.config.policy import PolicyConfig
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
-    from agentrl.policy.config import PolicyConfig
+    from agentrl.launch.stack import load_chat_format
     from agentrl.policy.run import serving
     from agentrl.policy.service import PolicyService
-    from agentrl.stack import load_chat_format
 
     model = bench_model(args.model)
     async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024) as engine:
@@ -118,7 +118,7 @@ async def _endpoint_only(chat: Any, convs: list[Any], tools: Any, args: argparse
     """The endpoint's own cost per recorded call (raw HTTP, no SDK) with an engine that answers at once."""
     import httpx
 
-    from agentrl.policy.config import PolicyConfig
+    from agentrl.config.policy import PolicyConfig
     from agentrl.policy.run import serving
     from agentrl.policy.service import PolicyService
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from agentrl.environment import Environment, Task, ToolError, tool
+from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.types import Message
 
 WORDS = ("apple", "birch", "cedar", "delta", "ember", "fjord", "gamma", "heron")

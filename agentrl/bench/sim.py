@@ -14,7 +14,7 @@ publish the weights (version + 1). Per-token versions are tracked as token count
 episode; a weight update in the middle of a turn splits it (partial rollouts).
 
 ``mode="sync"``: start B groups, wait for the slowest, train, sync, repeat.
-``mode="async"``: producers start groups whenever ``agentrl.buffer.BufferCore`` admits them (the same
+``mode="async"``: producers start groups whenever ``agentrl.orchestrator.buffer.BufferCore`` admits them (the same
 admission, capacity and staleness logic as training), the trainer takes a batch whenever
 ``BufferCore.try_take`` has one.
 """
@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl.bench.traces import Episode, Trace
-from agentrl.buffer import BufferCore, staleness_version
-from agentrl.config import PipelineConfig
+from agentrl.config.run import PipelineConfig
 from agentrl.inference.routing import Endpoint, EndpointPool
+from agentrl.orchestrator.buffer import BufferCore
+from agentrl.versions import staleness_version
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, wo
 
 async def _run(url: str, size: str, rank: int, updates: int, work: Path) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
-    from agentrl.sync_net import NetworkAdapterSync
-    from agentrl.sync_shm import SharedMemoryAdapterSync
+    from agentrl.weight_sync.network import NetworkAdapterSync
+    from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     shapes = lora_shapes(size, rank)
     gen = torch.Generator().manual_seed(123)

@@ -50,7 +50,7 @@ def _rank_peaks(torchrun_pid: int) -> dict[int, float]:
 
 
 def _batch(vocab: int) -> list[Any]:
-    from agentrl.trainer.batch import TrainSample
+    from agentrl.types import TrainSample
 
     rng = random.Random(0)
     out = []
@@ -67,8 +67,8 @@ def measure(model_dir: Path, nproc: int, work: Path) -> dict[str, Any]:
     """Start the trainer, read its ranks' peak RSS, run one step; the JSON-ready result."""
     from safetensors import safe_open
 
+    from agentrl.config.trainer import TrainerConfig
     from agentrl.trainer.client import TrainerProcess
-    from agentrl.trainer.config import TrainerConfig
 
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         numel = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())

@@ -1,5 +1,6 @@
 """Inference side: an owned vLLM server process and an async, token-faithful client."""
 
+from agentrl.config.inference import VLLMServerConfig
 from agentrl.inference.client import (
     ContextLengthError,
     EndpointPool,
@@ -7,7 +8,6 @@ from agentrl.inference.client import (
     InferenceClient,
     InferenceError,
 )
-from agentrl.inference.config import VLLMServerConfig
 from agentrl.inference.server import (
     ServerStartError,
     VLLMServer,

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from agentrl.inference.protocol import (
+from agentrl.inference.routing import Endpoint, EndpointPool, NoLiveEngine
+from agentrl.inference.wire import (
     ContextLengthError,
     Generation,
     InferenceError,
@@ -29,8 +30,7 @@ from agentrl.inference.protocol import (
     parse_completions,
     parse_generate,
 )
-from agentrl.inference.routing import Endpoint, EndpointPool, NoLiveEngine
-from agentrl.retry import RetriesExhausted, Retry, RetryPolicy
+from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
 __all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", "InferenceClient", "InferenceError",
            "NoEnginesError"]

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.inference.config import VLLMServerConfig
+from agentrl.config.inference import VLLMServerConfig
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 

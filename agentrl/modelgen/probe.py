@@ -35,7 +35,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]] | None]:
 
 
 async def _run_tool(env: Any, call: dict[str, Any]) -> str:
-    from agentrl.environment import ToolError
+    from agentrl.environment.base import ToolError
 
     try:
         return await env.call_tool(call["function"]["name"], call["function"]["arguments"])

@@ -173,8 +173,8 @@ def _build_into(tmp: Path, config: BuildConfig, progress: bool) -> dict[str, Any
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     from agentrl.modelgen.data import tokenizer_corpus
+    from agentrl.modelgen.sft import WarmupConfig, warmup
     from agentrl.modelgen.tokenizer import EOS_TOKEN, train_tokenizer
-    from agentrl.modelgen.warmup import WarmupConfig, warmup
 
     shape = config.shape
     tokenizer = train_tokenizer(
@@ -214,7 +214,7 @@ def build_tiny_model(
     data order all derive from it. If ``out_dir`` already holds a model built with the same config, this
     returns immediately unless ``force``. Concurrent builds of the same directory are serialised.
     """
-    from agentrl.modelgen.warmup import WarmupConfig
+    from agentrl.modelgen.sft import WarmupConfig
 
     out_dir = Path(out_dir)
     config = BuildConfig(

@@ -23,12 +23,12 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
 from agentrl import __version__
+from agentrl.http.auth import bearer
+from agentrl.http.errors import ApiError, install_error_handlers
+from agentrl.http.limits import BodyLimit
 from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.messages import ChatRequest
 from agentrl.policy.service import PolicyService
-from agentrl.server.auth import bearer
-from agentrl.server.errors import ApiError, install_error_handlers
-from agentrl.server.limits import BodyLimit
 
 EpisodeId = Annotated[str, Path(min_length=1, max_length=64, description="Episode id from POST /v1/episodes.")]
 

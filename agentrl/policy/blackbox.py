@@ -6,7 +6,7 @@ For each episode the runner creates an endpoint episode, starts the program (its
 (JSON, also on stdin) in its environment, and waits for it. The reward is the environment's ``reward`` on
 the episode's last transcript, or the one the program posted. Each of the episode's rows becomes a
 :class:`~agentrl.types.Trajectory` with the episode's reward and id; the group's advantages are computed
-per episode (:func:`agentrl.samples.to_samples`). A program that fails, times out, never calls the
+per episode (:func:`agentrl.orchestrator.samples.to_samples`). A program that fails, times out, never calls the
 endpoint or (with ``reward = "agent"``) posts no reward is a failed episode: recorded, never trained on.
 """
 
@@ -23,12 +23,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from agentrl.config import SamplingConfig
-from agentrl.environment import Environment, Task
-from agentrl.episode import EnvFailure, Episode, error_text
-from agentrl.policy.config import AgentConfig
+from agentrl.config.policy import AgentConfig
+from agentrl.config.run import SamplingConfig
+from agentrl.environment.base import Environment, Task
 from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.service import PolicyService
+from agentrl.rollout.episode import EnvFailure, Episode, error_text
 from agentrl.types import Message, StopReason, Trajectory
 
 log = logging.getLogger("agentrl.policy")
@@ -40,7 +40,7 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
 
 
 class BlackBoxRunner:
-    """Runs GRPO groups of an agent program's episodes (a :class:`~agentrl.protocols.GroupRunner`)."""
+    """Runs GRPO groups of an agent program's episodes (a :class:`~agentrl.orchestrator.parts.GroupRunner`)."""
 
     def __init__(self, agent: AgentConfig, service: PolicyService, base_url: str, env_cls: type[Environment],
                  sampling: SamplingConfig, *, run_id: str = "") -> None:
@@ -177,9 +177,9 @@ async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Call
                           env_cls: type[Environment], run_id: str = "") -> AsyncIterator[BlackBoxRunner]:
     """A training run's policy endpoint (loopback, a fresh token, the run's adapter, sampling and policy
     version) serving in this event loop, and the runner of ``cfg.agent``'s program over it."""
-    from agentrl.policy.config import PolicyConfig
+    from agentrl.config.policy import PolicyConfig
+    from agentrl.http.auth import generate_token
     from agentrl.policy.run import serving
-    from agentrl.server.auth import generate_token
 
     pcfg = PolicyConfig(port=0, max_context_tokens=cfg.sampling.max_context_tokens,
                         temperature=cfg.sampling.temperature, episode_ttl_s=cfg.agent.timeout_s + 60)

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.http.errors import ApiError
 from agentrl.policy.rows import Row
-from agentrl.server.errors import ApiError
 
 
 def _digest(key: str) -> str:

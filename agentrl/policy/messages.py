@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.server.errors import ApiError
+from agentrl.http.errors import ApiError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 

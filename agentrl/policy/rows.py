@@ -7,7 +7,7 @@ row when its messages are the row's messages so far (the requests' messages plus
 gave, compared in normal form, see :mod:`agentrl.policy.messages`) followed by new ones, with the same
 tools and temperature. Its prompt is then the row's ids plus the delta: the sampled ids are never
 re-tokenized, exactly as in agentrl's own loop (the delta is cut from the template as
-:meth:`agentrl.chat.ChatFormat.observation_ids` does, so templates that re-render earlier turns are
+:meth:`agentrl.rollout.chat.ChatFormat.observation_ids` does, so templates that re-render earlier turns are
 handled too). Any other call (a summarised, dropped or edited history; other tools; another temperature)
 starts a new row from the full render of its messages.
 """
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 
 class Renderer(Protocol):
-    """What stitching needs from a chat format (:class:`agentrl.chat.ChatFormat` is one)."""
+    """What stitching needs from a chat format (:class:`agentrl.rollout.chat.ChatFormat` is one)."""
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]: ...
 

@@ -11,10 +11,10 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from agentrl.policy.config import PolicyConfig
+from agentrl.config.policy import PolicyConfig
+from agentrl.http.auth import generate_token
+from agentrl.http.serve import bind_socket, url_of
 from agentrl.policy.service import PolicyService
-from agentrl.server.auth import generate_token
-from agentrl.server.run import bind_socket, url_of
 
 log = logging.getLogger("agentrl.policy")
 
@@ -58,8 +58,8 @@ async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str]
     endpoint, until Ctrl-C or SIGTERM."""
     import os
 
-    from agentrl.config import load_config
-    from agentrl.stack import inference_stack
+    from agentrl.config.run import load_config
+    from agentrl.launch.stack import inference_stack
 
     token = config.token or os.environ.get(TOKEN_ENV) or None
     generated = token is None

@@ -1,6 +1,6 @@
 """One chat completion of the policy endpoint: check, render, generate from ids, parse tool calls, record.
 
-Generation goes through the run's :class:`~agentrl.protocols.Generator` (the same client, routing,
+Generation goes through the run's :class:`~agentrl.rollout.generator.Generator` (the same client, routing,
 prefix-cache salt and version tagging as agentrl's own loop): each sampled token carries its behaviour
 logprob and the policy version that produced it (two versions when a weight update lands mid-call).
 """
@@ -15,14 +15,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.chat import ChatFormat
-from agentrl.inference.protocol import ContextLengthError, InferenceError
-from agentrl.policy.config import PolicyConfig
+from agentrl.config.policy import PolicyConfig
+from agentrl.http.errors import ApiError
+from agentrl.inference.wire import ContextLengthError, InferenceError
 from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.policy.messages import ChatRequest, check_request, normalize_all, tools_key
 from agentrl.policy.rows import Row, commit, plan_call
-from agentrl.protocols import Generator
-from agentrl.server.errors import ApiError
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.generator import Generator
 from agentrl.versions import VersionLabelError, token_versions
 
 log = logging.getLogger("agentrl.policy")

@@ -8,7 +8,7 @@ import pytest
 from example_env import ExampleEnv
 
 import agentrl
-from agentrl.scripted import NullPolicy, OraclePolicy, run_scripted
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 
 
 def test_tools_have_schemas() -> None:

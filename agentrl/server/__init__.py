@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.server.config import ServerConfig, load_server_config
+from agentrl.config.server import ServerConfig, load_server_config
 
 __all__ = ["ServerConfig", "create_app", "load_server_config", "serve"]
 

@@ -12,14 +12,14 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import PlainTextResponse
 
-from agentrl import __version__, heap
-from agentrl.server.auth import BearerAuth, make_auth
+from agentrl import __version__
+from agentrl.config.server import ServerConfig
+from agentrl.http.auth import BearerAuth, make_auth
+from agentrl.http.errors import install_error_handlers
+from agentrl.http.limits import BodyLimit
 from agentrl.server.capability import CLIENT_PATTERN
 from agentrl.server.capability import base_url as capability_url
 from agentrl.server.catalog import EnvCatalog
-from agentrl.server.config import ServerConfig
-from agentrl.server.errors import install_error_handlers
-from agentrl.server.limits import BodyLimit
 from agentrl.server.manager import SessionManager
 from agentrl.server.mcp import mcp_router
 from agentrl.server.metrics import Metrics, RequestMetrics
@@ -42,6 +42,7 @@ from agentrl.server.protocol import (
     TaskList,
 )
 from agentrl.server.rollouts import RolloutService
+from agentrl.utils import heap
 
 log = logging.getLogger("agentrl.server")
 

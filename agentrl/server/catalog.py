@@ -8,9 +8,9 @@ import logging
 import uuid
 from typing import Any
 
-from agentrl.environment import Environment, Task
-from agentrl.registry import load_env
-from agentrl.server.errors import ApiError
+from agentrl.environment.base import Environment, Task
+from agentrl.environment.registry import load_env
+from agentrl.http.errors import ApiError
 from agentrl.server.protocol import EnvInfo
 
 log = logging.getLogger("agentrl.server")

@@ -7,10 +7,10 @@ import contextlib
 import logging
 import time
 
+from agentrl.config.server import ServerConfig
+from agentrl.http.errors import ApiError
+from agentrl.http.limits import Admission
 from agentrl.server.catalog import EnvCatalog
-from agentrl.server.config import ServerConfig
-from agentrl.server.errors import ApiError
-from agentrl.server.limits import Admission
 from agentrl.server.metrics import Metrics
 from agentrl.server.protocol import CreateSession, SessionCreated
 from agentrl.server.session import EnvFailure, Session

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from agentrl import __version__
+from agentrl.http.errors import ApiError
 from agentrl.server.capability import verify
-from agentrl.server.errors import ApiError
 from agentrl.server.openenv_map import OpenEnvSessions, call_result, mcp_tools, validation_detail
 
 log = logging.getLogger("agentrl.server")

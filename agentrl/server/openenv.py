@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from agentrl import __version__
+from agentrl.http.errors import ApiError
 from agentrl.server.capability import verify
-from agentrl.server.errors import ApiError
 from agentrl.server.openenv_map import OpenEnvSessions, action_schema, parse_action, validation_detail
 from agentrl.server.protocol import SessionState
 

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentrl.http.errors import ApiError
 from agentrl.server.catalog import EnvCatalog
-from agentrl.server.errors import ApiError
 from agentrl.server.manager import SessionManager
 from agentrl.server.protocol import MAX_ID, CreateSession, FunctionCall, StepRequest, StepResult, ToolCallIn
 from agentrl.server.session import Session

@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.config.server import ServerConfig
+from agentrl.http.errors import ApiError
 from agentrl.server.catalog import EnvCatalog
-from agentrl.server.config import ServerConfig
-from agentrl.server.errors import ApiError
 from agentrl.server.metrics import Metrics
 from agentrl.server.protocol import RolloutRequest, RolloutResult
 from agentrl.types import Trajectory
@@ -66,7 +66,7 @@ class RolloutService:
 
     async def chat_format(self, requested: str | None, tool_parser: str = "hermes") -> Any:
         """The ``ChatFormat`` of a configured tokenizer with a tool parser (loaded once per pair)."""
-        from agentrl.toolcalls import check_tool_parser_name
+        from agentrl.rollout.toolcalls import check_tool_parser_name
 
         name = self._tokenizer_name(requested)
         try:
@@ -76,7 +76,7 @@ class RolloutService:
         key = (name, tool_parser)
         async with self._load_lock:
             if key not in self._chats:
-                from agentrl.stack import load_chat_format
+                from agentrl.launch.stack import load_chat_format
 
                 try:
                     self._chats[key] = await asyncio.to_thread(load_chat_format, name, tool_parser)
@@ -91,9 +91,9 @@ class RolloutService:
 
     async def run(self, req: RolloutRequest) -> RolloutResult:
         """One episode; inference and environment failures are recorded in the trajectory, not raised."""
-        from agentrl.config import SamplingConfig
+        from agentrl.config.run import SamplingConfig
         from agentrl.inference.client import InferenceClient
-        from agentrl.rollout import run_episode
+        from agentrl.rollout.loop import run_episode
         from agentrl.server.session import limits_of
 
         name, cls = self.catalog.resolve(req.env)

@@ -8,9 +8,10 @@ import secrets
 import socket
 import sys
 
-from agentrl.server.auth import TOKEN_ENV, generate_token
+from agentrl.config.server import ServerConfig
+from agentrl.http.auth import TOKEN_ENV, generate_token
+from agentrl.http.serve import bind_socket, url_of
 from agentrl.server.capability import base_url as capability_url
-from agentrl.server.config import ServerConfig
 
 log = logging.getLogger("agentrl.server")
 
@@ -29,30 +30,6 @@ def resolve_token(config: ServerConfig) -> tuple[str | None, bool]:
             raise ValueError(f"${TOKEN_ENV} is too short: use at least 16 characters")
         return env, False
     return generate_token(), True
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one). Raises OSError with a clear message."""
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as e:
-        raise OSError(f"cannot resolve host {host!r}: {e}") from e
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
-    sock.set_inheritable(True)
-    return sock
-
-
-def url_of(sock: socket.socket) -> str:
-    """``http://host:port`` of a bound socket."""
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def serve(config: ServerConfig) -> None:

@@ -1,6 +1,6 @@
 """One session: an environment instance serving one episode to a remote agent, step by step.
 
-The episode itself is an :class:`agentrl.episode.Episode`, the same state machine the in-process agent
+The episode itself is an :class:`agentrl.rollout.episode.Episode`, the same state machine the in-process agent
 loop drives, so its rules (tool calls in order, failures as observations, the agent's time limit, when the
 episode ends, the reward rule) are written once. A session adds only the HTTP concerns: a lock per session,
 idempotent steps, per-request limits, snapshots and metrics.
@@ -15,10 +15,10 @@ import time
 import uuid
 from collections import OrderedDict
 
-from agentrl.environment import Environment, Task
-from agentrl.episode import BadCall, EnvFailure, Episode, EpisodeLimits, ToolResult
-from agentrl.server.config import ServerConfig
-from agentrl.server.errors import ApiError
+from agentrl.config.server import ServerConfig
+from agentrl.environment.base import Environment, Task
+from agentrl.http.errors import ApiError
+from agentrl.rollout.episode import BadCall, EnvFailure, Episode, EpisodeLimits, ToolResult
 from agentrl.server.metrics import Metrics
 from agentrl.server.protocol import (
     Observation,

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -20,14 +17,9 @@ from typing import Any
 
 import torch
 
-import agentrl
-from agentrl.trainer.batch import TrainSample
-from agentrl.trainer.config import DistributedConfig, TrainerConfig
-
-JOIN_FILE = "trainer_join.json"
-"""Written into the run directory when the trainer spans several nodes: what ``agentrl trainer-node``
-needs on every other node (the trainer config, the rendezvous, the orchestrator's address and the key
-rank 0 authenticates with; readable by its owner only)."""
+from agentrl.config.trainer import TrainerConfig
+from agentrl.trainer.launch import JOIN_FILE, _free_port, count_cores, torchrun_command, worker_env
+from agentrl.types import TrainSample
 
 
 class TrainerError(RuntimeError):
@@ -36,73 +28,6 @@ class TrainerError(RuntimeError):
     def __init__(self, message: str, remote_traceback: str = "") -> None:
         super().__init__(message)
         self.remote_traceback = remote_traceback
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_node(join: dict[str, Any], work_dir: Path, nproc: int | None = None) -> int:
-    """Run one more node of a multi-node trainer from its join file's contents (``agentrl trainer-node``):
-    torchrun in its own process group, in the foreground; returns its exit code. SIGTERM and SIGINT stop
-    the group."""
-    cfg = TrainerConfig.model_validate(join["trainer_config"])
-    work_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = work_dir / "trainer_config.json"
-    cfg_path.write_text(cfg.model_dump_json(indent=2))
-    cmd = torchrun_command(cfg_path, nproc or int(join["nproc_per_node"]), cfg.distributed,
-                           int(join["master_port"]), str(join["rdzv_id"]))
-    env = worker_env(str(join["orchestrator"]), bytes.fromhex(join["authkey"]))
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def stop(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return proc.wait()
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
-def count_cores(cores: str) -> int:
-    """Cores in a ``taskset`` list: ``"0-3,6"`` → 5."""
-    n = 0
-    for part in cores.split(","):
-        lo, _, hi = part.partition("-")
-        n += int(hi or lo) - int(lo) + 1
-    return n
-
-
-def torchrun_command(cfg_path: Path, nproc: int, dist: DistributedConfig, master_port: int, rdzv_id: str) -> list[str]:
-    """The ``torchrun`` command of one node: static rendezvous on one node, c10d across nodes."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(dist.nnodes),
-           "--nproc_per_node", str(nproc), "--monitor-interval", "0.5"]
-    if dist.nnodes == 1:
-        cmd += ["--master_addr", dist.master_addr, "--master_port", str(master_port)]
-    else:
-        cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{dist.master_addr}:{master_port}",
-                "--rdzv-id", rdzv_id, "--rdzv-conf", f"join_timeout={int(dist.rdzv_timeout_s)}"]
-    return [*cmd, "-m", "agentrl.trainer.worker", "--config", str(cfg_path)]
-
-
-def worker_env(orchestrator: str, authkey: bytes, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a node's workers: rank 0 connects to ``orchestrator`` (``host:port``) with
-    ``authkey``; agentrl importable from this checkout."""
-    repo_root = str(Path(agentrl.__file__).resolve().parent.parent)
-    env = {**os.environ, **(extra or {})}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH", "")) if p)
-    env["AGENTRL_TRAINER_ADDR"] = orchestrator
-    env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 class TrainerProcess:

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from agentrl.trainer.config import TrainerConfig
+from agentrl.config.trainer import TrainerConfig
 
 TOKENIZER_FILES = (
     "tokenizer.json",

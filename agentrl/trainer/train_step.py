@@ -18,9 +18,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
-from agentrl.loss import policy_loss, token_logprobs
-from agentrl.trainer.batch import TrainSample, collate, micro_batches, shard, split_minibatches
-from agentrl.trainer.config import TrainerConfig
+from agentrl.config.trainer import TrainerConfig
+from agentrl.trainer.batch import collate, micro_batches, shard, split_minibatches
+from agentrl.trainer.loss import policy_loss, token_logprobs
+from agentrl.types import TrainSample
 
 MEAN_METRICS = (
     "clip_frac",

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer import model as model_io
-from agentrl.trainer.config import TrainerConfig
 from agentrl.trainer.train_step import TrainStep
 
 log = logging.getLogger("agentrl.trainer")

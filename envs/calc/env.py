@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from agentrl.environment import Environment, Task, ToolError, tool
+from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
 from agentrl.envs.calc.tasks import make_tasks
 from agentrl.types import Message

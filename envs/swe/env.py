@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl.environment import Environment, Task, ToolError, tool
+from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.envs.swe.config import REPO_DIR, SweConfig
 from agentrl.envs.swe.grading import GradeResult, extract_patch, grade, prepare_agent_repo
 from agentrl.envs.swe.patches import patch_to_edits, replace_unique

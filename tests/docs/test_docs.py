@@ -85,7 +85,7 @@ class _Script:
 
 
 def _scripts() -> dict[str, list[str]]:
-    from agentrl.scripted import tool_call_text as call
+    from agentrl.rollout.scripted import tool_call_text as call
 
     return {  # class name -> the assistant turns of a winning episode on its first train task
         "Weather": [call("forecast", {"city": "Oslo"}), "It will rain."],
@@ -98,7 +98,7 @@ def test_python_blocks_run(source: Path, tmp_path: Path, monkeypatch: pytest.Mon
     """The file's Python blocks run in order in one namespace; each environment they define generates its
     tool schemas and, where the test knows a winning script, scores 1.0 through the real agent loop."""
     import agentrl
-    from agentrl.scripted import run_scripted
+    from agentrl.rollout.scripted import run_scripted
 
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": f"doc_{source.stem}"}
@@ -115,7 +115,7 @@ def test_python_blocks_run(source: Path, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def test_toml_blocks_parse_and_run_configs_validate(tmp_path: Path) -> None:
-    from agentrl.config import load_config
+    from agentrl.config.run import load_config
 
     for b in (b for b in BLOCKS if b.lang == "toml"):
         data = tomllib.loads(b.text)

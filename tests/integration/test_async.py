@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from agentrl.bench.models import lora_shapes, random_lora, save_lora
-from agentrl.config import load_config
+from agentrl.config.run import load_config
 from agentrl.inference import InferenceClient
-from agentrl.metrics import read_jsonl
-from agentrl.orchestrator import live_update
-from agentrl.sync_shm import SharedMemoryAdapterSync
-from agentrl.train import TrainingRun
+from agentrl.orchestrator.loop import live_update
+from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.orchestrator.run import TrainingRun
 from agentrl.versions import token_versions
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.bench.models import lora_shapes, random_lora, save_lora
-from agentrl.engine_watch import EngineWatch
 from agentrl.inference import InferenceClient, VLLMServer
-from agentrl.sync_route import adapter_publisher
+from agentrl.inference.watch import EngineWatch
+from agentrl.weight_sync.route import adapter_publisher
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.metrics import read_jsonl
+from agentrl.orchestrator.metrics import read_jsonl
 from tests.conftest import require
 from tests.unit.test_env_loading import AGENTRL
 

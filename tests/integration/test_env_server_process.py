@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.bench.env_server import ServerProcess, containers_of_pid, run_load
-from agentrl.remote import RemoteEnvError, RemoteEnvironment
+from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration

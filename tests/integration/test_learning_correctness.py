@@ -19,18 +19,18 @@ import torch
 
 import agentrl
 from agentrl.bench.models import lora_shapes, random_lora, save_lora
-from agentrl.chat import ChatFormat
-from agentrl.config import SamplingConfig
+from agentrl.config.run import SamplingConfig
 from agentrl.envs.calc import CalcEnv
-from agentrl.heap import freeze_heap
 from agentrl.inference import InferenceClient
-from agentrl.inference.protocol import Generation
-from agentrl.orchestrator import live_update
-from agentrl.rollout import run_episode
-from agentrl.samples import to_samples
-from agentrl.sync_shm import SharedMemoryAdapterSync
+from agentrl.inference.wire import Generation
+from agentrl.orchestrator.loop import live_update
+from agentrl.orchestrator.samples import to_samples
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.groups import RolloutWorkers
+from agentrl.rollout.loop import run_episode
 from agentrl.types import StopReason
-from agentrl.workers import RolloutWorkers
+from agentrl.utils.heap import freeze_heap
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration

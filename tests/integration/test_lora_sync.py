@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.inference import InferenceClient, VLLMServerConfig
-from agentrl.sync_shm import SharedMemoryAdapterSync, SyncError
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
 
     bad = VLLMServerConfig(model="org/model", worker_extension="agentrl.no_such_module.Ext")
     assert "--worker-extension-cls" not in VLLMServer(bad, tmp_path).build_command()
-    missing = VLLMServerConfig(model="org/model", worker_extension="agentrl.inference.lora_ext.NoSuchClass")
+    missing = VLLMServerConfig(model="org/model", worker_extension="agentrl.weight_sync.vllm_ext.NoSuchClass")
     assert "--worker-extension-cls" not in VLLMServer(missing, tmp_path).build_command()
     good = VLLMServer(VLLMServerConfig(model="org/model"), tmp_path).build_command()
     assert good[good.index("--worker-extension-cls") + 1] == "agentrl.inference.lora_ext.LoRAInPlaceExtension"
@@ -94,7 +94,7 @@ async def test_network_path_creates_the_slot_and_updates_in_place(vllm_server, t
     """Forced to the network (no shared memory, no shared files): the adapter's files travel in the request
     to create the slot, later versions are copied in place from the request body, and each gives the same
     greedy tokens and logprobs as a file load of the same tensors."""
-    from agentrl.sync_net import NetworkAdapterSync
+    from agentrl.weight_sync.network import NetworkAdapterSync
 
     name = "net-policy"
     shapes = lora_shapes("tiny", 16)
@@ -122,8 +122,8 @@ async def test_network_path_creates_the_slot_and_updates_in_place(vllm_server, t
 
 
 async def test_the_probe_routes_a_local_engine_to_shared_memory(vllm_server, tmp_path: Path) -> None:
-    from agentrl.sync_route import adapter_publisher, engines_on_this_host
-    from agentrl.sync_shm import SharedMemoryAdapterSync
+    from agentrl.weight_sync.route import adapter_publisher, engines_on_this_host
+    from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     async with InferenceClient([vllm_server.url], timeout_s=60) as client:
         assert await engines_on_this_host(client) == {vllm_server.url: True}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.metrics import read_jsonl
+from agentrl.orchestrator.metrics import read_jsonl
 from tests.unit.test_env_loading import AGENTRL, write_env
 
 pytestmark = pytest.mark.integration

@@ -239,8 +239,8 @@ async def test_limits_and_ttl_hold(tmp_path: Path) -> None:
 async def test_agentrl_consumes_its_own_server_through_openenv(server: ServerProcess, tasks: list[dict]) -> None:
     """Both ways at once: the agent loop runs calc episodes on ``--env openenv:<capability URL>``; the
     tool calls go over OpenEnv's WebSocket, and the final answer (a turn) is scored by the server."""
-    from agentrl.registry import load_env
-    from agentrl.scripted import run_scripted, tool_call_text
+    from agentrl.environment.registry import load_env
+    from agentrl.rollout.scripted import run_scripted, tool_call_text
 
     cls = await asyncio.to_thread(load_env, f"openenv:{server.openenv_url}")
     assert cls.accepts_turns and [t["function"]["name"] for t in cls.tool_schemas()] == ["calculate"]

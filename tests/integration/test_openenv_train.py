@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl.environment import ToolArgumentError
-from agentrl.metrics import read_jsonl
+from agentrl.environment.base import ToolArgumentError
+from agentrl.orchestrator.metrics import read_jsonl
 from tests.unit.test_env_loading import AGENTRL
 
 pytestmark = pytest.mark.integration
@@ -66,7 +66,7 @@ def arith_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def test_openenv_environment_maps_tools_results_and_rewards(arith_url: str) -> None:
-    from agentrl.registry import load_env
+    from agentrl.environment.registry import load_env
 
     cls = load_env(f"openenv:{arith_url}")
     async with httpx.AsyncClient(timeout=10) as http:
@@ -116,7 +116,7 @@ def test_train_and_eval_on_an_openenv_server(vllm_server, tiny_model_dir: Path, 
 
 
 def test_bind_fails_clearly_without_a_server() -> None:
-    from agentrl.openenv_client import OpenEnvEnvironment, OpenEnvError
+    from agentrl.environment.openenv import OpenEnvEnvironment, OpenEnvError
 
     with pytest.raises(OpenEnvError, match="tools/list failed"):
         OpenEnvEnvironment.bind(f"http://127.0.0.1:{_free_port()}", timeout_s=5)

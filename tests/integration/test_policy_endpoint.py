@@ -20,15 +20,15 @@ import pytest
 import torch
 
 from agentrl.bench.models import lora_shapes, random_lora, save_lora
-from agentrl.chat import ChatFormat
+from agentrl.config.policy import PolicyConfig
 from agentrl.envs.calc import CalcEnv, safe_eval
 from agentrl.inference import InferenceClient
 from agentrl.inference.client import Generation
-from agentrl.orchestrator import live_update
-from agentrl.policy.config import PolicyConfig
+from agentrl.orchestrator.loop import live_update
 from agentrl.policy.run import serving
 from agentrl.policy.service import PolicyService
-from agentrl.sync_shm import SharedMemoryAdapterSync
+from agentrl.rollout.chat import ChatFormat
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 
 pytestmark = pytest.mark.integration

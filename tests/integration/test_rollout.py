@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from agentrl.chat import ChatFormat
-from agentrl.config import SamplingConfig
+from agentrl.config.run import SamplingConfig
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation, InferenceClient
-from agentrl.rollout import run_episode
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.groups import RolloutWorkers
+from agentrl.rollout.loop import run_episode
 from agentrl.types import StopReason
-from agentrl.workers import RolloutWorkers
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from agentrl.environment import ToolError, run_scope
+from agentrl.environment.base import ToolError, run_scope
 from agentrl.envs.swe import SweConfig, SweEnv
 from agentrl.envs.swe.gitobj import blob_id
 from agentrl.envs.swe.repo import clean_tree
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 from agentrl.sandbox import build_image, engine_reachable, gc
-from agentrl.scripted import NullPolicy, OraclePolicy, run_scripted
 from agentrl.types import StopReason
 from tests.conftest import require
 
@@ -218,7 +218,7 @@ async def test_crashed_sandbox_is_a_failed_rollout(swe_image: str) -> None:
 
 DRIVER = """
 import asyncio, sys
-from agentrl.environment import run_scope
+from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweEnv
 
 async def main():

@@ -8,11 +8,11 @@ from typing import ClassVar
 
 import pytest
 
-from agentrl.environment import run_scope
+from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweConfig, SweEnv
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 from agentrl.sandbox import SandboxConfig
 from agentrl.sandbox.runtime import engine_runtimes
-from agentrl.scripted import NullPolicy, OraclePolicy, run_scripted
 from tests.conftest import require
 from tests.integration.test_swe import _docker, containers_of, swe_image  # noqa: F401  (a fixture)
 

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from agentrl.environment import run_scope
+from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweConfig, SweEnv
 from agentrl.envs.swe.repo import base_tree
 from agentrl.envs.swe.task import SweTask
-from agentrl.scripted import NullPolicy, OraclePolicy, run_scripted
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 from tests.integration.test_swe import _docker, containers_of, swe_image  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from agentrl.environment import run_scope
+from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweEnv
 from agentrl.envs.swe.patches import make_patch
-from agentrl.scripted import NullPolicy, OraclePolicy, run_scripted
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 from tests.integration.test_swe import containers_of, swe_image  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration

@@ -11,11 +11,11 @@ from pathlib import Path
 import docker
 import pytest
 
-from agentrl.config import load_config
+from agentrl.config.run import load_config
 from agentrl.envs.swe import SweEnv
-from agentrl.metrics import read_jsonl
+from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.orchestrator.run import TrainingRun
 from agentrl.sandbox import engine_reachable
-from agentrl.train import TrainingRun
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration

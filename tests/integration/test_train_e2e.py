@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import load_config
-from agentrl.metrics import read_jsonl
-from agentrl.train import TrainingRun
+from agentrl.config.run import load_config
+from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.orchestrator.run import TrainingRun
 
 pytestmark = pytest.mark.integration
 

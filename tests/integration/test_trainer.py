@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl.trainer.batch import TrainSample
+from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer.client import TrainerError, TrainerProcess
-from agentrl.trainer.config import TrainerConfig
+from agentrl.types import TrainSample
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -222,7 +222,7 @@ def test_two_nodes_match_one_node_of_the_same_size(runs: dict[str, Any], tiny_mo
     import sys
     import threading
 
-    from agentrl.trainer.client import JOIN_FILE, _free_port
+    from agentrl.trainer.launch import JOIN_FILE, _free_port
 
     cfg = lora_config(tiny_model).model_copy(deep=True)
     cfg.distributed = cfg.distributed.model_validate({"nnodes": 2, "master_port": _free_port()})

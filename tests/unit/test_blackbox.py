@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.chat import ChatFormat
-from agentrl.config import SamplingConfig
+from agentrl.config.policy import AgentConfig, PolicyConfig
+from agentrl.config.run import SamplingConfig
 from agentrl.envs.calc import CalcEnv
 from agentrl.modelgen.tokenizer import train_tokenizer
+from agentrl.orchestrator.samples import to_samples
 from agentrl.policy.blackbox import BlackBoxRunner
-from agentrl.policy.config import AgentConfig, PolicyConfig
 from agentrl.policy.run import serving
 from agentrl.policy.service import PolicyService
-from agentrl.samples import to_samples
+from agentrl.rollout.chat import ChatFormat
 from agentrl.types import StopReason
 from tests.unit.test_policy import Scripted
 

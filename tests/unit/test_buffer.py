@@ -7,15 +7,10 @@ import random
 
 import pytest
 
-from agentrl.buffer import (
-    BufferClosed,
-    BufferCore,
-    RolloutBuffer,
-    group_oldest_version,
-    oldest_version,
-)
-from agentrl.config import PipelineConfig
+from agentrl.config.run import PipelineConfig
+from agentrl.orchestrator.buffer import BufferClosed, BufferCore, RolloutBuffer
 from agentrl.types import Trajectory
+from agentrl.versions import group_oldest_version, oldest_version
 
 
 def group(name: str, versions: list[int], size: int = 2) -> list[Trajectory]:
@@ -242,8 +237,8 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
 
 
 def test_group_staleness_version_oldest_or_newest() -> None:
-    from agentrl.buffer import group_staleness_version
     from agentrl.types import Trajectory
+    from agentrl.versions import group_staleness_version
 
     group = [Trajectory(task_id="t", env="e", versions=[-1, 3, 3, 4, -1, 5]),
              Trajectory(task_id="t", env="e", versions=[-1, 4])]
@@ -255,7 +250,7 @@ def test_group_staleness_version_oldest_or_newest() -> None:
 def test_buffer_measures_staleness_from_the_configured_token() -> None:
     """With staleness_from = "newest", a group whose newest token is within η is trained where "oldest"
     drops it (the real buffer's put, drop_stale, η = 1, trainer at version 3)."""
-    from agentrl.buffer import RolloutBuffer
+    from agentrl.orchestrator.buffer import RolloutBuffer
 
     async def run(rule: str) -> tuple[list | None, int]:
         buf = RolloutBuffer(PipelineConfig(max_staleness=1, drop_policy="drop_stale", staleness_from=rule), 1)

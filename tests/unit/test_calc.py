@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentrl.environment import ToolError
+from agentrl.environment.base import ToolError
 from agentrl.envs.calc import CalcEnv, CalcError, make_tasks, safe_eval
 from agentrl.envs.calc.env import last_number
 from agentrl.envs.calc.tasks import split_of

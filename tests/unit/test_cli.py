@@ -56,7 +56,7 @@ def test_interrupted_train_exits_130_cleanly(monkeypatch, tmp_path: Path) -> Non
     from typer.testing import CliRunner
 
     from agentrl import cli
-    from agentrl.train import TrainingRun
+    from agentrl.orchestrator.run import TrainingRun
 
     async def interrupted(self: TrainingRun) -> dict:
         raise KeyboardInterrupt

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.engine_watch import EngineWatch
 from agentrl.inference.client import InferenceClient, InferenceError, NoEnginesError
 from agentrl.inference.routing import EndpointPool
+from agentrl.inference.watch import EngineWatch
 
 DEAD = "http://127.0.0.1:9"  # nothing listens on the discard port
 

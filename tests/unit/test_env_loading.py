@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.registry import UnknownEnvironmentError, canonical_spec, load_env
+from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
 AGENTRL = str(Path(sys.executable).parent / "agentrl")  # the console script users run, not ``python -m``
 

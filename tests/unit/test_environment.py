@@ -7,8 +7,8 @@ from typing import Literal
 import pytest
 
 import agentrl
-from agentrl.environment import ToolArgumentError
-from agentrl.schema import parse_docstring
+from agentrl.environment.base import ToolArgumentError
+from agentrl.environment.schema import parse_docstring
 
 
 class Shop(agentrl.Environment):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.chat import ChatFormat
-from agentrl.doctor import diagnose, probe_conversation
+from agentrl.launch.doctor import diagnose, probe_conversation
+from agentrl.rollout.chat import ChatFormat
 from tests.fixtures_families import FAMILIES, build_family_tokenizer
 
 EXPECTED = {  # family: (appends only, thinking, stop tokens)
@@ -134,7 +134,7 @@ def test_a_template_that_does_not_close_turns_with_a_special_token_is_refused(tm
                    "assistant\n{% endif %}")
     report = diagnose(path, "hermes")
     assert not report.ok and any("no special token" in p for p in report.problems), report.text()
-    from agentrl.doctor import check_model
+    from agentrl.launch.doctor import check_model
 
     with pytest.raises(ValueError, match="fails agentrl doctor's checks"):
         check_model(path, "hermes")
@@ -146,9 +146,9 @@ async def test_an_episode_ending_turns_on_either_stop_token_matches_the_template
     <|endoftext|>; either way the trajectory is the template's full render of the episode, token for token,
     and the sampled stop token is kept as a model token."""
     import agentrl
-    from agentrl.config import SamplingConfig
+    from agentrl.config.run import SamplingConfig
     from agentrl.inference.client import Generation
-    from agentrl.rollout import run_episode
+    from agentrl.rollout.loop import run_episode
 
     build_family_tokenizer(FAMILIES["qwen2.5"], tmp_path)
     chat = _chat("qwen2.5", tmp_path)

@@ -8,8 +8,8 @@ import pydantic
 import pytest
 import torch
 
-from agentrl.loss import group_advantages, policy_loss, token_logprobs
-from agentrl.trainer.config import LossConfig
+from agentrl.config.trainer import LossConfig
+from agentrl.trainer.loss import policy_loss, token_logprobs
 
 
 def reference_loss(logp, behav, adv, mask, cfg, prox=None, ref=None, n_tok=None, n_seq=None):
@@ -200,27 +200,6 @@ def test_token_logprobs_bfloat16_is_computed_in_float32() -> None:
     assert out.dtype == torch.float32
     expected = torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     torch.testing.assert_close(out[:, 1:], expected, rtol=1e-6, atol=1e-5)
-
-
-def test_group_advantages_normalised() -> None:
-    rewards = torch.tensor([1.0, 0.0, 3.0, 5.0, 2.0, 2.0, 7.0])
-    groups = ["a", "b", "a", "b", "c", "c", "d"]
-    adv = group_advantages(rewards, groups, normalize_std=True)
-    a = torch.tensor([1.0, 3.0])
-    b = torch.tensor([0.0, 5.0])
-    torch.testing.assert_close(adv[[0, 2]], (a - 2.0) / (a.std() + 1e-6))
-    torch.testing.assert_close(adv[[1, 3]], (b - 2.5) / (b.std() + 1e-6))
-    assert adv[4] == 0 and adv[5] == 0, "identical rewards give zero advantage"
-    assert adv[6] == 0, "a singleton group gives zero advantage"
-
-
-def test_group_advantages_centred_only_and_tensor_ids() -> None:
-    rewards = torch.tensor([1.0, 4.0, 0.5, 0.5, 10.0])
-    adv = group_advantages(rewards, torch.tensor([7, 9, 7, 7, 9]), normalize_std=False)
-    torch.testing.assert_close(adv, torch.tensor([1 / 3, -3.0, -1 / 6, -1 / 6, 3.0]))
-    assert abs(float(adv[[0, 2, 3]].sum())) < 1e-6
-    with pytest.raises(ValueError):
-        group_advantages(rewards, ["a", "b"], normalize_std=True)
 
 
 def test_token_logprobs_at_the_sampling_temperature() -> None:

@@ -128,8 +128,8 @@ def test_warmup_probe_schedule_and_stop(built: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from agentrl.modelgen.sft import WarmupConfig
     from agentrl.modelgen.tiny import _Probe
-    from agentrl.modelgen.warmup import WarmupConfig
 
     tokenizer = AutoTokenizer.from_pretrained(built)
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
@@ -162,7 +162,7 @@ def test_warmup_stops_when_on_step_says_so(built: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.modelgen.warmup import WarmupConfig, warmup
+    from agentrl.modelgen.sft import WarmupConfig, warmup
 
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(built)

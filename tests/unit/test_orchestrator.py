@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.config import PipelineConfig
-from agentrl.orchestrator import Activity, Orchestrator
+from agentrl.config.run import PipelineConfig
+from agentrl.orchestrator.loop import Activity, Orchestrator
 from agentrl.types import StopReason, Trajectory
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.chat import ChatFormat
 from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.toolcalls import ToolCallParser, check_tool_parser_name
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.toolcalls import ToolCallParser, check_tool_parser_name
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agentrl.config.trainer import TrainerConfig
 from agentrl.inference import VLLMServer, VLLMServerConfig
-from agentrl.trainer.client import count_cores
-from agentrl.trainer.config import TrainerConfig
+from agentrl.trainer.launch import count_cores
 
 
 def test_server_command_is_pinned_with_taskset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ import pytest
 from agentrl.bench.pipeline import elastic_split, main, run_pipeline_bench
 from agentrl.bench.sim import PipelineSim, SimParams
 from agentrl.bench.traces import make_trace
-from agentrl.config import PipelineConfig
+from agentrl.config.run import PipelineConfig
 
 SMALL = SimParams(slots=16, decode_half_n=8.0)
 B, G = 4, 4

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.config import load_config
-from agentrl.placement import PlacementError, format_devices, parse_devices, plan_run, visible_gpus
+from agentrl.config.run import load_config
+from agentrl.launch.placement import PlacementError, format_devices, parse_devices, plan_run, visible_gpus
 
 
 def cfg(**over: Any):
@@ -130,8 +130,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_multi_node_trainer_command_and_plan_note() -> None:
-    from agentrl.trainer.client import torchrun_command
-    from agentrl.trainer.config import DistributedConfig
+    from agentrl.config.trainer import DistributedConfig
+    from agentrl.trainer.launch import torchrun_command
 
     one = torchrun_command(Path("c.json"), 2, DistributedConfig(), 29500, "r1")
     assert one[one.index("--nnodes") + 1] == "1" and "--master_port" in one and "--rdzv-backend" not in one

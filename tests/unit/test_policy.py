@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 
-from agentrl.chat import ChatFormat
+from agentrl.config.policy import PolicyConfig
 from agentrl.inference.client import Generation
 from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.policy.app import create_app
-from agentrl.policy.config import PolicyConfig
 from agentrl.policy.service import PolicyService
+from agentrl.rollout.chat import ChatFormat
 
 TOKEN = "t" * 32
 TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate.",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import RunConfig, load_config
-from agentrl.registry import UnknownEnvironmentError, known_envs, load_env
+from agentrl.config.run import RunConfig, load_config
+from agentrl.environment.registry import UnknownEnvironmentError, known_envs, load_env
 
 
 def test_known_and_unknown_env() -> None:
@@ -114,9 +114,9 @@ def test_config_module_is_a_leaf() -> None:
     import subprocess
     import sys
 
-    runtime = ("torch", "vllm", "agentrl.orchestrator", "agentrl.evaluate", "agentrl.stack", "agentrl.train",
-               "agentrl.rollout", "agentrl.buffer", "agentrl.workers", "agentrl.episode")
-    code = f"import sys, agentrl.config; print(sorted(m for m in sys.modules if m in {runtime!r}))"
+    runtime = ("torch", "vllm", "agentrl.orchestrator.loop", "agentrl.orchestrator.evaluate", "agentrl.launch.stack", "agentrl.orchestrator.run",
+               "agentrl.rollout.loop", "agentrl.orchestrator.buffer", "agentrl.rollout.groups", "agentrl.rollout.episode")
+    code = f"import sys, agentrl.config.run; print(sorted(m for m in sys.modules if m in {runtime!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -14,14 +14,14 @@ import httpx
 import pytest
 
 import agentrl
-from agentrl.chat import ChatFormat
-from agentrl.config import SamplingConfig
+from agentrl.config.run import SamplingConfig
+from agentrl.environment.registry import load_env
+from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation
 from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.registry import load_env
-from agentrl.remote import RemoteEnvError, RemoteEnvironment
-from agentrl.rollout import run_episode
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.loop import run_episode
 from agentrl.server import create_app
 from agentrl.types import StopReason
 from tests.env_server_helpers import TOKEN, Probe, ThreadServer, config
@@ -122,7 +122,7 @@ async def test_tool_failures_map_onto_local_exceptions(server: ThreadServer) -> 
     assert await env.call_tool("count", {}) == "1"
     with pytest.raises(agentrl.ToolError, match="as requested"):
         await env.call_tool("fail", {"kind": "tool"})
-    with pytest.raises(agentrl.environment.ToolArgumentError, match="unknown tool"):
+    with pytest.raises(agentrl.environment.base.ToolArgumentError, match="unknown tool"):
         await env.call_tool("nope", {})
     with pytest.raises(TimeoutError):
         await env.call_tool("sleep", {"seconds": 10})  # the tool's own 1 s limit

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 import agentrl
-from agentrl.chat import ChatFormat
-from agentrl.config import SamplingConfig
+from agentrl.config.run import SamplingConfig
 from agentrl.inference.client import Generation, InferenceError
 from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.rollout import run_episode
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.loop import run_episode
 from agentrl.types import StopReason
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import load_config
-from agentrl.metrics import MetricsWriter, plot_run, read_jsonl, supersede_after
-from agentrl.rundir import RUN_FILE, RunDirError, open_run
+from agentrl.config.run import load_config
+from agentrl.orchestrator.metrics import MetricsWriter, plot_run, read_jsonl, supersede_after
+from agentrl.orchestrator.rundir import RUN_FILE, RunDirError, open_run
 
 
 def cfg(tmp_path: Path, **over):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.samples import to_samples
+from agentrl.orchestrator.samples import to_samples
 from agentrl.types import StopReason, Trajectory
 
 
@@ -38,7 +38,7 @@ def test_failed_episodes_are_counted_not_trained() -> None:
 
 def test_rows_of_one_episode_share_one_advantage() -> None:
     """A black-box episode of several rows weighs as one episode in its group's statistics."""
-    from agentrl.samples import to_samples
+    from agentrl.orchestrator.samples import to_samples
     from agentrl.types import Trajectory
 
     def row(ep: str, reward: float) -> Trajectory:

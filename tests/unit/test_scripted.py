@@ -7,8 +7,8 @@ from typing import ClassVar
 import pytest
 
 import agentrl
-from agentrl.environment import run_scope
-from agentrl.scripted import (
+from agentrl.environment.base import run_scope
+from agentrl.rollout.scripted import (
     POLICIES,
     NullPolicy,
     OraclePolicy,

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from agentrl.trainer.batch import TrainSample
-from agentrl.trainer.config import TrainerConfig
+from agentrl.config.trainer import TrainerConfig
+from agentrl.types import TrainSample
 
 
 @pytest.fixture(scope="module")

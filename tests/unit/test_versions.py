@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.inference.protocol import Generation
+from agentrl.inference.wire import Generation
 from agentrl.versions import VersionLabelError, engine_label, parse_engine_label, token_versions
 
 

@@ -1,0 +1,310 @@
+"""Typed run configuration, loadable from TOML, with one docstring per field.
+
+Precedence: defaults < the environment's preset (``agentrl.config.presets``) < TOML file (``--config run.toml``) <
+command-line flags. This module is a leaf of the package: it imports only the other config models (no
+runtime module, no torch, no vLLM), so every part of agentrl can import it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.config.inference import VLLMServerConfig
+from agentrl.config.placement import PlacementConfig
+from agentrl.config.policy import AgentConfig
+from agentrl.config.presets import preset_for
+from agentrl.config.trainer import TrainerConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_MODEL = "models/tiny"
+"""The embedded default model, built on demand by ``agentrl model tiny``."""
+
+
+class SamplingConfig(BaseModel):
+    """How the policy samples during rollouts. Every field is sent with every request, so a model's own
+    sampling defaults (its ``generation_config.json``) never change the distribution behind the scenes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature. The engine reports logprobs at this temperature and the trainer scales its
+    logits by it (each trajectory carries the temperature it was sampled at). Training needs T > 0."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass. The trainer does not reproduce truncation: training refuses top_p < 1
+    (evaluation may use it)."""
+    top_k: int = Field(0, ge=0)
+    """Sample among the k most likely tokens; 0 disables. Training refuses top_k > 0, as for top_p."""
+    max_context_tokens: int = Field(2048, ge=16)
+    """Prompt plus completion may not exceed this many tokens (the engine's max_model_len)."""
+    max_parse_errors: int = Field(3, ge=1)
+    """Consecutive turns with only malformed tool calls before the episode stops (parse_error)."""
+
+    def training_problems(self) -> list[str]:
+        """Why this sampling cannot be trained on (empty: it can): the trainer computes logprobs of
+        ``softmax(logits / temperature)`` and nothing else."""
+        out = []
+        if self.temperature <= 0:
+            out.append(f"sampling.temperature = {self.temperature}: greedy decoding has no sampling "
+                       "distribution to train; use a temperature > 0")
+        if self.top_p < 1:
+            out.append(f"sampling.top_p = {self.top_p}: the trainer does not reproduce nucleus truncation, so "
+                       "its logprobs would not match the sampled distribution; use top_p = 1 for training")
+        if self.top_k > 0:
+            out.append(f"sampling.top_k = {self.top_k}: the trainer does not reproduce top-k truncation; use "
+                       "top_k = 0 for training")
+        return out
+
+
+class PipelineConfig(BaseModel):
+    """How rollouts and training overlap: the staleness bound, the bounded buffer and weight updates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_staleness: int | None = Field(None, ge=0)
+    """η: a trained group's oldest model token is at most this many versions behind the trainer. 0 is the
+    synchronous loop (``mode = "sync"``). Default: 0 in sync mode, 1 in async mode."""
+    drop_policy: Literal["drop_stale", "block"] = "block"
+    """``block``: batches are taken in admission order, so nothing goes stale and nothing is dropped;
+    ``drop_stale``: batches are taken in completion order, and groups overtaken past η are dropped (counted)."""
+    staleness_from: Literal["oldest", "newest"] = "oldest"
+    """Which model token of a group its staleness (and so the η bound and ``drop_stale``) is measured from.
+    ``oldest``: every trained token is at most η versions old. ``newest``: a group is kept as long as it was
+    still generating within η versions, so a long episode continued across weight updates (partial
+    rollouts) is trained instead of dropped; its older tokens can be more than η versions old and rely on
+    the loss's importance correction (``trainer.loss.is_correction``, capped), which the
+    ``staleness_*`` metrics show. With ``drop_stale`` and η = 2 it is the throughput setting for long-tail
+    multi-turn workloads (``docs/async.md``: 2.68× over sync on the simulated tool mix, nothing dropped)."""
+    capacity_groups: int | None = Field(None, ge=1)
+    """Groups in flight plus buffered at most (back-pressure on the producer); default (η + 1) · groups
+    per step. Must hold at least one step's groups."""
+    update_mode: Literal["keep", "wait"] = "keep"
+    """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
+    (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
+    weight_sync: Literal["shm", "network", "file"] = "shm"
+    """``shm``: copy adapter tensors into each engine's live LoRA slot, through shared memory for engines on
+    this host and in the request body for the others (chosen per engine by a probe at start; files when an
+    engine refuses); ``network``: the request body for every engine (no shared memory or filesystem);
+    ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share)."""
+
+    @property
+    def eta(self) -> int:
+        """η, once resolved (``RunConfig`` resolves it from the mode)."""
+        if self.max_staleness is None:
+            raise ValueError("pipeline.max_staleness is unresolved: build the config through RunConfig")
+        return self.max_staleness
+
+    def capacity(self, groups_per_step: int) -> int:
+        """The buffer capacity in groups for ``groups_per_step`` groups per step."""
+        cap = self.capacity_groups or (self.eta + 1) * groups_per_step
+        if cap < groups_per_step:
+            raise ValueError(f"pipeline.capacity_groups = {cap} cannot hold one step's {groups_per_step} groups")
+        return cap
+
+
+class RunConfig(BaseModel):
+    """Everything one training run needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    """Run name: outputs go to ``<output_dir>/<name>/``. An explicit name that holds another run is refused
+    (unless resuming it). Default: the environment's registered name, else its class name in lower case,
+    with the first free suffix (``calc``, ``calc-2``, ...); see ``agentrl.orchestrator.rundir``."""
+    output_dir: Path = Path("runs")
+    """Parent directory of run directories."""
+    env: str = "calc"
+    """Environment: a registered name (``calc``), ``package.module:Class`` (found from the current
+    directory too), ``path/to/file.py:Class``, or ``openenv:<url>`` (an OpenEnv server's environment)."""
+    env_url: str | None = None
+    """Base URL of an ``agentrl serve-env`` server: ``env`` then runs there, through ``RemoteEnvironment``."""
+    env_token: str | None = Field(None, exclude=True, repr=False)
+    """Bearer token for ``env_url`` (default: ``$AGENTRL_ENV_TOKEN``); never written to the run directory."""
+    tasks: Path | None = None
+    """JSONL file of training tasks; default: the environment's own train split."""
+    eval_tasks: Path | None = None
+    """JSONL file of held-out tasks; default: the environment's own test split."""
+    model: str = DEFAULT_MODEL
+    """Hugging Face model directory (or hub id where a hub is reachable). The default is built if missing.
+    ``agentrl doctor --model DIR`` checks a directory before a run (``agentrl train`` runs the same checks)."""
+    tool_parser: str = "hermes"
+    """How the model writes tool calls: the name of one of vLLM's tool parsers (the names of ``vllm serve
+    --tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``, ``pythonic``, ...). The
+    decoded text of each sampled turn is parsed with it; see docs/models.md for the parser of each family."""
+    mode: Literal["sync", "async"] | None = None
+    """``sync``: generate a batch, train, then sync (η = 0). ``async``: generation and training overlap,
+    with rollouts at most ``pipeline.max_staleness`` (η ≥ 1) versions behind. Default: async when
+    ``pipeline.max_staleness`` ≥ 1 is set, else sync. A mode that contradicts η is an error."""
+    pipeline: PipelineConfig = Field(default_factory=PipelineConfig)
+    """Staleness bound, drop policy, buffer capacity, update mode and weight-sync method."""
+    steps: int = Field(80, ge=1)
+    """Number of optimizer steps."""
+    tasks_per_step: int = Field(16, ge=1)
+    """Tasks (GRPO groups) per step."""
+    group_size: int = Field(8, ge=1)
+    """Rollouts per task (G); advantages are normalised within each group."""
+    max_concurrency: int = Field(128, ge=1)
+    """Episodes in flight at once, across all groups."""
+    seed: int = 0
+    """Seed for task sampling (the trainer and engine have their own seeds)."""
+    time_limit_min: float | None = Field(None, gt=0)
+    """Stop training after this many minutes of wall time (checked between steps)."""
+    eval_every: int = Field(10, ge=0)
+    """Evaluate on held-out tasks every N steps (0: only before and after training)."""
+    eval_size: int = Field(200, ge=1)
+    """Held-out tasks per evaluation."""
+    eval_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature for evaluation (1.0: success of the policy as it samples)."""
+    checkpoint_every: int = Field(20, ge=0)
+    """Save a resumable checkpoint every N steps (0: never)."""
+    engine_warmup: bool = True
+    """Before the first evaluation, send one burst of ``max_concurrency`` throwaway generations, so that
+    the engine's slow first batch (lazy kernel set-up) is not part of the first evaluation's figures
+    (see ``agentrl.inference.warmup``)."""
+    keep_failed: bool = False
+    """Train on failed episodes (env/inference errors) too. Default: they are logged but not trained on."""
+    nproc: int = Field(1, ge=1)
+    """Trainer processes (torchrun --nproc_per_node)."""
+    endpoints: list[str] = Field(default_factory=list)
+    """Existing inference servers to use; empty: start local vLLM server(s) (one, or one per
+    ``inference.tensor_parallel_size`` GPUs of ``placement.inference_gpus``)."""
+    adapter_name: str = "policy"
+    """Name of the LoRA adapter slot in the engine."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Rollout sampling."""
+    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(model_path=DEFAULT_MODEL))
+    """Trainer (FSDP2, LoRA, loss)."""
+    inference: VLLMServerConfig = Field(default_factory=lambda: VLLMServerConfig(model=DEFAULT_MODEL))
+    """The local vLLM server(s), when ``endpoints`` is empty."""
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    """Which GPUs the local vLLM servers and the trainer get (``agentrl train --dry-run`` shows the plan)."""
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    """Black-box training: an agent program to launch per episode through the policy endpoint (empty
+    command: agentrl's own agent loop runs the environment's tools)."""
+
+    @model_validator(mode="after")
+    def _resolve_mode(self) -> RunConfig:
+        """One rule: sync is η = 0, async is η ≥ 1; a contradiction names the setting to change."""
+        eta = self.pipeline.max_staleness
+        mode = self.mode or ("async" if eta else "sync")
+        if mode == "sync" and eta:
+            raise ValueError(
+                f"mode = 'sync' trains on-policy (max_staleness 0), but pipeline.max_staleness = {eta}: "
+                "use mode = 'async' (--mode async) to train on rollouts up to that many versions old, or "
+                "leave max_staleness out")
+        if mode == "async" and eta == 0:
+            raise ValueError(
+                "mode = 'async' overlaps generation and training, which needs pipeline.max_staleness >= 1 "
+                "(--max-staleness N); max_staleness 0 is mode = 'sync'")
+        self.mode = mode
+        self.pipeline.max_staleness = (0 if mode == "sync" else 1) if eta is None else eta
+        self.pipeline.capacity(self.tasks_per_step)  # raises when the capacity cannot hold a step
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_full_weights(self) -> RunConfig:
+        """Weight sync into the engine carries LoRA adapters only: full fine-tuning would train a policy the
+        engine never samples from."""
+        if not self.trainer.lora:
+            raise ValueError(
+                "trainer.lora = false (full-weight RL) is not supported yet: agentrl syncs only LoRA adapters "
+                "into the inference engine, so the engine would keep sampling from the initial weights. Use "
+                "trainer.lora = true (the default; raise trainer.lora_rank for more capacity)")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        """``<output_dir>/<name>`` (before ``rundir.open_run`` settles a default name: without its suffix)."""
+        return self.output_dir / (self.name or default_run_name(self.env))
+
+    def resolved(self) -> RunConfig:
+        """A copy where the trainer and server point at ``model`` and the context lengths agree."""
+        cfg = self.model_copy(deep=True)
+        cfg.trainer.model_path = cfg.model
+        cfg.inference.model = cfg.model
+        cfg.sampling.max_context_tokens = min(cfg.sampling.max_context_tokens, cfg.inference.max_model_len)
+        return cfg
+
+    def training_problems(self) -> list[str]:
+        """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
+        out = self.sampling.training_problems()
+        if self.endpoints == [] and self.inference.logprobs_mode != "processed_logprobs" and (
+                self.sampling.temperature != 1.0):
+            out.append(f"inference.logprobs_mode = {self.inference.logprobs_mode!r} reports logprobs at "
+                       f"temperature 1 while rollouts sample at {self.sampling.temperature}; use "
+                       "'processed_logprobs'")
+        return out
+
+    def check_trainable(self) -> None:
+        """Raise ``ValueError`` listing :meth:`training_problems`, if any."""
+        problems = self.training_problems()
+        if problems:
+            raise ValueError("this configuration cannot train correctly:\n  " + "\n  ".join(problems))
+
+    def to_toml(self) -> str:
+        """The fully resolved config as TOML (what ``agentrl train --print-config`` prints)."""
+        return to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def _toml_value(v: Any) -> str:
+    import json
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """``data`` (JSON-like: scalars, lists and nested tables) as TOML text; tables after scalars."""
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{prefix}{k}]", to_toml(v, prefix=f"{prefix}{k}.")]
+    return "\n".join(lines).strip("\n")
+
+
+def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in new.items():
+        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def default_run_name(env: str) -> str:
+    """The run name used when none is given: the environment's registered name, else its class name in
+    lower case (``my_env.py:Weather`` -> ``weather``); ``openenv`` for an OpenEnv server (``openenv:<url>``)."""
+    if env.startswith("openenv:"):
+        return "openenv"
+    return env.rpartition(":")[2].lower() if ":" in env else env
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    clean = {k: v for k, v in (overrides or {}).items() if v is not None}
+    env = clean.get("env", data.get("env", "calc"))
+    merged = _deep_update(_deep_update(preset_for(env), data), clean)
+    model = merged.get("model", DEFAULT_MODEL)
+    for section, key in (("trainer", "model_path"), ("inference", "model")):
+        if isinstance(merged.get(section), dict):
+            merged[section].setdefault(key, model)
+    return RunConfig.model_validate(merged)

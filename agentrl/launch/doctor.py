@@ -1,0 +1,258 @@
+"""``agentrl doctor``: check that a model directory works with the agent loop before a run.
+
+The checks render one small tool-using conversation with the model's own chat template and replay it the
+way the agent loop does (prompt ids, sampled ids up to the end-of-turn token, observation delta):
+
+- ``chat_template_appends_only``: rendering a growing conversation (system, user, assistant tool call,
+  tool result, final answer) only ever appends text. Qwen3-style thinking templates do not: a turn's empty
+  ``<think></think>`` block is dropped once the turn is no longer the last. agentrl handles such templates:
+  it never re-renders, so the model sees and is trained on exactly the tokens it sampled (its own think
+  blocks included); only a chat server that re-renders the same history would show the model other text.
+  What must hold is the next check.
+- ``observation_delta_ok``: the ids the loop appends after a tool-call turn (tool results and the next
+  generation prompt) are the ids the template renders after that turn; for an appends-only template the
+  whole replayed sequence must equal the tokenized full render.
+- ``roundtrip_ok``: a tool call rendered the way the template shows assistant tool calls is parsed back by
+  the chosen ``tool_parser`` into the same name and arguments.
+- ``stop_token_ids``: every token that ends a turn (template end-of-turn tokens, generation_config eos).
+
+``problems`` lists, in plain words, what fails and the fix; ``agentrl train`` refuses a model with problems.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Look a word up in the dictionary.",
+    "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "The word."}},
+                   "required": ["word"]}}}]
+PROBE_ARGS = {"word": "apple"}
+CANDIDATE_PARSERS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic"]
+"""Parsers tried when the chosen one cannot read the template's tool calls, to suggest a fix."""
+
+
+def probe_conversation() -> list[dict[str, Any]]:
+    """The conversation the checks render: system, user, a tool call, its result, a final answer."""
+    call = {"id": "a1b2c3d4e", "type": "function", "function": {"name": "lookup", "arguments": dict(PROBE_ARGS)}}
+    return [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is an apple?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "lookup", "content": "a round fruit"},
+        {"role": "assistant", "content": "An apple is a round fruit."},
+    ]
+
+
+class DoctorReport(BaseModel):
+    """What ``agentrl doctor`` found for one model directory and tool parser."""
+
+    model: str
+    """The model directory checked."""
+    tool_parser: str
+    """The tool parser chosen (``--tool-parser``)."""
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Tokens that end a turn: the template's end-of-turn token(s), then the generation_config eos ids."""
+    stop_tokens: list[str] = Field(default_factory=list)
+    """The same tokens as text."""
+    chat_template_appends_only: bool = False
+    """Rendering a growing conversation only appends text (no earlier turn is rewritten)."""
+    history_rewrite: str | None = None
+    """Where a longer render changed earlier text (when the template does not only append)."""
+    thinking: bool = False
+    """The template renders ``<think>`` blocks in assistant turns."""
+    roundtrip_ok: bool = False
+    """A tool call rendered by the template is parsed back into the same name and arguments."""
+    parsers_that_read_the_template: list[str] = Field(default_factory=list)
+    """Parsers (of a few common ones) that read the template's tool call back, when the chosen one does not."""
+    observation_delta_ok: bool = False
+    """The loop's observation ids equal what the template renders after a tool-call turn."""
+    problems: list[str] = Field(default_factory=list)
+    """What fails, in plain words, with the fix. Empty: the model can be trained."""
+    notes: list[str] = Field(default_factory=list)
+    """What is handled but worth knowing."""
+
+    @property
+    def ok(self) -> bool:
+        """No problems."""
+        return not self.problems
+
+    def text(self) -> str:
+        """A human-readable report."""
+        yes = {True: "yes", False: "NO"}
+        stops = ", ".join(f"{t} ({i})" for t, i in zip(self.stop_tokens, self.stop_token_ids, strict=True))
+        lines = [f"model:                      {self.model}",
+                 f"tool_parser:                {self.tool_parser}",
+                 f"stop tokens:                {stops}",
+                 f"chat template appends only: {yes[self.chat_template_appends_only]}",
+                 f"thinking template:          {'yes' if self.thinking else 'no'}",
+                 f"tool-call round trip:       {yes[self.roundtrip_ok]}",
+                 f"observation delta:          {yes[self.observation_delta_ok]}"]
+        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"problem: {p}" for p in self.problems]
+        lines.append("ok: the model can be trained" if self.ok else "not ok: fix the problems above")
+        return "\n".join(lines)
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def _appends_only(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str | None:
+    """None when every longer render starts with the shorter one; else where it first does not. The
+    smallest render is the opening prompt (system and user: some templates cannot render less)."""
+    for k in range(2, len(msgs)):
+        nxt = chat._render(msgs[: k + 1], tools, gen=False)
+        for gen in (False, True):
+            if gen and msgs[k]["role"] != "assistant":
+                continue
+            cur = chat._render(msgs[:k], tools, gen=gen)
+            if not nxt.startswith(cur):
+                i = _first_difference(cur, nxt)
+                return (f"adding message {k + 1} ({msgs[k]['role']}) changed the text rendered before it at "
+                        f"char {i}: {cur[i:i + 40]!r} became {nxt[i:i + 40]!r}")
+    return None
+
+
+def _sampled_turn(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
+    """Ids of the assistant tool-call turn (message 3) as the model would sample it: what the template
+    renders after the user message and the generation prompt, through the first stop token. (Located after
+    the user's text, since some templates move the system prompt once an assistant turn follows.)"""
+    user = msgs[1]["content"]
+    head = chat._render(msgs[:2], tools, gen=True)
+    full = chat._render(msgs[:3], tools, gen=False)
+    gen_prompt = head[head.rfind(user) + len(user):]
+    at = full.rfind(user) + len(user)
+    if not full[at:].startswith(gen_prompt):
+        raise ValueError(f"the generation prompt is not how the template starts an assistant turn: it ends "
+                         f"{gen_prompt[-40:]!r}, an assistant turn starts {full[at:at + 40]!r}")
+    ids = chat.encode(full[at + len(gen_prompt):])
+    for j, t in enumerate(ids):
+        if t in chat.stop_token_ids:
+            return ids[: j + 1]
+    raise ValueError("the assistant turn holding a tool call ends with none of the stop tokens "
+                     f"{chat.stop_token_ids}")
+
+
+def _calls_match(parsed: Any) -> bool:
+    return (not parsed.errors and len(parsed.tool_calls) == 1 and parsed.tool_calls[0].name == "lookup"
+            and parsed.tool_calls[0].arguments == PROBE_ARGS)
+
+
+def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
+    """Run every check on ``model`` (a directory with a tokenizer and chat template) with ``tool_parser``."""
+    from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.toolcalls import ToolCallParser, tool_parser_names
+
+    report = DoctorReport(model=str(model), tool_parser=tool_parser)
+    problems, notes = report.problems, report.notes
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+    except Exception as e:
+        problems.append(f"cannot load a tokenizer from {model}: {type(e).__name__}: {str(e)[:300]}")
+        return report
+    try:
+        chat = ChatFormat(tokenizer, tool_parser=tool_parser, model_dir=model)
+    except ValueError as e:
+        problems.append(f"{e} (fix the tokenizer files of {model})")
+        return report
+    report.stop_token_ids = list(chat.stop_token_ids)
+    report.stop_tokens = [tokenizer.convert_ids_to_tokens(i) for i in chat.stop_token_ids]
+    if not chat.end_of_turn_ids:
+        problems.append("the chat template closes assistant turns with no special token, so agentrl cannot tell "
+                        "where a turn ends; use a template that ends each turn with an end-of-turn token")
+    tools = PROBE_TOOLS
+    msgs = probe_conversation()
+    try:
+        rewrite = _appends_only(chat, msgs, tools)
+    except Exception as e:
+        problems.append(f"the chat template cannot render a tool-using conversation (system, user, assistant "
+                        f"tool call, tool result, answer): {type(e).__name__}: {str(e)[:300]}")
+        return report
+    report.chat_template_appends_only = rewrite is None
+    report.history_rewrite = rewrite
+    try:
+        turn = _sampled_turn(chat, msgs, tools)
+    except ValueError as e:
+        problems.append(str(e))
+        return report
+    turn_text = chat.decode(turn)
+    report.thinking = "<think>" in turn_text or "<think>" in chat._render(msgs[:2], tools, gen=True)
+
+    # round trip through the chosen parser
+    if tool_parser not in tool_parser_names():
+        problems.append(f"unknown tool parser {tool_parser!r}: use --tool-parser with one of vLLM's parsers "
+                        f"(e.g. {', '.join(CANDIDATE_PARSERS)})")
+    else:
+        try:
+            parsed = chat.parse(turn_text, tools)
+            report.roundtrip_ok = _calls_match(parsed)
+            why = f"it read {[(c.name, c.arguments) for c in parsed.tool_calls]}, errors {parsed.errors}"
+        except ValueError as e:
+            why = str(e)
+        if not report.roundtrip_ok:
+            for name in CANDIDATE_PARSERS:
+                try:
+                    if name != tool_parser and _calls_match(ToolCallParser(name, tokenizer).parse(turn_text, tools)):
+                        report.parsers_that_read_the_template.append(name)
+                except ValueError:
+                    continue
+            fix = (f"use --tool-parser {report.parsers_that_read_the_template[0]} (tool_parser = "
+                   f"{json.dumps(report.parsers_that_read_the_template[0])})"
+                   if report.parsers_that_read_the_template else "choose the --tool-parser of this model family "
+                   "(see docs/models.md)")
+            problems.append(f"the {tool_parser} tool parser does not read back the tool call this chat template "
+                            f"renders ({turn_text[:120]!r}; {why[:200]}): {fix}")
+
+    # the observation delta, replayed as the loop does it
+    try:
+        obs = chat.observation_ids([msgs[3]], tools, ended_with=turn[-1])
+        expected_text = chat._render(msgs[:4], tools, gen=True)
+        loop_ids = chat.prompt_ids(msgs[:2], tools) + turn + obs
+        end_text = chat.tokenizer.convert_ids_to_tokens(turn[-1])
+        # the template's text after the tool-call turn: after the end token that follows the call's argument
+        after = expected_text.find(end_text, expected_text.rfind(json.dumps(PROBE_ARGS["word"])))
+        tail = expected_text[after + len(end_text):] if after >= 0 else None
+        delta_ok = tail is not None and chat.encode(tail) == obs
+        if rewrite is None:
+            delta_ok = delta_ok and loop_ids == chat.encode(expected_text)
+        report.observation_delta_ok = delta_ok
+        if not delta_ok:
+            problems.append(f"the observation delta agentrl computes ({chat.observation_text([msgs[3]], tools)[:120]!r}) "
+                            f"is not what the template renders after a tool-call turn ({(tail or '')[:120]!r}); "
+                            "this chat template cannot be used for token-faithful multi-turn rollouts")
+    except ValueError as e:
+        problems.append(f"{e}; this chat template cannot be used for token-faithful multi-turn rollouts")
+    if rewrite is not None and report.observation_delta_ok:
+        notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop renders the "
+                     "opening prompt once and then only appends token ids, so the model sees, and is trained on, "
+                     "that prompt and exactly the tokens it sampled"
+                     + (" (its <think> blocks included)" if report.thinking else "")
+                     + "; a chat server re-rendering this history would show the model different text")
+    missing = [t for t in chat.end_of_turn_ids if t not in _gen_eos(model)]
+    if missing and (Path(model) / "generation_config.json").is_file():
+        notes.append(f"generation_config.json does not list the template's end-of-turn token(s) "
+                     f"{[tokenizer.convert_ids_to_tokens(t) for t in missing]} as eos; agentrl stops on them anyway")
+    return report
+
+
+def _gen_eos(model: str | Path) -> list[int]:
+    from agentrl.rollout.chat import generation_eos_ids
+
+    return generation_eos_ids(model)
+
+
+def check_model(model: str | Path, tool_parser: str) -> DoctorReport:
+    """:func:`diagnose`, raising ``ValueError`` with the problems (what ``agentrl train`` runs at start)."""
+    report = diagnose(model, tool_parser)
+    if report.problems:
+        raise ValueError(f"model {model} fails agentrl doctor's checks (agentrl doctor --model {model} "
+                         f"--tool-parser {tool_parser}):\n  " + "\n  ".join(report.problems))
+    return report

@@ -1,0 +1,104 @@
+"""The inference side of a run: the model on disk, the vLLM server(s), the client and the chat format."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.config.run import DEFAULT_MODEL, RunConfig
+from agentrl.inference.client import InferenceClient
+from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
+from agentrl.launch.placement import Plan, plan_run
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.toolcalls import DEFAULT_TOOL_PARSER
+
+log = logging.getLogger(__name__)
+
+
+def ensure_model(model: str) -> str:
+    """Build the embedded tiny model if ``model`` is the default and missing; validate the directory."""
+    if model == DEFAULT_MODEL or Path(model).resolve() == Path(DEFAULT_MODEL).resolve():
+        from agentrl.modelgen import build_tiny_model
+
+        build_tiny_model(Path(model))
+    validate_model_dir(model)
+    return model
+
+
+def load_chat_format(model: str, tool_parser: str = DEFAULT_TOOL_PARSER) -> ChatFormat:
+    """The chat format of a model directory's tokenizer, parsing tool calls with ``tool_parser``."""
+    from transformers import AutoTokenizer
+
+    return ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model)
+
+
+@dataclass
+class InferenceStack:
+    """A client over the run's engines, the chat format, and the servers this process owns."""
+
+    client: InferenceClient
+    chat: ChatFormat
+    servers: list[VLLMServer]
+
+
+def local_servers(cfg: RunConfig, plan: Plan, run_dir: Path) -> list[VLLMServer]:
+    """The vLLM servers the plan places on this machine (not started), each with its devices."""
+    out = []
+    for p in plan.servers:
+        update: dict[str, object] = {"port": p.port or 0}
+        if p.gpu_memory_utilization is not None:
+            update["gpu_memory_utilization"] = p.gpu_memory_utilization
+        out.append(VLLMServer(cfg.inference.model_copy(update=update), run_dir, env=p.env))
+    return out
+
+
+@contextlib.asynccontextmanager
+async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = None) -> AsyncIterator[InferenceStack]:
+    """Start (or connect to) the engines for a run, placed by ``plan`` (default: :func:`plan_run`); stops
+    every server it started on exit."""
+    plan = plan_run(cfg) if plan is None else plan
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ensure_model(cfg.model)
+    reap_stale(run_dir)
+    servers: list[VLLMServer] = []
+    client: InferenceClient | None = None
+    try:
+        endpoints = list(cfg.endpoints)
+        if not endpoints:
+            servers = local_servers(cfg, plan, run_dir)
+            # started one after another: concurrent starts would contend for the same CPU cores on load
+            for server in servers:
+                await asyncio.to_thread(server.start)
+            endpoints = [server.url for server in servers]
+        chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser)
+        client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
+        health = await client.health()
+        dead = [url for url, ok in health.items() if not ok]
+        if dead:
+            raise RuntimeError(f"inference endpoint(s) not reachable or not healthy: {', '.join(dead)}")
+        yield InferenceStack(client=client, chat=chat, servers=servers)
+    finally:
+        if client is not None:
+            await client.aclose()
+        for server in servers:
+            await asyncio.to_thread(server.stop)
+
+
+async def check_sampling_logprobs(stack: InferenceStack, cfg: RunConfig) -> None:
+    """Refuse to train at a temperature other than 1 on an engine whose logprobs are not of the sampled
+    distribution (vLLM's default ``--logprobs-mode raw_logprobs``): the trainer would compare the wrong
+    distribution. Servers agentrl starts report the sampled distribution; ``--endpoint`` servers are probed."""
+    if cfg.sampling.temperature == 1.0:
+        return  # at temperature 1 (top_p 1, top_k 0) raw and processed logprobs are the same
+    prompt = stack.chat.prompt_ids([{"role": "user", "content": "Hello"}], None)
+    found = await stack.client.reports_sampling_logprobs(prompt, model=cfg.inference.served_model_name)
+    raw = [url for url, ok in found.items() if not ok]
+    if raw:
+        raise ValueError(
+            f"inference endpoint(s) {', '.join(raw)} report logprobs at temperature 1, but rollouts sample "
+            f"at temperature {cfg.sampling.temperature}: the importance weights would be wrong. Start vLLM "
+            "with --logprobs-mode processed_logprobs (or train at temperature 1)")

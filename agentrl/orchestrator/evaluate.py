@@ -1,0 +1,54 @@
+"""Held-out evaluation: one episode per task, success = reward >= 1."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.environment.base import Task, run_scope
+from agentrl.rollout.groups import RolloutWorkers
+from agentrl.rollout.stats import metric_means, rollout_stats
+
+
+async def evaluate(
+    workers: RolloutWorkers, tasks: Sequence[Task], *, temperature: float | None = None
+) -> dict[str, Any]:
+    """Run every task once and summarise (success rate, mean reward, stop reasons, failures)."""
+    sampling = workers.sampling
+    if temperature is not None:
+        workers.sampling = sampling.model_copy(update={"temperature": temperature})
+    try:
+        groups = await workers.run_groups(list(tasks), 1)
+    finally:
+        workers.sampling = sampling
+    trajs = [t for g in groups for t in g]
+    stats = rollout_stats(trajs)
+    out = {k: v for k, v in stats.as_metrics().items() if not k.startswith("num_zero")}
+    out.update(metric_means(trajs))
+    out["errors"] = sorted({(t.error or "").splitlines()[0] for t in trajs if t.failed})[:5]
+    return out
+
+
+async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: float = 1.0) -> dict[str, Any]:
+    """Start the inference stack for ``cfg`` (a RunConfig), optionally load ``adapter``, and evaluate
+    on the first ``n`` held-out tasks, inside the environment's run scope."""
+    from pathlib import Path
+
+    from agentrl.environment.registry import load_env
+    from agentrl.environment.tasks import load_tasks
+    from agentrl.launch.stack import inference_stack
+
+    cfg = cfg.resolved()
+    env_cls = load_env(cfg.env)
+    tasks = load_tasks(env_cls, "test", cfg.eval_tasks)[:n]
+    async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:
+        model = None
+        if adapter is not None:
+            await stack.client.load_lora_adapter(cfg.adapter_name, str(Path(adapter).resolve()))
+            model = cfg.adapter_name
+        workers = RolloutWorkers(env_cls, stack.client, stack.chat, cfg.sampling, model=model,
+                                 max_concurrency=cfg.max_concurrency)
+        result = await evaluate(workers, tasks, temperature=temperature)
+    result.update({"env": cfg.env, "model": cfg.model, "adapter": str(adapter) if adapter else None,
+                   "num_tasks": len(tasks), "temperature": temperature})
+    return result

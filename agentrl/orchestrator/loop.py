@@ -1,0 +1,242 @@
+"""Producers → bounded buffer → trainer: the one training loop behind both modes.
+
+Two named long-running pieces talk through the :class:`~agentrl.orchestrator.buffer.RolloutBuffer`:
+
+* the **producer** task keeps starting GRPO groups (one task, ``group_size`` episodes) as fast as the
+  buffer admits them, and puts each finished group into the buffer;
+* the **trainer** side (:meth:`Orchestrator.step`) takes a batch of ``groups_per_step`` groups, trains
+  on it, and publishes the new adapter to the engines.
+
+The modes differ only in the staleness bound η. ``sync`` is η = 0: admission lets only the current
+step's groups start, so generation of step k+1 waits for the weights of step k (generate → train →
+sync, with nothing in flight during the update). ``async`` is η ≥ 1: the producer keeps generating for
+the next steps while the trainer trains, and a weight update lands under running rollouts.
+
+**Partial rollouts.** With ``update_mode = "keep"`` an update pauses the engines with in-flight
+requests frozen (their KV cache kept), copies the adapter in place, relabels the served weight
+version and resumes: those requests continue under the new weights, and the engine's per-token
+``weight_versions`` spans tag each token with the version that produced it. ``"wait"`` drains running
+requests first (no token of a request spans versions; the engine idles during the drain). The
+rollout loop salts the prefix cache with the policy version, so a *new* request never reuses KV
+computed by old weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.config.run import PipelineConfig
+from agentrl.environment.base import Task
+from agentrl.orchestrator.buffer import RolloutBuffer
+from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
+from agentrl.types import Trajectory
+from agentrl.versions import group_oldest_version
+from agentrl.weight_sync.base import Publisher
+
+log = logging.getLogger(__name__)
+
+
+async def live_update(engine: EngineControl, publisher: Publisher, version: int, *, paused: bool = True,
+                      mode: str = "keep") -> dict[str, Any]:
+    """Make ``version`` live in the engines. With ``paused``, generation is paused (``mode`` keep:
+    in-flight requests frozen with their KV; wait: drained) around the copy and the version relabel,
+    so no token is produced by a half-updated adapter or tagged with the wrong version."""
+    if paused:
+        await engine.pause(mode)
+    try:
+        t = time.perf_counter()
+        out = dict(await publisher.publish(version))
+        out["update_s"] = time.perf_counter() - t
+    finally:
+        if paused:
+            await engine.resume()
+    return out
+
+
+class Activity:
+    """Busy-time accounting for a resource that is busy while at least one user holds it."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.active = 0
+        self._busy = 0.0
+        self._since = 0.0
+
+    def enter(self) -> None:
+        if self.active == 0:
+            self._since = self.clock()
+        self.active += 1
+
+    def exit(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._busy += self.clock() - self._since
+
+    def busy_s(self) -> float:
+        """Total busy seconds so far (including the current busy spell)."""
+        return self._busy + (self.clock() - self._since if self.active else 0.0)
+
+
+class Orchestrator:
+    """Runs the producer task and performs training steps; use as ``async with``."""
+
+    def __init__(
+        self,
+        *,
+        runner: GroupRunner,
+        trainer: Trainer,
+        publisher: Publisher,
+        engine: EngineControl,
+        sample_task: Callable[[], Task],
+        pipeline: PipelineConfig,
+        groups_per_step: int,
+        group_size: int,
+        version: int = 0,
+        normalize_std: bool = True,
+        keep_failed: bool = False,
+    ) -> None:
+        self.runner = runner
+        self.trainer = trainer
+        self.publisher = publisher
+        self.engine = engine
+        self.sample_task = sample_task
+        self.group_size = group_size
+        self.version = version
+        """The policy version: the one integer every part of the run takes its version from (see
+        ``agentrl.versions``); trained on, then published as ``version + 1``."""
+        self.update_mode = pipeline.update_mode
+        self.normalize_std = normalize_std
+        self.keep_failed = keep_failed
+        self.buffer = RolloutBuffer(pipeline, groups_per_step, start_version=version)
+        self.generating = Activity()
+        self.training = Activity()
+        self.interrupted_groups = 0
+        self.failed_groups = 0
+        self._groups: set[asyncio.Task[None]] = set()
+        self._producer: asyncio.Task[None] | None = None
+        self._last_step_end = time.perf_counter()
+        self._last_busy = 0.0
+        self._tokens_total = 0
+
+    async def __aenter__(self) -> Orchestrator:
+        self._producer = asyncio.create_task(self._produce(), name="rollout-producer")
+        self._last_step_end = time.perf_counter()
+        self._last_busy = self.generating.busy_s()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop producing and cancel the groups in flight (their episodes end as ``aborted``)."""
+        self.buffer.close()
+        pending = [t for t in (self._producer, *self._groups) if t is not None and not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._groups.clear()
+
+    # -- producer -------------------------------------------------------------------------------
+
+    async def _produce(self) -> None:
+        """Start one group whenever the buffer admits one; forever (until the buffer closes)."""
+        from agentrl.orchestrator.buffer import BufferClosed
+
+        try:
+            while True:
+                admitted = await self.buffer.admit(1)
+                task = self.sample_task()
+                t = asyncio.create_task(self._group(task, admitted), name=f"group-{task.get('id', '')}")
+                self._groups.add(t)
+                t.add_done_callback(self._groups.discard)
+        except BufferClosed:
+            return
+
+    async def _group(self, task: Task, admitted: int) -> None:
+        self.generating.enter()
+        try:
+            group = await self.runner.run_group(task, self.group_size)
+        except asyncio.CancelledError:
+            self.buffer.release(admitted)
+            raise
+        except Exception as e:  # the runner records episode failures itself; this is a bug, not data
+            log.exception("rollout group for task %s failed: %s", task.get("id"), e)
+            self.failed_groups += 1
+            self.buffer.release(admitted)
+            return
+        finally:
+            self.generating.exit()
+        self.buffer.put(group, admitted)
+
+    # -- trainer --------------------------------------------------------------------------------
+
+    async def step(self) -> dict[str, Any]:
+        """One optimizer step: wait for a batch, train on it, publish the new version; its metrics."""
+        from agentrl.orchestrator.samples import to_samples  # torch: imported late, so configs stay light
+
+        t0 = time.perf_counter()
+        batch = await self.buffer.get_batch(self.version)
+        t1 = time.perf_counter()
+        samples, stats = to_samples(batch, normalize_std=self.normalize_std, keep_failed=self.keep_failed)
+        self.training.enter()
+        try:
+            train_metrics = await self.trainer.train(samples, self.version) if samples else {}
+        finally:
+            self.training.exit()
+        t2 = time.perf_counter()
+        trained_on = self.version
+        sync_metrics = await self._publish(self.version + 1)
+        self.version += 1
+        self.buffer.set_version(self.version)
+        t3 = time.perf_counter()
+        return self._record(batch, stats, train_metrics, sync_metrics, trained_on, t0, t1, t2, t3)
+
+    async def _publish(self, version: int) -> dict[str, Any]:
+        in_flight = self.generating.active
+        self.interrupted_groups += in_flight
+        out = await live_update(self.engine, self.publisher, version, paused=bool(in_flight), mode=self.update_mode)
+        out["groups_interrupted"] = float(in_flight)
+        return out
+
+    def _record(self, batch: list[list[Trajectory]], stats: Any, train_metrics: dict[str, Any],
+                sync_metrics: dict[str, Any], trained_on: int, t0: float, t1: float, t2: float,
+                t3: float) -> dict[str, Any]:
+        step_s = t3 - self._last_step_end
+        busy = self.generating.busy_s()
+        gen_busy = busy - self._last_busy
+        self._last_step_end, self._last_busy = t3, busy
+        staleness = [trained_on - v for g in batch if (v := group_oldest_version(g)) is not None]
+        mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
+        self._tokens_total += stats.total_tokens
+        buf = self.buffer.stats()
+        from agentrl.rollout.stats import metric_means
+
+        return {
+            **stats.as_metrics(),
+            **metric_means([t for g in batch for t in g]),  # per-episode env metrics, e.g. partial credit
+            **{f"train_{k}": v for k, v in train_metrics.items() if isinstance(v, (int, float))},
+            **sync_metrics,
+            "trained_on_version": trained_on,
+            "wait_s": t1 - t0,
+            "gen_s": gen_busy,
+            "train_s": t2 - t1,
+            "sync_s": t3 - t2,
+            "step_s": step_s,
+            "tokens_per_s": stats.model_tokens / max(step_s, 1e-9),
+            "trainer_idle_frac": max(0.0, 1.0 - (t2 - t1) / max(step_s, 1e-9)),
+            "inference_idle_frac": max(0.0, 1.0 - gen_busy / max(step_s, 1e-9)),
+            "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+            "staleness_max": max(staleness, default=0),
+            "mixed_version_episodes": mixed,
+            "groups_in_flight": self.generating.active,
+            "interrupted_groups_total": self.interrupted_groups,
+            "dropped_groups_total": buf["dropped_stale"] + buf["dropped_capacity"],
+            "dropped_tokens_total": buf["dropped_tokens"],
+            "failed_groups_total": self.failed_groups,
+            "producer_wait_s_total": buf["producer_wait_s"],
+            "staleness_hist": {str(k): v for k, v in buf["staleness_hist"].items()},
+        }

@@ -1,0 +1,151 @@
+"""Structured metrics: one JSON object per line, plus PNG plots of the curves."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.utils.atomic import write_atomic
+
+
+class MetricsWriter:
+    """Appends metric records to a JSONL file (one flush per record, so a crash loses nothing); with
+    ``run_id``, every record carries it."""
+
+    def __init__(self, path: Path, run_id: str | None = None) -> None:
+        self.path = Path(path)
+        self.run_id = run_id
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        rec = {"time": time.time(), **({"run_id": self.run_id} if self.run_id else {}), **record}
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file (a torn last line is skipped)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def plot_curves(
+    series: dict[str, Sequence[tuple[float, float]]],
+    out: Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path:
+    """Plot named (x, y) series into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for label, points in series.items():
+        pts = [(x, y) for x, y in points if y is not None and not math.isnan(y)]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def supersede_after(metrics_path: Path, step: int) -> int:
+    """On resume from the checkpoint of ``step``: move the records of later steps (written before a crash,
+    and about to be redone) to ``metrics.superseded.jsonl`` beside it, and drop a torn last line, so that
+    the metrics read as one run. The rewrite is atomic; returns how many records moved."""
+    if not metrics_path.is_file():
+        return 0
+    recs = read_jsonl(metrics_path)
+    keep = [r for r in recs if int(r.get("step", 0)) <= step]
+    later = [r for r in recs if int(r.get("step", 0)) > step]
+    if later:
+        with metrics_path.with_name("metrics.superseded.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in later)
+    write_atomic(metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+    return len(later)
+
+
+def plot_run(metrics_path: Path, out: Path, run_id: str | None = None) -> Path:
+    """The reward curve of a training run: train reward per step and held-out success per eval (of the
+    records of ``run_id`` when given)."""
+    recs = [r for r in read_jsonl(metrics_path) if run_id is None or r.get("run_id", run_id) == run_id]
+    train = [(r["step"], r["reward_mean"]) for r in recs if r.get("kind") == "train"]
+    evals = [(r["step"], r["success"]) for r in recs if r.get("kind") == "eval"]
+    return plot_curves(
+        {"train reward (mean)": train, "held-out success": evals},
+        out,
+        title=f"agentrl: {metrics_path.parent.name}",
+        xlabel="step",
+        ylabel="reward / success",
+    )
+
+
+def plot_pipeline(metrics_path: Path, out: Path) -> Path:
+    """Pipeline health of a run in one PNG: idle fractions, throughput, update latency, interrupted and
+    dropped groups per step, and the staleness histogram of the groups trained on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in read_jsonl(metrics_path) if r.get("kind") == "train"]
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3.6), dpi=100)
+    steps = [r["step"] for r in recs]
+
+    def line(ax: Any, key: str, label: str | None = None, scale: float = 1.0) -> None:
+        ax.plot(steps, [scale * r.get(key, math.nan) for r in recs], marker="o", markersize=2, label=label)
+
+    line(axes[0], "trainer_idle_frac", "trainer idle")
+    line(axes[0], "inference_idle_frac", "inference idle")
+    axes[0].set(title="idle fraction per step", xlabel="step", ylim=(0, 1.02))
+    axes[0].legend()
+    line(axes[1], "tokens_per_s")
+    axes[1].set(title="model tokens/s trained", xlabel="step")
+    line(axes[2], "update_s", scale=1e3)
+    axes[2].set(title="weight update (ms, trainer side)", xlabel="step", yscale="log")
+    line(axes[3], "interrupted_groups_total", "interrupted (in flight at an update)")
+    line(axes[3], "dropped_groups_total", "dropped (stale)")
+    line(axes[3], "failed_groups_total", "failed")
+    axes[3].set(title="groups, cumulative", xlabel="step")
+    axes[3].legend(fontsize=7)
+    hist = recs[-1].get("staleness_hist", {}) if recs else {}
+    xs = sorted(int(k) for k in hist)
+    axes[4].bar([str(x) for x in xs], [hist[str(x)] for x in xs])
+    axes[4].set(title="staleness of trained groups", xlabel="versions behind", ylabel="groups")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"agentrl pipeline: {metrics_path.parent.name} ({recs[-1].get('mode', '?') if recs else '?'})")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

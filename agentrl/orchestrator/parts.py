@@ -1,0 +1,35 @@
+"""What the orchestrator needs from the engines, the trainer and the group runner (typing protocols).
+
+The real implementations are :class:`agentrl.inference.InferenceClient` (engine control),
+:class:`agentrl.trainer.client.TrainerProcess` (trainer) and :class:`agentrl.rollout.groups.RolloutWorkers`
+(group runner); the publisher is :class:`agentrl.weight_sync.base.Publisher`. Unit tests pass small fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentrl.environment.base import Task
+    from agentrl.types import Trajectory
+
+
+class EngineControl(Protocol):
+    """Pauses and resumes generation on every engine around a weight update."""
+
+    async def pause(self, mode: str = "keep") -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+class Trainer(Protocol):
+    """Trains on a batch of samples generated (mostly) by policy ``policy_version``."""
+
+    async def train(self, samples: Sequence[Any], policy_version: int) -> dict[str, Any]: ...
+
+
+class GroupRunner(Protocol):
+    """Runs one GRPO group: ``group_size`` episodes of one task."""
+
+    async def run_group(self, task: Task, group_size: int) -> list[Trajectory]: ...

@@ -1,0 +1,262 @@
+"""A training run: the inference stack, the trainer process, evaluations, checkpoints and metrics
+around the :class:`~agentrl.orchestrator.loop.Orchestrator` loop (``mode = "sync"`` or ``"async"``).
+
+Each step is timed; the trainer's idle fraction (time not spent in ``train``) and the engine's idle
+fraction (time with no rollout in flight) are the numbers the async mode exists to shrink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.config.run import RunConfig
+from agentrl.environment.base import Environment, Task, run_scope
+from agentrl.environment.registry import load_env
+from agentrl.environment.tasks import load_tasks
+from agentrl.inference.client import NoEnginesError
+from agentrl.inference.watch import EnginesLost, EngineWatch
+from agentrl.launch.doctor import check_model
+from agentrl.launch.placement import plan_run
+from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
+from agentrl.orchestrator.evaluate import evaluate
+from agentrl.orchestrator.loop import Orchestrator
+from agentrl.orchestrator.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
+from agentrl.orchestrator.rundir import open_run
+from agentrl.rollout.groups import RolloutWorkers
+from agentrl.utils import heap
+from agentrl.utils.atomic import write_atomic
+from agentrl.weight_sync.route import adapter_publisher
+
+log = logging.getLogger(__name__)
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
+    done = [c for c in ckpts if (c / "state.json").is_file()]
+    return done[-1] if done else None
+
+
+class TrainingRun:
+    """One training run (see module docstring). Use ``await TrainingRun(cfg).run()``.
+
+    Raises ``ValueError`` at construction when the config cannot train correctly (e.g. ``top_p < 1``).
+    """
+
+    def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
+        cfg.check_trainable()
+        cfg = cfg.resolved()
+        self.resume = resume
+        self.progress = progress
+        self.plan = plan_run(cfg)
+        """Where every process goes, decided before anything starts (raises for an impossible plan)."""
+        self.env_cls: type[Environment] = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
+        self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", cfg.tasks)
+        self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", cfg.eval_tasks)[: cfg.eval_size]
+        # the run directory: a fresh one claimed for this run, or the checked one being resumed
+        self.cfg, self.run_id = open_run(cfg, resume=resume)
+        self.run_dir = self.cfg.run_dir
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id)
+        self.version = 0
+        """The policy version before and after the training loop; while it runs, the orchestrator owns
+        it (read it through :meth:`policy_version`)."""
+        self.orch: Orchestrator | None = None
+        self.step = 0
+
+    async def run(self) -> dict[str, Any]:
+        """Train for ``cfg.steps`` steps (or the time limit); returns a summary."""
+        from agentrl.trainer.client import TrainerProcess
+
+        cfg = self.cfg
+        # the checks of `agentrl doctor`: a model whose turns cannot be stopped, parsed or extended
+        # token-faithfully is refused before anything starts
+        await asyncio.to_thread(ensure_model, cfg.model)
+        await asyncio.to_thread(check_model, cfg.model, cfg.tool_parser)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
+        t_start = time.perf_counter()
+        # run_scope: the environment's shared resources (e.g. a sandbox pool), cleaned up on every exit
+        async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack, \
+                contextlib.AsyncExitStack() as stack_ctx:
+            await check_sampling_logprobs(stack, cfg)
+            placed = self.plan.trainer
+            trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
+            await asyncio.to_thread(trainer.start)
+            try:
+                await self._maybe_resume(trainer)
+                publisher = await stack_ctx.enter_async_context(adapter_publisher(
+                    cfg.pipeline.weight_sync, trainer, stack.client, cfg.adapter_name, self.run_dir / "adapters"))
+                await publisher.publish(self.version)  # creates the engines' LoRA slots
+                watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
+                                    self.policy_version)
+                watch_task = asyncio.create_task(watch.run(), name="engine-watch")
+                stack_ctx.callback(watch_task.cancel)
+                workers = RolloutWorkers(
+                    self.env_cls, stack.client, stack.chat, cfg.sampling,
+                    max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
+                    policy_version=self.policy_version,
+                )
+                if cfg.agent.command:  # black-box training: the agent program drives the episodes
+                    from agentrl.policy.blackbox import blackbox_runner
+
+                    workers = await stack_ctx.enter_async_context(blackbox_runner(
+                        cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id))
+                log.info("start-up heap frozen: %d objects kept out of garbage collections", heap.freeze_heap())
+                first = None
+                if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
+                    if cfg.engine_warmup:
+                        await self._warm_up(stack)
+                    first = await self._evaluate(workers)
+                try:
+                    await self._loop(trainer, publisher, stack.client, workers, t_start, watch)
+                except EnginesLost as e:
+                    await self._checkpoint(trainer)
+                    raise EnginesLost(f"{e}; the run stopped after step {self.step} and saved a checkpoint: "
+                                      "start the engines again and continue with --resume") from None
+                last = await self._evaluate(workers)
+                await trainer.save_adapter(self.run_dir / "final_adapter")
+            finally:
+                await asyncio.to_thread(trainer.close)
+        plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+        summary = {
+            "run_dir": str(self.run_dir),
+            "steps": self.step,
+            "success_before": first["success"] if first else None,
+            "success_after": last["success"],
+            "wall_s": time.perf_counter() - t_start,
+        }
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        return summary
+
+    def policy_version(self) -> int:
+        """The current policy version (the orchestrator's while the training loop runs)."""
+        return self.orch.version if self.orch is not None else self.version
+
+    async def _maybe_resume(self, trainer: Any) -> None:
+        if not self.resume:
+            return
+        ckpt = _latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            log.warning("--resume: no checkpoint in %s, starting from scratch", self.run_dir)
+            moved = supersede_after(self.metrics.path, -1)
+        else:
+            await trainer.load_checkpoint(ckpt)
+            state = json.loads((ckpt / "state.json").read_text())
+            self.step, self.version = int(state["step"]), int(state["version"])
+            moved = supersede_after(self.metrics.path, self.step)
+            log.info("resumed from %s (step %d)", ckpt, self.step)
+        if moved:
+            log.info("--resume: %d metric records of the interrupted steps moved to metrics.superseded.jsonl", moved)
+
+    async def _checkpoint(self, trainer: Any) -> None:
+        path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
+        await trainer.save_checkpoint(path)
+        # written last, atomically: a checkpoint without it is incomplete and never resumed from
+        write_atomic(path / "state.json", json.dumps({"step": self.step, "version": self.policy_version()}))
+
+    async def _warm_up(self, stack: InferenceStack) -> None:
+        from agentrl.inference.warmup import warm_up
+
+        context = self.cfg.sampling.max_context_tokens
+        rec = await warm_up(stack.client, model=self.cfg.adapter_name, concurrency=self.cfg.max_concurrency,
+                            vocab_size=stack.chat.tokenizer.vocab_size, max_prompt_tokens=min(256, context // 2),
+                            max_tokens=min(32, context // 4))
+        log.info("engine warm-up: %.1fs", rec["warmup_s"])
+        self.metrics.write({"kind": "warmup", "step": self.step, **rec})
+
+    async def _evaluate(self, workers: RolloutWorkers) -> dict[str, float]:
+        t0 = time.perf_counter()
+        result = await evaluate(workers, self.eval_tasks, temperature=self.cfg.eval_temperature)
+        rec = {"kind": "eval", "step": self.step, "version": self.policy_version(), **result,
+               "eval_s": time.perf_counter() - t0}
+        self.metrics.write(rec)
+        return result
+
+    async def _republish(self, trainer: Any, url: str, version: int) -> None:
+        """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,
+        weights and label, through the path its host needs (a client of its own: it is not in rotation)."""
+        from agentrl.inference.client import InferenceClient
+
+        cfg = self.cfg
+        async with InferenceClient([url], model=cfg.inference.served_model_name, timeout_s=120) as one, \
+                adapter_publisher(cfg.pipeline.weight_sync, trainer, one, cfg.adapter_name,
+                                  self.run_dir / "adapters") as pub:
+            await pub.publish(version)
+
+    async def _step(self, orch: Orchestrator, watch: EngineWatch) -> dict[str, Any]:
+        """One orchestrator step, abandoned if every engine is lost; engines that came back rejoin after it."""
+        step = asyncio.ensure_future(orch.step())
+        lost = asyncio.ensure_future(watch.lost.wait())
+        try:
+            await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await step
+            raise EnginesLost(f"no inference engine has been in rotation for {watch.lost_after_s:.0f}s "
+                              f"({watch.describe()})")
+        try:
+            rec = step.result()
+        except NoEnginesError as e:  # the weight update found no engine left: the step's update is lost
+            raise EnginesLost(f"the weight update of step {self.step + 1} found no inference engine in rotation "
+                              f"({e})") from None
+        rec["engines_rejoined"] = len(await watch.rejoin(orch.version))
+        rec["engines_live"] = len(watch.client.pool.live)
+        return rec
+
+    async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
+                    t_start: float, watch: EngineWatch) -> None:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        rng = random.Random(cfg.seed * 100_003 + self.step)
+        self.orch = orch = Orchestrator(
+            runner=workers, trainer=trainer, publisher=publisher, engine=client,
+            sample_task=lambda: rng.choice(self.train_tasks), pipeline=cfg.pipeline,
+            groups_per_step=cfg.tasks_per_step, group_size=cfg.group_size, version=self.version,
+            normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,
+        )
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
+                   unit="step")
+        eval_s = 0.0
+        loop_t0 = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
+        try:
+            async with orch:
+                while self.step < cfg.steps:
+                    if cfg.time_limit_min and time.perf_counter() - t_start > cfg.time_limit_min * 60:
+                        log.info("time limit of %.1f min reached", cfg.time_limit_min)
+                        break
+                    rec = await self._step(orch, watch)
+                    self.step += 1
+                    wall = time.perf_counter() - t_start
+                    self.metrics.write({"kind": "train", "step": self.step, "version": orch.version,
+                                        "mode": cfg.mode, **rec, "wall_s": wall,
+                                        "wall_train_s": time.perf_counter() - loop_t0 - eval_s})
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", wait=f"{rec['wait_s']:.1f}s",
+                                    train=f"{rec['train_s']:.1f}s")
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                        t = time.perf_counter()
+                        await self._evaluate(workers)
+                        eval_s += time.perf_counter() - t
+                    if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                        await self._checkpoint(trainer)
+                    plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+        finally:
+            bar.close()
+            self.version, self.orch = orch.version, None
+            # the books of every group after the orchestrator stopped (its in-flight groups were cancelled
+            # and released): admitted = consumed + dropped + released + buffered, nothing lost unrecorded
+            b = orch.buffer.stats()
+            self.metrics.write({"kind": "groups", "step": self.step, "failed_groups": orch.failed_groups,
+                                **{f"groups_{k}": b[k] for k in ("admitted", "consumed", "released", "dropped_stale",
+                                                                  "dropped_capacity", "in_flight", "buffered")}})
+        plot_pipeline(self.metrics.path, self.run_dir / "pipeline.png")

@@ -1,0 +1,84 @@
+"""From trajectories to trainer samples: group advantages, masks and per-token behaviour data."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from agentrl.rollout.stats import BatchStats, rollout_stats
+from agentrl.types import TrainSample, Trajectory
+
+
+def group_advantages(
+    rewards: Sequence[float], group_ids: Sequence[object], normalize_std: bool, eps: float = 1e-6
+) -> list[float]:
+    """GRPO advantages: each reward minus its group's mean, optionally divided by (group std + eps).
+
+    The standard deviation is the unbiased one (n - 1); a singleton group has std 0. A group whose rewards
+    are all equal gets advantage 0 exactly. Plain Python: the orchestrator side never imports torch.
+    """
+    if len(group_ids) != len(rewards):
+        raise ValueError(f"{len(group_ids)} group ids for {len(rewards)} rewards")
+    members: dict[object, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        members.setdefault(g, []).append(i)
+    adv = [0.0] * len(rewards)
+    for idx in members.values():
+        r = [float(rewards[i]) for i in idx]
+        if all(x == r[0] for x in r):
+            continue
+        mean = math.fsum(r) / len(r)
+        scale = 1.0
+        if normalize_std:
+            std = math.sqrt(math.fsum((x - mean) ** 2 for x in r) / (len(r) - 1)) if len(r) > 1 else 0.0
+            scale = std + eps
+        for i, x in zip(idx, r, strict=True):
+            adv[i] = (x - mean) / scale
+    return adv
+
+
+def to_samples(
+    groups: list[list[Trajectory]], *, normalize_std: bool = True, keep_failed: bool = False
+) -> tuple[list[TrainSample], BatchStats]:
+    """Trainer samples for a batch of GRPO groups, and the batch's statistics.
+
+    Failed episodes (env or inference errors) are left out of the group unless ``keep_failed``.
+    Samples whose advantage is 0 (groups where every rollout scored the same) carry no policy gradient
+    and are dropped.
+    """
+    flat = [t for g in groups for t in g]
+    stats = rollout_stats(flat)
+    members = [t for t in flat if (keep_failed or not t.failed) and t.completion_ids]
+    samples: list[TrainSample] = []
+    if members:
+        # one advantage per episode (its rows share it), so an episode of several rows weighs as one
+        keys = [t.episode_id or f"#{i}" for i, t in enumerate(members)]
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        rewards_E = [float(members[i].reward) for i in first.values()]
+        advs_E = group_advantages(rewards_E, [members[i].group_id for i in first.values()], normalize_std)
+        adv_of = dict(zip(first, advs_E, strict=True))
+        advs = [adv_of[k] for k in keys]
+        for traj, adv in zip(members, advs, strict=True):
+            if abs(adv) < 1e-8:
+                stats.num_zero_advantage += 1
+                continue
+            samples.append(sample_of(traj, float(adv)))
+    stats.num_trained = len(samples)
+    return samples, stats
+
+
+def sample_of(traj: Trajectory, advantage: float, temperature: float | None = None) -> TrainSample:
+    """The trainer sample of one trajectory: prompt and completion aligned per position (prompt positions
+    masked out), scored at ``temperature`` (default: the one the trajectory was sampled at)."""
+    traj.check()
+    p = len(traj.prompt_ids)
+    return TrainSample(
+        input_ids=traj.prompt_ids + traj.completion_ids,
+        loss_mask=[0] * p + traj.loss_mask,
+        behav_logprobs=[0.0] * p + traj.logprobs,
+        advantage=advantage,
+        versions=[-1] * p + traj.versions,
+        temperature=traj.temperature if temperature is None else temperature,
+    )

@@ -1,0 +1,57 @@
+"""Summaries of a batch of trajectories: rewards, turns, tool-call errors, stop reasons (plain Python)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agentrl.types import Trajectory
+
+
+@dataclass
+class BatchStats:
+    """What a batch of rollouts looked like (for metrics)."""
+
+    num_episodes: int = 0
+    num_failed: int = 0
+    num_trained: int = 0
+    num_zero_advantage: int = 0
+    reward_mean: float = 0.0
+    success: float = 0.0
+    model_tokens: int = 0
+    total_tokens: int = 0
+    turns_mean: float = 0.0
+    malformed_tool_calls: int = 0
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {k: float(v) for k, v in self.__dict__.items() if k != "stop_reasons"}
+        out.update({f"stop_{k}": float(v) for k, v in self.stop_reasons.items()})
+        return out
+
+
+def metric_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``metric_<name>``: the mean of each per-episode metric (e.g. partial credit) over the episodes that
+    report it."""
+    sums: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.metrics.items():
+            sums.setdefault(k, []).append(v)
+    return {f"metric_{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
+
+
+def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
+    """Summary statistics of a list of episodes (success means reward >= 1)."""
+    n = max(len(trajs), 1)
+    return BatchStats(
+        num_episodes=len(trajs),
+        num_failed=sum(t.failed for t in trajs),
+        reward_mean=sum(t.reward for t in trajs) / n,
+        success=sum(t.reward >= 1.0 for t in trajs) / n,
+        model_tokens=sum(t.num_model_tokens for t in trajs),
+        total_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs),
+        turns_mean=sum(t.num_turns for t in trajs) / n,
+        malformed_tool_calls=sum(t.num_malformed_tool_calls for t in trajs),
+        stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+    )

@@ -1,0 +1,138 @@
+"""The clipped policy-gradient loss with off-policy corrections (pure torch); group advantages are computed
+on the orchestrator side (:func:`agentrl.orchestrator.samples.group_advantages`).
+
+Shapes are suffixed to names: ``_B`` sequences, ``_T`` positions, ``_V`` vocabulary, ``_N`` samples.
+Logprob tensors follow the convention of :func:`token_logprobs`: position ``t`` holds
+``log p(input_ids[t] | input_ids[:t])``, so the behaviour logprobs recorded by the inference engine for
+token ``t`` line up with the trainer's logprobs at the same position.
+
+Correction modes (``LossConfig.is_correction``), with ``logp`` the current policy, ``prox`` the trainer's
+own logprobs before this update (the proximal policy) and ``behav`` the policy that sampled the tokens:
+
+- ``none``: plain PPO against the behaviour policy: ``r = exp(logp - behav)``, clipped.
+- ``tis``: PPO against the proximal policy, ``r = exp(logp - prox)`` clipped, and every token's term is
+  multiplied by the truncated behaviour weight ``w = min(exp(prox - behav), tis_cap)``.
+- ``decoupled``: decoupled PPO (AReaL): the same clipped ``r = exp(logp - prox)`` times
+  ``w = exp(prox - behav)``, but tokens whose weight exceeds ``tis_cap`` are *dropped* (``w = 0``)
+  instead of truncated. Dropped tokens still count in the normaliser.
+
+Both weights are detached. On-policy (``behav == prox == logp``) every ratio and weight is exactly 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentrl.config.trainer import LossConfig
+
+
+def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor, temperatures_B: Tensor | None = None) -> Tensor:
+    """Per-position log-likelihood of the input tokens under ``softmax(logits / temperature)``; position 0
+    (no context) gets 0. ``temperatures_B``: each sequence's sampling temperature (default 1).
+
+    The engine samples from the temperature-scaled distribution and reports its logprobs, so the ratios
+    and importance weights compare the same distribution on both sides. Computed as
+    ``logit[target] - logsumexp(logits)`` one sequence at a time, in float32, so no full-size
+    log-softmax of the whole batch is materialised.
+    """
+    B, T, _ = logits_B_T_V.shape
+    out_B_T = logits_B_T_V.new_zeros((B, T), dtype=torch.float32)
+    if T < 2:
+        return out_B_T
+    rows = []
+    for b in range(B):
+        logits_T_V = logits_B_T_V[b, :-1].float()
+        if temperatures_B is not None:
+            logits_T_V = logits_T_V / temperatures_B[b].to(logits_T_V)
+        target_T = input_ids_B_T[b, 1:].unsqueeze(-1)
+        picked_T = logits_T_V.gather(-1, target_T).squeeze(-1)
+        rows.append(picked_T - torch.logsumexp(logits_T_V, dim=-1))
+    return torch.cat([out_B_T[:, :1], torch.stack(rows)], dim=1)
+
+
+def _behaviour_weight(
+    prox_B_T: Tensor, behav_B_T: Tensor, mask_B_T: Tensor, cfg: LossConfig
+) -> tuple[Tensor, Tensor]:
+    """The detached behaviour importance weight and the mask of tokens it truncated or dropped."""
+    w_B_T = torch.exp((prox_B_T - behav_B_T) * mask_B_T)
+    over_B_T = w_B_T > cfg.tis_cap
+    if cfg.is_correction == "tis":
+        w_B_T = torch.clamp(w_B_T, max=cfg.tis_cap)
+    else:
+        w_B_T = torch.where(over_B_T, torch.zeros_like(w_B_T), w_B_T)
+    return w_B_T.detach(), over_B_T
+
+
+def policy_loss(
+    logprobs_B_T: Tensor,
+    behav_logprobs_B_T: Tensor,
+    advantages_B: Tensor,
+    loss_mask_B_T: Tensor,
+    cfg: LossConfig,
+    prox_logprobs_B_T: Tensor | None = None,
+    ref_logprobs_B_T: Tensor | None = None,
+    num_tokens_global: float | None = None,
+    num_seqs_global: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped policy-gradient loss (to minimise) and its metrics.
+
+    ``num_tokens_global`` (token_mean) / ``num_seqs_global`` (seq_mean, counting only sequences with at
+    least one masked token) replace the local normaliser, so data-parallel ranks can each return
+    ``local sum / global count`` and the sum of their losses equals the single-rank loss.
+    Metrics are means over the local masked tokens, plus ``num_tokens`` (the local masked count) so a
+    caller can combine them across micro-batches and ranks.
+    """
+    mask_B_T = loss_mask_B_T.to(logprobs_B_T.dtype)
+    adv_B_1 = advantages_B.to(logprobs_B_T.dtype).unsqueeze(-1)
+    behav_B_T = behav_logprobs_B_T.to(logprobs_B_T.dtype)
+    if cfg.is_correction == "none":
+        base_B_T = behav_B_T
+        policy_B_T = logprobs_B_T.detach()
+        w_B_T = torch.ones_like(logprobs_B_T)
+        over_B_T = torch.zeros_like(logprobs_B_T, dtype=torch.bool)
+    else:
+        prox = logprobs_B_T if prox_logprobs_B_T is None else prox_logprobs_B_T.to(logprobs_B_T.dtype)
+        base_B_T = policy_B_T = prox.detach()
+        w_B_T, over_B_T = _behaviour_weight(base_B_T, behav_B_T, mask_B_T, cfg)
+
+    # Masked-out positions may hold arbitrary values (padding): zero the log-ratio there before exp.
+    log_ratio_B_T = (logprobs_B_T - base_B_T) * mask_B_T
+    ratio_B_T = torch.exp(log_ratio_B_T)
+    clipped_B_T = torch.clamp(ratio_B_T, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    unclipped_loss_B_T = -ratio_B_T * adv_B_1
+    clipped_loss_B_T = -clipped_B_T * adv_B_1
+    per_token_B_T = torch.maximum(unclipped_loss_B_T, clipped_loss_B_T) * w_B_T
+
+    kl_B_T = torch.zeros_like(logprobs_B_T)
+    if cfg.kl_coef > 0 and ref_logprobs_B_T is not None:
+        delta_B_T = (ref_logprobs_B_T.to(logprobs_B_T.dtype) - logprobs_B_T) * mask_B_T
+        kl_B_T = torch.exp(delta_B_T) - delta_B_T - 1.0
+        per_token_B_T = per_token_B_T + cfg.kl_coef * kl_B_T
+
+    tokens_B = mask_B_T.sum(-1)
+    if cfg.aggregation == "token_mean":
+        denom = float(tokens_B.sum().item()) if num_tokens_global is None else float(num_tokens_global)
+        loss = (per_token_B_T * mask_B_T).sum() / max(denom, 1.0)
+    else:
+        seq_B = (per_token_B_T * mask_B_T).sum(-1) / tokens_B.clamp(min=1.0)
+        n_seqs = float((tokens_B > 0).sum().item()) if num_seqs_global is None else float(num_seqs_global)
+        loss = seq_B.sum() / max(n_seqs, 1.0)
+
+    with torch.no_grad():
+        n = float(mask_B_T.sum().item())
+
+        def mmean(x_B_T: Tensor) -> float:
+            return float((x_B_T.float() * mask_B_T).sum().item() / max(n, 1.0))
+
+        metrics = {
+            "num_tokens": n,
+            "clip_frac": mmean(clipped_loss_B_T > unclipped_loss_B_T),
+            "ratio_mean": mmean(ratio_B_T),
+            "is_weight_mean": mmean(w_B_T),
+            "is_capped_frac": mmean(over_B_T),
+            "kl": mmean(kl_B_T),
+            "logp_mean": mmean(logprobs_B_T),
+            "behav_logp_diff": mmean(policy_B_T - behav_B_T),
+        }
+    return loss, metrics

@@ -1,0 +1,99 @@
+"""Which weight-sync path each engine gets: shared memory on this host, the network for the others.
+
+``pipeline.weight_sync = "shm"`` (the default) probes every engine once at start: the publisher writes a
+random nonce into a small shared-memory segment and asks each engine's workers to read it back
+(``agentrl_probe_shm``). Engines that can are on this host (and share its ``/dev/shm``): they get the
+shared-memory path, with files as the fallback. The others get the network path
+(:class:`agentrl.weight_sync.network.NetworkAdapterSync`). ``"network"`` forces the network path for every engine
+(for tests, or hosts that share ``/dev/shm`` names but should not be trusted to), and ``"file"`` uses files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.inference.client import InferenceClient, InferenceError
+from agentrl.weight_sync.base import Publisher
+from agentrl.weight_sync.file import FileAdapterSync
+from agentrl.weight_sync.network import NetworkAdapterSync
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync, worker_failures
+
+PROBE_METHOD = "agentrl_probe_shm"
+
+
+async def engines_on_this_host(client: InferenceClient, timeout_s: float = 30.0) -> dict[str, bool]:
+    """Per endpoint: whether every worker of it can read a shared-memory segment written here."""
+    nonce = secrets.token_hex(16)
+    shm = shared_memory.SharedMemory(name=f"agentrl_probe_{secrets.token_hex(6)}", create=True, size=len(nonce))
+    try:
+        shm.buf[: len(nonce)] = nonce.encode()
+
+        async def one(url: str) -> bool:
+            try:
+                workers = (await client.subset([url]).collective_rpc(
+                    PROBE_METHOD, kwargs={"shm_name": shm.name, "nonce": nonce}, timeout=timeout_s))[0]
+            except InferenceError:
+                return False  # no worker extension there: it cannot take shared memory either
+            return bool(workers) and not worker_failures(workers)
+
+        urls = client.endpoints
+        return dict(zip(urls, await asyncio.gather(*(one(u) for u in urls)), strict=True))
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+class RoutedAdapterSync:
+    """One publish over several publishers, each on its own group of engines; the timings are merged
+    (``sync_s`` is the slowest group's) and ``engines_shm`` / ``engines_network`` say how many took each path."""
+
+    def __init__(self, groups: list[tuple[str, Publisher, int]]) -> None:
+        self.groups = groups
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Publish ``version`` through every group at once."""
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(p.publish(version) for _, p, _ in self.groups))
+        merged: dict[str, float] = {}
+        for out in outs:
+            merged.update(out)
+        merged["sync_s"] = time.perf_counter() - t0
+        for kind, _, n in self.groups:
+            merged[f"engines_{kind}"] = float(n)
+        return merged
+
+
+@contextlib.asynccontextmanager
+async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: InferenceClient,
+                            name: str, adapter_dir: Path) -> AsyncIterator[Publisher]:
+    """The publisher ``mode`` asks for, over ``client``'s engines (see the module docstring). Its first
+    ``publish`` creates the engines' LoRA slots. No prefix-cache resets: rollouts salt the cache with the
+    policy version instead."""
+    if mode == "file":
+        yield FileAdapterSync(trainer, client, adapter_dir, name)
+        return
+    net_dir = adapter_dir / "network"
+    if mode == "network":
+        yield NetworkAdapterSync(trainer, client, name, net_dir, reset="")
+        return
+    local = await engines_on_this_host(client)
+    here = [u for u, ok in local.items() if ok]
+    away = [u for u, ok in local.items() if not ok]
+    groups: list[tuple[str, Publisher, int]] = []
+    with contextlib.ExitStack() as stack:
+        if here:
+            sub = client.subset(here)
+            shm = SharedMemoryAdapterSync(trainer, sub, name, reset="",
+                                          fallback=FileAdapterSync(trainer, sub, adapter_dir, name))
+            groups.append(("shm", stack.enter_context(shm), len(here)))
+        if away:
+            groups.append(("network", NetworkAdapterSync(trainer, client.subset(away), name, net_dir, reset=""),
+                           len(away)))
+        yield groups[0][1] if len(groups) == 1 else RoutedAdapterSync(groups)

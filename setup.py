@@ -1,0 +1,41 @@
+"""Packaging: the package list is computed from the tree, never written by hand.
+
+``agentrl/`` is installed as ``agentrl``; the bundled environments (``envs/``) and the sandbox
+(``sandbox/``) live at the top level of the repository and are installed as ``agentrl.envs`` and
+``agentrl.sandbox``. Every directory under the three roots is a package (data directories such as the SWE
+tasks' small repositories and the sandbox image recipe included, so setuptools has nothing to warn about),
+and every file in it that is not Python source is its package data.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+ROOTS = {"agentrl": "agentrl", "agentrl.envs": "envs", "agentrl.sandbox": "sandbox"}
+"""Installed package name → source directory, relative to this file."""
+HERE = Path(__file__).parent
+
+
+def _skipped(rel: Path) -> bool:
+    return any(p == "__pycache__" or p.startswith(".") or p.endswith(".egg-info") for p in rel.parts)
+
+
+def _tree() -> tuple[list[str], dict[str, list[str]]]:
+    packages: list[str] = []
+    package_data: dict[str, list[str]] = {}
+    for name, root in ROOTS.items():
+        base = HERE / root
+        for d in sorted([base, *(p for p in base.rglob("*") if p.is_dir())]):
+            rel = d.relative_to(base)
+            if _skipped(rel):
+                continue
+            pkg = ".".join((name, *rel.parts))
+            packages.append(pkg)
+            data = sorted(f.name for f in d.iterdir() if f.is_file() and f.suffix not in {".py", ".pyc"})
+            if data:
+                package_data[pkg] = data
+    return packages, package_data
+
+
+_packages, _package_data = _tree()
+setup(packages=_packages, package_dir=ROOTS, package_data=_package_data)
