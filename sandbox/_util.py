@@ -1,5 +1,5 @@
 """Pure helpers of the sandbox (no engine needed): labels, command wrapping, bounded output, stream
-framing, workspace paths and tar building. Unit-tested in tests/unit/test_sandbox_unit.py."""
+framing, workspace paths and tar building. Unit-tested in tests/unit/sandbox/test_sandbox.py."""
 
 from __future__ import annotations
 

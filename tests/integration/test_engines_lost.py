@@ -15,7 +15,7 @@ import pytest
 
 from agentrl.orchestrator.metrics import read_jsonl
 from tests.conftest import require
-from tests.unit.test_env_loading import AGENTRL
+from tests.unit.environment.test_loading import AGENTRL
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.orchestrator.metrics import read_jsonl
-from tests.unit.test_env_loading import AGENTRL, write_env
+from tests.unit.environment.test_loading import AGENTRL, write_env
 
 pytestmark = pytest.mark.integration
 

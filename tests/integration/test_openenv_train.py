@@ -20,7 +20,7 @@ import pytest
 
 from agentrl.environment.base import ToolArgumentError
 from agentrl.orchestrator.metrics import read_jsonl
-from tests.unit.test_env_loading import AGENTRL
+from tests.unit.environment.test_loading import AGENTRL
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("openenv.core.env_server.mcp_environment", reason="openenv-core is a test dependency")

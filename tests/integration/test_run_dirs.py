@@ -16,7 +16,7 @@ import pytest
 from agentrl.config.run import load_config
 from agentrl.orchestrator.metrics import read_jsonl
 from agentrl.orchestrator.run import TrainingRun
-from tests.unit.test_env_loading import AGENTRL
+from tests.unit.environment.test_loading import AGENTRL
 
 pytestmark = pytest.mark.integration
 

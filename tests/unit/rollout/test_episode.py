@@ -229,14 +229,14 @@ async def test_the_hard_wall_clock_is_an_infrastructure_failure(chat: ChatFormat
 
 async def test_server_sessions_charge_the_same_agent_time(chat: ChatFormat) -> None:
     """The server enforces the agent's limit with the same rule; a RemoteEnvironment episode ends as timeout."""
-    app = create_app(config(envs=["tests.unit.test_episode:TightProbeForServer"]), TOKEN)
+    app = create_app(config(envs=["tests.unit.rollout.test_episode:TightProbeForServer"]), TOKEN)
     with TestClient(app, headers=AUTH) as c:
         sid = c.post("/v1/sessions", json={"task": {"id": "t"}}).json()["session_id"]
         sleep = {"id": "s", "type": "function", "function": {"name": "sleep", "arguments": '{"seconds": 0.4}'}}
         res = c.post(f"/v1/sessions/{sid}/step", json={"tool_calls": [sleep]}).json()
     assert (res["done"], res["stop_reason"], res["reward"]) == (True, "timeout", 0.0)
     assert res["observations"][0]["content"] == "slept" and res["observations"][0]["tool_s"] >= 0.4
-    with ThreadServer(create_app(config(envs=["tests.unit.test_episode:TightProbeForServer"]), TOKEN)) as s:
+    with ThreadServer(create_app(config(envs=["tests.unit.rollout.test_episode:TightProbeForServer"]), TOKEN)) as s:
         remote_cls = RemoteEnvironment.bind(s.url, TOKEN)
         assert remote_cls.agent_time_limit_s == 0.3
         traj = await run_episode(remote_cls, {"id": "t"}, Scripted(chat, [call("sleep", seconds=0.4), "42"]), chat,

@@ -18,7 +18,7 @@ def test_known_and_unknown_env() -> None:
 
 
 def test_env_by_path() -> None:
-    cls = load_env("tests.unit.test_environment:Shop")
+    cls = load_env("tests.unit.environment.test_base:Shop")
     assert cls.name == "shop"
     with pytest.raises(UnknownEnvironmentError, match="not a subclass"):
         load_env("pathlib:Path")
