@@ -36,11 +36,15 @@ def add_engine_args(parser: argparse.ArgumentParser, needs: str = "") -> None:
                         "to use instead of starting one")
 
 
-def bench_model(model: str | Path | None) -> str:
-    """The model directory to measure: ``model``, or the embedded tiny model (built if missing)."""
+async def bench_model(model: str | Path | None) -> str:
+    """The model directory to measure: ``model``, or the embedded tiny model (built if missing). The build
+    runs in a thread: it drives environment coroutines with ``asyncio.run`` of its own, which cannot run
+    inside the benchmark's event loop (and it would block that loop for minutes)."""
+    if model:
+        return str(model)
     from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
 
-    return str(model or build_tiny_model(Path(DEFAULT_TINY_DIR), progress=False))
+    return str(await asyncio.to_thread(build_tiny_model, Path(DEFAULT_TINY_DIR), progress=False))
 
 
 @asynccontextmanager

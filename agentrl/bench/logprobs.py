@@ -56,7 +56,7 @@ def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.bench.engine import bench_model, scratch_dir
 
-    model = bench_model(args.model)
+    model = await bench_model(args.model)
     with scratch_dir("agentrl-bench-logprobs-") as work:
         out = await _measure_in(args, model, work)
     t_res = out.pop("tT", out["t1"])

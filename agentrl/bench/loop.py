@@ -172,7 +172,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.inference import InferenceClient
     from agentrl.launch.stack import load_chat_format
 
-    model = bench_model(args.model)
+    model = await bench_model(args.model)
     all_tasks = list(CalcEnv.tasks("train"))
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=1024)
     loop, raw = PhaseResult(), PhaseResult()

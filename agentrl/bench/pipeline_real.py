@@ -127,7 +127,7 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
     """Start the engine and the trainer once, replay the trace in both modes, compare."""
     from agentrl.bench.engine import bench_model, scratch_dir
 
-    model = bench_model(args.model)
+    model = await bench_model(args.model)
     with scratch_dir("agentrl-bench-real-") as work:
         return await _run_real_in(args, model, work)
 

@@ -57,7 +57,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.policy.run import serving
     from agentrl.policy.service import PolicyService
 
-    model = bench_model(args.model)
+    model = await bench_model(args.model)
     async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024) as engine:
         chat = await asyncio.to_thread(load_chat_format, model)
         tools = CalcEnv.tool_schemas()
