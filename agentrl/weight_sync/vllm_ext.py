@@ -15,6 +15,9 @@ How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-
 folded into B at load (``LoRALayerWeights.optimize``). The CPU-side ``LoRAModel`` cache keeps the same
 (scaled) tensors, from which a slot is refilled after an eviction, so both are updated here.
 
+Every patch of vLLM internals (the LoRA manager hooks, the engine-core lookup) is in
+:mod:`agentrl.weight_sync.vllm_patches`, with the vLLM version it was written for.
+
 This module must import without vLLM (the launcher checks it): vLLM is only touched inside a worker.
 """
 
@@ -30,60 +33,19 @@ import tempfile
 import time
 from typing import Any
 
+from agentrl.weight_sync import vllm_patches
+
 _REGISTRY: dict[str, tuple[int, str]] = {}
-"""lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by the load hook)."""
+"""lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by vllm_patches' load hook)."""
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """A file or directory name sent by the publisher: one path segment, no traversal."""
 _STATS: dict[str, float] = {"file_loads": 0.0}
 """``file_loads`` count and ``last_file_load_ms``: the worker-side time of the last load from disk."""
 
 
-def _install_hooks() -> None:
-    """Patch vLLM's worker LoRA manager (idempotent), in the worker process only.
-
-    1. Record name -> (int id, path) whenever an adapter is loaded (the worker only sees int ids).
-    2. vLLM 0.32 keeps the ``LoRARequest`` of a ``load_inplace`` load and sends it with every later
-       request, and ``LRUCacheWorkerLoRAManager.add_adapter`` then reloads the adapter FROM DISK on every
-       engine step that uses it (``worker_manager.py``: ``... or lora_request.load_inplace``). That costs a
-       file read per step and would overwrite in-place updates with the file's weights. Per-step
-       activation of an already loaded adapter is made a plain touch; an explicit ``add_lora`` (the HTTP
-       ``load_lora_adapter`` route) still reloads in place.
-    """
-    import msgspec
-    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
-
-    load, apply = WorkerLoRAManager._load_adapter, LRUCacheWorkerLoRAManager._apply_adapters
-    add = LRUCacheWorkerLoRAManager.add_adapter
-    if getattr(load, "_agentrl_hook", False):
-        return
-
-    def _load_adapter(self: Any, lora_request: Any) -> Any:
-        lora = load(self, lora_request)
-        _REGISTRY[lora_request.lora_name] = (int(lora_request.lora_int_id), str(lora_request.lora_path))
-        _STATS["file_loads"] += 1
-        return lora
-
-    def _add_adapter(self: Any, lora_request: Any) -> bool:
-        t0, n = time.perf_counter(), _STATS["file_loads"]
-        out = add(self, lora_request)
-        if _STATS["file_loads"] != n:  # read from disk, built, swapped into its slot
-            _STATS["last_file_load_ms"] = (time.perf_counter() - t0) * 1e3
-        return out
-
-    def _apply_adapters(self: Any, lora_requests: set[Any]) -> None:
-        loaded = self.list_adapters()
-        apply(self, {msgspec.structs.replace(r, load_inplace=False)
-                     if r and r.load_inplace and r.lora_int_id in loaded else r for r in lora_requests})
-
-    _load_adapter._agentrl_hook = True  # type: ignore[attr-defined]
-    WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
-    LRUCacheWorkerLoRAManager._apply_adapters = _apply_adapters  # type: ignore[method-assign]
-    LRUCacheWorkerLoRAManager.add_adapter = _add_adapter  # type: ignore[method-assign]
-
-
 if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): hook before any adapter loads
     try:
-        _install_hooks()
+        vllm_patches.install_patches(_REGISTRY, _STATS)
     except Exception as exc:  # pragma: no cover - a vLLM layout change; updates by int id still work
         print(f"agentrl.lora_ext: vLLM hooks not installed: {exc!r}", file=sys.stderr)
 
@@ -122,8 +84,7 @@ class LoRAInPlaceExtension:
     """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
 
     def _agentrl_manager(self) -> Any:
-        runner = getattr(self, "model_runner", None)
-        manager = getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
+        manager = vllm_patches.lora_adapter_manager(self)
         if manager is None:
             raise UpdateError("LoRA is not enabled on this worker")
         return manager
@@ -257,16 +218,10 @@ class LoRAInPlaceExtension:
         if cached is not None:
             return cached or None
         self._agentrl_core_ref: Any = False  # searched once: multi-process workers have none
-        from vllm.v1.engine.core import EngineCore
-
-        frame = sys._getframe(1)
-        while frame is not None:
-            obj = frame.f_locals.get("self")
-            if isinstance(obj, EngineCore):
-                self._agentrl_core_ref = obj
-                return obj
-            frame = frame.f_back
-        return None
+        core = vllm_patches.find_engine_core()
+        if core is not None:
+            self._agentrl_core_ref = core
+        return core
 
     def _agentrl_segment(self, name: str, nbytes: int) -> Any:
         segs: dict[str, tuple[Any, Any]] = self.__dict__.setdefault("_agentrl_segs", {})

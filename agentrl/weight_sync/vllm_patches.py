@@ -1,0 +1,127 @@
+"""Every patch of vLLM internals that the in-place LoRA extension (:mod:`agentrl.weight_sync.vllm_ext`) needs.
+
+Written for vLLM 0.32.0 (:data:`WRITTEN_FOR_VLLM`). Everything here reaches past vLLM's public
+worker-extension API (private methods and attributes, the call stack), so another vLLM can break it without
+an error: :func:`install_patches` logs a one-line warning naming both versions when the running vLLM is not
+that version (it installs the patches all the same). Check each item below against the new vLLM's source
+before changing :data:`WRITTEN_FOR_VLLM`.
+
+Monkeypatches, installed once per worker process by :func:`install_patches` (:func:`patch_lora_worker_manager`):
+
+1. ``vllm.lora.worker_manager.WorkerLoRAManager._load_adapter`` (wrapped): records lora_name ->
+   (lora_int_id, lora_path) of every adapter the worker loads, since a worker only sees int ids and the
+   publisher names adapters; counts loads from disk (``stats["file_loads"]``).
+2. ``LRUCacheWorkerLoRAManager.add_adapter`` (wrapped): times an ``add_adapter`` that read the adapter from
+   disk (``stats["last_file_load_ms"]``), for the file-vs-shared-memory benchmark.
+3. ``LRUCacheWorkerLoRAManager._apply_adapters`` (wrapped): vLLM 0.32 keeps the ``LoRARequest`` of a
+   ``load_inplace`` load and sends it with every later request, and ``add_adapter`` then reloads the adapter
+   FROM DISK on every engine step that uses it (``worker_manager.py``: ``... or lora_request.load_inplace``).
+   That costs a file read per step and would overwrite in-place updates with the file's weights. The wrapper
+   clears ``load_inplace`` on the requests for adapters already loaded, so per-step activation is a plain
+   touch; an explicit ``add_lora`` (the HTTP ``load_lora_adapter`` route) still reloads in place.
+
+Private-API lookups (nothing patched; called by the extension when it needs them):
+
+4. :func:`find_engine_core`: walks the call stack (``sys._getframe``) for the in-process
+   ``vllm.v1.engine.core.EngineCore`` that called the worker, so the extension can set the weight version and
+   reset the prefix cache atomically with the copy. Multi-process workers (vLLM CPU always, GPU with TP>1)
+   have none.
+5. :func:`lora_adapter_manager`: the worker's ``model_runner.lora_manager._adapter_manager`` (a private
+   attribute): the ``LoRAModelManager`` that holds the stacked slot buffers and the CPU adapter cache.
+
+This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
+msgspec are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import time
+from typing import Any
+
+WRITTEN_FOR_VLLM = "0.32.0"
+"""The vLLM version these patches were written for and checked against."""
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def check_vllm_version() -> str:
+    """The running vLLM's version; logs a one-line warning (once per process) when it is not
+    :data:`WRITTEN_FOR_VLLM` (a local build tag such as ``+cpu`` is ignored). Never raises."""
+    try:
+        from vllm.version import __version__ as running
+    except Exception:  # a check only: the patches are tried all the same
+        running = "unknown"
+    running = str(running)
+    if running.split("+", 1)[0] != WRITTEN_FOR_VLLM:
+        log.warning("agentrl vLLM patches (agentrl/weight_sync/vllm_patches.py) were written for vLLM %s, "
+                    "running vLLM %s: check them", WRITTEN_FOR_VLLM, running)
+    return running
+
+
+def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
+    """Install the monkeypatches (1-3, idempotent) in a vLLM worker process, after the version check.
+
+    ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
+    ``last_file_load_ms``) are the extension's dicts, filled by the hooks. Raises when vLLM's layout changed
+    (the caller reports it; updates by int id still work)."""
+    check_vllm_version()
+    patch_lora_worker_manager(registry, stats)
+
+
+def patch_lora_worker_manager(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
+    """Patches 1-3: wrap vLLM's worker LoRA manager (idempotent); see the module docstring."""
+    import msgspec
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
+
+    load, apply = WorkerLoRAManager._load_adapter, LRUCacheWorkerLoRAManager._apply_adapters
+    add = LRUCacheWorkerLoRAManager.add_adapter
+    if getattr(load, "_agentrl_hook", False):
+        return
+
+    def _load_adapter(self: Any, lora_request: Any) -> Any:
+        lora = load(self, lora_request)
+        registry[lora_request.lora_name] = (int(lora_request.lora_int_id), str(lora_request.lora_path))
+        stats["file_loads"] += 1
+        return lora
+
+    def _add_adapter(self: Any, lora_request: Any) -> bool:
+        t0, n = time.perf_counter(), stats["file_loads"]
+        out = add(self, lora_request)
+        if stats["file_loads"] != n:  # read from disk, built, swapped into its slot
+            stats["last_file_load_ms"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _apply_adapters(self: Any, lora_requests: set[Any]) -> None:
+        loaded = self.list_adapters()
+        apply(self, {msgspec.structs.replace(r, load_inplace=False)
+                     if r and r.load_inplace and r.lora_int_id in loaded else r for r in lora_requests})
+
+    _load_adapter._agentrl_hook = True  # type: ignore[attr-defined]
+    WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
+    LRUCacheWorkerLoRAManager._apply_adapters = _apply_adapters  # type: ignore[method-assign]
+    LRUCacheWorkerLoRAManager.add_adapter = _add_adapter  # type: ignore[method-assign]
+
+
+def find_engine_core() -> Any:
+    """Patch 4: the ``EngineCore`` among the callers of this function's caller (an in-process executor), or
+    None. The walk starts at the caller, whose own ``self`` is never an ``EngineCore``."""
+    from vllm.v1.engine.core import EngineCore
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, EngineCore):
+            return obj
+        frame = frame.f_back
+    return None
+
+
+def lora_adapter_manager(worker: Any) -> Any:
+    """Patch 5: the worker's ``LoRAModelManager`` (``model_runner.lora_manager._adapter_manager``), or None
+    when LoRA is not enabled."""
+    runner = getattr(worker, "model_runner", None)
+    return getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
