@@ -4,12 +4,20 @@
 (``sandbox/``) live at the top level of the repository and are installed as ``agentrl.envs`` and
 ``agentrl.sandbox``. Every directory under the three roots is a package (data directories such as the SWE
 tasks' small repositories and the sandbox image recipe included, so setuptools has nothing to warn about),
-and every file in it that is not Python source is its package data.
+and every file in it that is not Python source is its package data. Hidden files and directories,
+``__pycache__`` and ``*.egg-info`` are never packaged.
 """
 
+import warnings
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.warnings import InformationOnly
+
+# setuptools ends every editable install (``make install``) with an "Editable installation" notice
+# about same-named folders in the working directory; it says nothing about this project, so it is
+# silenced (pip prints every warning the build emits). Every other warning still shows.
+warnings.filterwarnings("ignore", message="Editable installation", category=InformationOnly)
 
 ROOTS = {"agentrl": "agentrl", "agentrl.envs": "envs", "agentrl.sandbox": "sandbox"}
 """Installed package name → source directory, relative to this file."""
@@ -31,7 +39,8 @@ def _tree() -> tuple[list[str], dict[str, list[str]]]:
                 continue
             pkg = ".".join((name, *rel.parts))
             packages.append(pkg)
-            data = sorted(f.name for f in d.iterdir() if f.is_file() and f.suffix not in {".py", ".pyc"})
+            data = sorted(f.name for f in d.iterdir()
+                          if f.is_file() and not f.name.startswith(".") and f.suffix not in {".py", ".pyc", ".pyo"})
             if data:
                 package_data[pkg] = data
     return packages, package_data
