@@ -9,7 +9,7 @@ import struct
 import subprocess
 import sys
 
-from sandbox._fastexec import SERVER_SRC
+from agentrl.sandbox._fastexec import SERVER_SRC
 
 # After a look at the pipe that found nothing, the helper is held for 0.3 s: the command writes and exits
 # in that gap, as on a host too loaded to run the helper for a while.
