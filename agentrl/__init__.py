@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "AgentRLError": "agentrl.errors",
     "Environment": "agentrl.environment.base",
     "tool": "agentrl.environment.base",
     "ToolError": "agentrl.environment.base",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from agentrl.environment.base import Environment, Task, ToolArgumentError, ToolError, tool
     from agentrl.environment.registry import UnknownEnvironmentError, load_env
     from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
+    from agentrl.errors import AgentRLError
     from agentrl.inference.client import InferenceClient
     from agentrl.inference.server import VLLMServer
     from agentrl.rollout.chat import ChatFormat

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from agentrl.errors import AgentRLError
+
 log = logging.getLogger("agentrl.sandbox")
 T = TypeVar("T")
 
@@ -23,12 +25,16 @@ DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 PROVISION_HINT = "start one with sandbox/provision.sh or set DOCKER_HOST"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(AgentRLError, RuntimeError):
     """A sandbox operation failed (engine error, dead container, bad request)."""
+
+    code = "sandbox"
 
 
 class SandboxUnavailable(SandboxError):
     """No Docker engine can be reached."""
+
+    code = "sandbox.unavailable"
 
 
 def docker_host(explicit: str | None = None) -> str:

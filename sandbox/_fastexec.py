@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from ._engine import SandboxError
 from ._stream import Sink, _hijack
 from ._util import FrameParser
 
@@ -82,8 +83,10 @@ MAX_FRAME = 1 << 20
 SPAWN_EAGAIN = -11
 
 
-class HelperBroken(RuntimeError):
+class HelperBroken(SandboxError):
     """The helper died or sent garbage (the caller restarts it)."""
+
+    code = "sandbox.helper_broken"
 
 
 class ExecHelper:

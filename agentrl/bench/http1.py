@@ -12,9 +12,13 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrl.errors import AgentRLError
 
-class HttpError(ConnectionError):
+
+class HttpError(AgentRLError, ConnectionError):
     """The connection failed or the answer was not HTTP/1.1 as expected."""
+
+    code = "bench.http"
 
 
 class Connection:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from agentrl.environment.schema import function_schema, validate_arguments
+from agentrl.errors import EnvError
 from agentrl.types import Message
 
 Task = dict[str, Any]
@@ -75,14 +76,20 @@ async def within(aw: Awaitable[_T], timeout_s: float | None) -> _T:
     return await asyncio.wait_for(aw, timeout=timeout_s)  # pragma: no cover (Python 3.10)
 
 
-class ToolError(Exception):
+class ToolError(EnvError):
     """Raise inside a tool to send an error observation to the model (the episode goes on)."""
+
+    code = "env.tool_error"
 
 
 class ToolArgumentError(ToolError):
     """The model called a tool with arguments that do not fit its schema (counted as malformed)."""
 
+    code = "env.tool_arguments"
 
+
+# Not an AgentRLError, deliberately: a control-flow signal (the episode ends as ``timeout``, an outcome the
+# episode records and scores), not a failure of agentrl or of the environment.
 class AgentTimeLimit(Exception):
     """Raised by a tool when the episode's agent time budget is used up: the episode ends as ``timeout``
     (``RemoteEnvironment`` raises it when its server session ran out of agent time)."""

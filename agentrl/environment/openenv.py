@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import httpx
 
 from agentrl.environment.base import Environment, Task, ToolArgumentError, ToolError
+from agentrl.errors import EnvError
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,10 @@ SPLITS = {"train": (0, 10_000), "test": (1_000_000, 500)}
 """split -> (first seed, number of tasks)."""
 
 
-class OpenEnvError(RuntimeError):
+class OpenEnvError(EnvError, RuntimeError):
     """The OpenEnv server was unreachable, refused a request, or answered an error."""
+
+    code = "env.openenv"
 
 
 def _field(message: Any, key: str) -> Any:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from agentrl.environment.base import Environment
+from agentrl.errors import EnvError
 
 BUILTIN_ENVS: dict[str, str] = {
     "calc": "agentrl.envs.calc:CalcEnv",
@@ -35,8 +36,10 @@ BUILTIN_ENVS: dict[str, str] = {
 FORMS = "a registered name, package.module:Class (from the current directory) or path/to/file.py:Class"
 
 
-class UnknownEnvironmentError(LookupError):
+class UnknownEnvironmentError(EnvError, LookupError):
     """The requested environment cannot be found or loaded; the message says why and what to do."""
+
+    code = "env.unknown"
 
 
 def known_envs() -> dict[str, str]:

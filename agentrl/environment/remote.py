@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import httpx
 
 from agentrl.environment.base import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
+from agentrl.errors import EnvError
 from agentrl.types import Message
 from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
@@ -39,13 +40,16 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 """HTTP statuses worth retrying (the server is busy or restarting)."""
 
 
-class RemoteEnvError(RuntimeError):
-    """The environment server was unreachable, refused a request, or reported an environment failure."""
+class RemoteEnvError(EnvError, RuntimeError):
+    """The environment server was unreachable, refused a request, or reported an environment failure.
+    ``code``: the server's error code (the ``error`` field of its answer) when it sent one, else this class's."""
+
+    code = "env.remote"
 
     def __init__(self, message: str, *, status_code: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
-        self.code = code
+        self.code = code or type(self).code
 
 
 def _error_of(r: httpx.Response) -> tuple[str, str | None]:

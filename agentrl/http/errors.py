@@ -10,6 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentrl.errors import AgentRLError
+
 log = logging.getLogger("agentrl.server")
 
 _CODES = {
@@ -28,8 +30,11 @@ _CODES = {
 }
 
 
-class ApiError(Exception):
-    """Raise in a route to answer ``status`` with an ``ErrorBody``."""
+class ApiError(AgentRLError):
+    """Raise in a route to answer ``status`` with an ``ErrorBody``. ``code`` (per instance): the answer's
+    ``error`` field, by default the one of ``status`` (``not_found``, ...)."""
+
+    code = "http.api_error"
 
     def __init__(
         self, status: int, message: str, *, code: str | None = None, headers: dict[str, str] | None = None

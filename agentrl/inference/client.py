@@ -18,11 +18,13 @@ from typing import Any
 
 import httpx
 
-from agentrl.inference.routing import Endpoint, EndpointPool, NoLiveEngine
+from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.inference.wire import (
+    VLLM_NOT_FOUND,
     ContextLengthError,
     Generation,
     InferenceError,
+    NoEnginesError,
     RouteUnavailable,
     TransientError,
     check_response,
@@ -36,13 +38,12 @@ __all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", 
            "NoEnginesError"]
 
 
-class NoEnginesError(InferenceError):
-    """Every endpoint is out of rotation (dead, hung, or failed a broadcast)."""
-
-
 class EngineRefused(InferenceError):
     """An admin call found nothing accepting connections at an endpoint, through every retry: its server
     is not running."""
+
+    code = "inference.engine_refused"
+
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +137,7 @@ class InferenceClient:
         cost = len(prompt_ids) + max_tokens
 
         async def attempt(_: int) -> Generation:
-            try:
-                ep = self.pool.pick(key, avoid=tried)
-            except NoLiveEngine as e:
-                raise NoEnginesError(str(e)) from None
+            ep = self.pool.pick(key, avoid=tried)  # NoEnginesError when every endpoint is out of rotation
             ep.begin(cost)
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
@@ -193,7 +191,7 @@ class InferenceClient:
             except RouteUnavailable as e:
                 raise InferenceError(f"{e} (is the server started with VLLM_SERVER_DEV_MODE=1 and "
                                      "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True?)", endpoint=e.endpoint,
-                                     status_code=e.status_code) from None
+                                     status_code=e.status_code, engine_code=e.engine_code) from None
 
         try:
             return await self.retry.run(attempt)
@@ -233,7 +231,12 @@ class InferenceClient:
                     f"{ep.url}: {r}" for ep, r in failed) + ")")
             if len(failed) == 1 and isinstance(failed[0][1], InferenceError):
                 raise failed[0][1]
-            raise InferenceError("; ".join(str(r) for _, r in failed))
+            # the engines' status and error type, where every failure agrees on them (callers branch on those)
+            status = {getattr(r, "status_code", None) for _, r in failed}
+            kind = {getattr(r, "engine_code", None) for _, r in failed}
+            raise InferenceError("; ".join(str(r) for _, r in failed),
+                                 status_code=next(iter(status)) if len(status) == 1 else None,
+                                 engine_code=next(iter(kind)) if len(kind) == 1 else None)
         for ep, r in failed:
             if self.pool.mark_down(ep.url, f"{what} failed: {r}"):
                 log.warning("inference endpoint %s out of rotation: %s failed: %s", ep.url, what, r)
@@ -267,7 +270,7 @@ class InferenceClient:
         try:
             await self._broadcast("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
         except InferenceError as e:
-            if not (missing_ok and "cannot be found" in str(e)):
+            if not (missing_ok and e.engine_code == VLLM_NOT_FOUND):  # vLLM's type for an unknown adapter
                 raise
 
     async def pause(self, mode: str = "keep") -> None:

@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from agentrl.inference.wire import NoEnginesError
+
 
 @dataclass
 class Endpoint:
@@ -41,10 +43,6 @@ class Endpoint:
         self.outstanding_tokens -= cost
 
 
-class NoLiveEngine(RuntimeError):
-    """Every endpoint is out of rotation."""
-
-
 class EndpointPool:
     """Least-loaded selection with optional sticky keys (pure logic, no I/O).
 
@@ -66,14 +64,15 @@ class EndpointPool:
     def pick(self, key: str | None = None, avoid: Iterable[str] = ()) -> Endpoint:
         """The endpoint for a request: ``key``'s endpoint if it has one (and it is not in ``avoid``),
         else the least loaded one (see ``by``), then in rotation;
-        ``key`` then sticks to it (its episode's next turns reuse that engine's prefix cache)."""
+        ``key`` then sticks to it (its episode's next turns reuse that engine's prefix cache).
+        :class:`~agentrl.inference.wire.NoEnginesError` when every endpoint is out of rotation."""
         avoid = set(avoid)
         if key is not None and (ep := self._sticky.get(key)) is not None and ep.url not in avoid and not ep.down:
             self._sticky.move_to_end(key)
             return ep
         live = self.live
         if not live:
-            raise NoLiveEngine("every inference endpoint is out of rotation: " + "; ".join(
+            raise NoEnginesError("every inference endpoint is out of rotation: " + "; ".join(
                 f"{e.url}: {e.down}" for e in self.endpoints))
         candidates = [e for e in live if e.url not in avoid] or live
         n = len(candidates)

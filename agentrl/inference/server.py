@@ -25,12 +25,15 @@ from typing import Any
 import httpx
 
 from agentrl.config.inference import VLLMServerConfig
+from agentrl.errors import EngineError
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(EngineError, RuntimeError):
     """The vLLM server exited or did not become healthy in time (the message carries the log tail)."""
+
+    code = "inference.server_start"
 
 
 def _is_cpu_build() -> bool:

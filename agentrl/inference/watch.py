@@ -23,13 +23,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from agentrl.errors import EngineError
 from agentrl.inference.client import InferenceClient
 
 log = logging.getLogger(__name__)
 
 
-class EnginesLost(RuntimeError):
+class EnginesLost(EngineError, RuntimeError):
     """No inference engine has been in rotation for the watch's grace period."""
+
+    code = "inference.engines_lost"
 
 
 class EngineWatch:

@@ -12,29 +12,55 @@ from typing import Any
 
 import httpx
 
+from agentrl.errors import EngineError
+
 _CONTEXT_RE = re.compile(r"maximum (model|context) length", re.IGNORECASE)
+"""vLLM's text for a prompt longer than ``max_model_len``: vLLM gives it no code of its own (the error type
+is the generic ``BadRequestError``), so this one engine failure is still recognised by its wording."""
+VLLM_NOT_FOUND = "NotFoundError"
+"""vLLM's error ``type`` for an unknown name (e.g. unloading an adapter it does not hold)."""
+VLLM_PERMISSION_DENIED = "PermissionDeniedError"
+"""vLLM's error ``type`` of a 403 from a route it serves but has disabled (the scale-out routes)."""
 
 
-class InferenceError(Exception):
-    """A request failed (after retries for transient errors; at once for 4xx answers)."""
+class InferenceError(EngineError):
+    """A request failed (after retries for transient errors; at once for 4xx answers). ``engine_code``: the
+    engine's own error type from the answer (vLLM's ``error.type``, e.g. :data:`VLLM_NOT_FOUND`), if any."""
 
-    def __init__(self, message: str, *, endpoint: str | None = None, status_code: int | None = None) -> None:
+    code = "inference.request_failed"
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status_code: int | None = None,
+                 engine_code: str | None = None) -> None:
         super().__init__(message)
         self.endpoint = endpoint
         self.status_code = status_code
+        self.engine_code = engine_code
 
 
 class ContextLengthError(InferenceError):
     """The prompt does not fit the engine's ``max_model_len``."""
 
+    code = "inference.context_length"
+
 
 class RouteUnavailable(InferenceError):
     """The endpoint does not serve this route (404/405 from the router, or 403 'scale-out disabled')."""
 
+    code = "inference.route_unavailable"
 
-class TransientError(Exception):
+
+class NoEnginesError(InferenceError, RuntimeError):
+    """Every endpoint is out of rotation (dead, hung, or failed a broadcast). Raised by the client and by
+    :meth:`agentrl.inference.routing.EndpointPool.pick` (a ``RuntimeError`` too, as the pool's error was)."""
+
+    code = "inference.no_engines"
+
+
+class TransientError(EngineError):
     """Retryable: connection error, timeout, or a 5xx answer. ``refused``: nothing accepted the connection
     (the server is not running), as opposed to a dropped connection, a timeout or an error answer."""
+
+    code = "inference.transient"
 
     def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)
@@ -76,6 +102,17 @@ def server_message(r: httpx.Response) -> str:
     return str(body)[:500]
 
 
+def server_error_type(r: httpx.Response) -> str | None:
+    """vLLM's machine-readable error type (``{"error": {"type": ...}}``) of an error answer, if it has one."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    err = body.get("error") if isinstance(body, dict) else None
+    kind = err.get("type") if isinstance(err, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def check_response(r: httpx.Response, where: str) -> httpx.Response:
     """Return a 2xx response; raise ``TransientError`` for 5xx, an ``InferenceError`` for 4xx."""
     if r.status_code < 400:
@@ -84,13 +121,15 @@ def check_response(r: httpx.Response, where: str) -> httpx.Response:
     if r.status_code >= 500:
         raise TransientError(f"HTTP {r.status_code}: {msg}")
     text = f"{where} answered HTTP {r.status_code}: {msg}"
-    if (r.status_code in (404, 405) and msg in ("Not Found", "Method Not Allowed")) or (
-        r.status_code == 403 and "Scale-out endpoints are disabled" in msg
+    kind = server_error_type(r)
+    # a route the server lacks: the router's own 404/405 (no vLLM error type), or vLLM's 403 for a disabled one
+    if (r.status_code in (404, 405) and kind is None and msg in ("Not Found", "Method Not Allowed")) or (
+        r.status_code == 403 and kind == VLLM_PERMISSION_DENIED
     ):
-        raise RouteUnavailable(text, endpoint=where, status_code=r.status_code)
+        raise RouteUnavailable(text, endpoint=where, status_code=r.status_code, engine_code=kind)
     if r.status_code == 400 and _CONTEXT_RE.search(msg):
-        raise ContextLengthError(text, endpoint=where, status_code=400)
-    raise InferenceError(text, endpoint=where, status_code=r.status_code)
+        raise ContextLengthError(text, endpoint=where, status_code=400, engine_code=kind)
+    raise InferenceError(text, endpoint=where, status_code=r.status_code, engine_code=kind)
 
 
 def parse_generate(body: dict[str, Any], url: str) -> Generation:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config.placement import _LIST, PlacementConfig
+from agentrl.errors import ConfigError
 
 SHARED_GPU_MAX_UTILIZATION = 0.5
 """Highest vLLM memory share on a GPU that the trainer also uses: the trainer needs the rest."""
@@ -31,8 +32,10 @@ SHARED_GPU_AUTO_UTILIZATION = 0.45
 """The memory share given to vLLM on a shared GPU when the user did not set one."""
 
 
-class PlacementError(ValueError):
+class PlacementError(ConfigError, ValueError):
     """The devices asked for cannot host the run; the message names the setting to change."""
+
+    code = "config.placement"
 
 
 def parse_devices(spec: str) -> list[int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.run import RunConfig, default_run_name
+from agentrl.errors import ConfigError
 from agentrl.utils.atomic import write_atomic
 
 RUN_FILE = "run.json"
@@ -34,8 +35,10 @@ IDENTITY_FIELDS = ("env", "model", "lora")
 """What a checkpoint depends on: a resume that changes one of them is refused."""
 
 
-class RunDirError(ValueError):
+class RunDirError(ConfigError, ValueError):
     """The run directory cannot be used as asked; the message says why and what to pass instead."""
+
+    code = "config.run_dir"
 
 
 def identity(cfg: RunConfig) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.environment.base import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError, within
+from agentrl.errors import AgentRLError, EnvError
 from agentrl.types import SCORED_STOP_REASONS, Message, StopReason, ToolCall
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,16 @@ class Phase(str, enum.Enum):
     CLOSED = "closed"
 
 
-class EnvFailure(Exception):
+class EnvFailure(EnvError):
     """The environment raised where it must not (``reset``); the episode is over as ``env_error``."""
 
+    code = "env.failure"
 
-class EpisodeStateError(RuntimeError):
+
+class EpisodeStateError(AgentRLError, RuntimeError):
     """An episode method was called in the wrong phase (a driver bug, or a client out of order)."""
+
+    code = "rollout.episode_state"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from agentrl import __version__
+from agentrl.errors import AgentRLError
 from agentrl.http.errors import ApiError
 from agentrl.server.capability import verify
 from agentrl.server.openenv_map import OpenEnvSessions, call_result, mcp_tools, validation_detail
@@ -41,12 +42,14 @@ PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, INTERNAL_ERROR =
 SERVER_ERROR = -32000
 
 
-class RpcError(Exception):
-    """A JSON-RPC error answer."""
+class RpcError(AgentRLError):
+    """A JSON-RPC error answer; ``rpc_code`` is its JSON-RPC error code (``INVALID_PARAMS``, ...)."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    code = "mcp.rpc_error"
+
+    def __init__(self, rpc_code: int, message: str, data: Any = None) -> None:
         super().__init__(message)
-        self.code, self.message, self.data = code, message, data
+        self.rpc_code, self.message, self.data = rpc_code, message, data
 
 
 def _error(rid: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
@@ -137,10 +140,10 @@ class McpEndpoint:
         try:
             result, new_sid = await self.call(msg["method"], params, header_sid, client)
         except RpcError as e:
-            return JSONResponse(_error(rid, e.code, e.message, e.data))
+            return JSONResponse(_error(rid, e.rpc_code, e.message, e.data))
         except ApiError as e:
             err = _rpc_of(e)
-            return JSONResponse(_error(rid, err.code, err.message, err.data))
+            return JSONResponse(_error(rid, err.rpc_code, err.message, err.data))
         except ValidationError as e:
             return JSONResponse(_error(rid, INVALID_PARAMS, "Invalid params", validation_detail(e)))
         except Exception as e:  # a bug: logged, answered as JSON-RPC, never a stack trace

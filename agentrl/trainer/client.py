@@ -18,12 +18,15 @@ from typing import Any
 import torch
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.errors import AgentRLError
 from agentrl.trainer.launch import JOIN_FILE, _free_port, count_cores, torchrun_command, worker_env
 from agentrl.types import TrainSample
 
 
-class TrainerError(RuntimeError):
+class TrainerError(AgentRLError, RuntimeError):
     """The trainer failed: an op raised remotely, the process died, or a wait timed out."""
+
+    code = "trainer"
 
     def __init__(self, message: str, remote_traceback: str = "") -> None:
         super().__init__(message)

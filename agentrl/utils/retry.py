@@ -13,9 +13,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from agentrl.errors import AgentRLError
+
 T = TypeVar("T")
 
 
+# Not an AgentRLError, deliberately: a control-flow signal from an attempt to the policy's loop ("try
+# again"), which never reaches a caller as such (the loop keeps it in ``RetriesExhausted.errors``).
 class Retry(Exception):
     """Raised by an attempt: this failure is worth another try."""
 
@@ -24,8 +28,10 @@ class Retry(Exception):
         self.retry_after_s = retry_after_s
 
 
-class RetriesExhausted(Exception):
+class RetriesExhausted(AgentRLError):
     """Every attempt failed with a retryable error; ``errors`` holds them in order."""
+
+    code = "retry.exhausted"
 
     def __init__(self, errors: list[Retry]) -> None:
         super().__init__(str(errors[-1]) if errors else "no attempt was made")

@@ -15,6 +15,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+# The engine half (:mod:`agentrl.weight_sync.vllm_ext`, called through vLLM's ``POST /collective_rpc``)
+# reports a failure as a per-worker record ``{"ok": False, "code": <one of these>, "error": <message>}``:
+# vLLM passes a dict result through as JSON, while an exception would only come back as an HTTP 500 with
+# its text. Publishers branch on ``code``, never on ``error`` (for people; its wording may change).
+ADAPTER_NOT_LOADED = "weight_sync.adapter_not_loaded"
+"""The adapter has no slot on that engine yet (never loaded there, or evicted): load it once from a file."""
+UPDATE_REFUSED = "weight_sync.update_refused"
+"""Any other reason the in-place copy cannot be applied (LoRA disabled, a layout that does not fit the
+loaded adapter, shared memory that cannot be mapped): reload from a file or give up."""
+BAD_REQUEST = "weight_sync.bad_request"
+"""The call's arguments cannot be read (a payload that is not base64 or not the announced size, bad JSON)."""
+WRITE_FAILED = "weight_sync.write_failed"
+"""The adapter files sent in the call could not be written on the engine's host."""
+SHM_UNAVAILABLE = "weight_sync.shm_unavailable"
+"""The engine cannot map the publisher's shared-memory segment (another host): use the network path."""
+
 
 class AdapterLoader(Protocol):
     """Loads adapter files into every engine and labels the served weights with a policy version."""
@@ -33,6 +49,16 @@ class EngineRPC(Protocol):
     async def reset_prefix_cache(self) -> None: ...
 
     async def set_weight_version(self, version: str) -> None: ...
+
+
+class Engines(Protocol):
+    """The engines a publisher serves, as the inference client offers them: their URLs, and every admin call
+    (adapter loading, worker RPC, labels) restricted to a subset of them (one group per sync path)."""
+
+    @property
+    def endpoints(self) -> list[str]: ...
+
+    def subset(self, urls: list[str]) -> Any: ...
 
 
 class AdapterSaver(Protocol):

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from agentrl.versions import engine_label
+from agentrl.weight_sync.base import ADAPTER_NOT_LOADED
 from agentrl.weight_sync.shm import SyncError, after_copy, applied, layout_views, pack_layout, worker_failures
 
 UPDATE_BYTES_METHOD = "agentrl_update_lora_bytes"
 WRITE_METHOD = "agentrl_write_adapter"
-_NOT_LOADED = ("never loaded", "is not loaded")
 
 
 class NetworkAdapterSync:
@@ -131,5 +131,5 @@ class NetworkAdapterSync:
 
 
 def _not_loaded(worker: Any) -> bool:
-    return isinstance(worker, dict) and not worker.get("ok") and any(
-        s in str(worker.get("error", "")) for s in _NOT_LOADED)
+    """Whether ``worker`` refused because the adapter has no slot there (by the record's code, never its text)."""
+    return isinstance(worker, dict) and not worker.get("ok") and worker.get("code") == ADAPTER_NOT_LOADED

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from agentrl.errors import WeightSyncError
 from agentrl.versions import engine_label
 from agentrl.weight_sync.base import AdapterSource, EngineRPC, Publisher
 
@@ -30,8 +31,10 @@ UPDATE_METHOD = "agentrl_update_lora"
 _ALIGN = 64
 
 
-class SyncError(RuntimeError):
+class SyncError(WeightSyncError, RuntimeError):
     """An engine refused the in-place update and there is no fallback."""
+
+    code = "weight_sync.publish_failed"
 
 
 Layout = list[tuple[str, str, list[int], int]]

@@ -33,7 +33,15 @@ import tempfile
 import time
 from typing import Any
 
+from agentrl.errors import AgentRLError, WeightSyncError
 from agentrl.weight_sync import vllm_patches
+from agentrl.weight_sync.base import (
+    ADAPTER_NOT_LOADED,
+    BAD_REQUEST,
+    SHM_UNAVAILABLE,
+    UPDATE_REFUSED,
+    WRITE_FAILED,
+)
 
 _REGISTRY: dict[str, tuple[int, str]] = {}
 """lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by vllm_patches' load hook)."""
@@ -50,8 +58,27 @@ if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): ho
         print(f"agentrl.lora_ext: vLLM hooks not installed: {exc!r}", file=sys.stderr)
 
 
-class UpdateError(RuntimeError):
-    """The in-place update cannot be applied (adapter not loaded, different shapes): reload from a file."""
+class UpdateError(WeightSyncError, RuntimeError):
+    """The in-place update cannot be applied (adapter not loaded, different shapes): reload from a file.
+    The update methods return it as a failure record carrying its ``code`` (:func:`_failure_of`)."""
+
+    code = UPDATE_REFUSED
+
+
+class AdapterNotLoaded(UpdateError):
+    """The adapter has no slot on this worker (never loaded here, or evicted): load it once from a file."""
+
+    code = ADAPTER_NOT_LOADED
+
+
+def _failure(code: str, message: str) -> dict[str, Any]:
+    """A worker's failure record: ``code`` (:mod:`agentrl.weight_sync.base`) for the publisher to branch on,
+    ``error`` for people. A dict crosses vLLM's ``collective_rpc`` route as JSON; an exception would not."""
+    return {"ok": False, "code": code, "error": message}
+
+
+def _failure_of(exc: Exception) -> dict[str, Any]:
+    return _failure(exc.code if isinstance(exc, AgentRLError) else BAD_REQUEST, str(exc))
 
 
 def _attach(name: str, size: int) -> tuple[Any, Any]:
@@ -94,7 +121,7 @@ class LoRAInPlaceExtension:
             return _REGISTRY[adapter]
         if adapter.isdigit():
             return int(adapter), None
-        raise UpdateError(f"adapter {adapter!r} was never loaded on this worker (load it once from a file)")
+        raise AdapterNotLoaded(f"adapter {adapter!r} was never loaded on this worker (load it once from a file)")
 
     def agentrl_update_lora(self, adapter: str, shm_name: str, meta_json: str, layout_id: str = "",
                             weight_version: str = "", reset_prefix_cache: str = "") -> dict[str, Any]:
@@ -104,7 +131,8 @@ class LoRAInPlaceExtension:
         name, dtype, shape, byte offset], ...]}``; ``layout_id`` names that layout (plans are cached per
         layout). ``weight_version`` / ``reset_prefix_cache`` ("1", or "running": also preempt running requests) are applied in the engine core when it
         runs in this process (reported back; otherwise the caller does them over HTTP). Returns
-        ``{"ok", "engine_ms", "slot", "version_set", "prefix_reset", "reset_ms", ...}`` or ``{"ok": False, "error"}``.
+        ``{"ok", "engine_ms", "slot", "version_set", "prefix_reset", "reset_ms", ...}`` or ``{"ok": False, "code",
+        "error"}`` (``code``: one of :mod:`agentrl.weight_sync.base`'s failure codes).
         """
         return self._agentrl_apply(time.perf_counter(), adapter, shm_name,
                                    lambda meta: self._agentrl_segment(shm_name, int(meta["nbytes"])),
@@ -133,7 +161,7 @@ class LoRAInPlaceExtension:
             buf = bufs[key]
             buf[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except (UpdateError, ValueError) as exc:
-            return {"ok": False, "error": str(exc)}
+            return _failure_of(exc)
         decode_ms = (time.perf_counter() - t0) * 1e3
         out = self._agentrl_apply(time.perf_counter(), adapter, key, lambda meta: buf, meta_json, layout_id,
                                   weight_version, reset_prefix_cache)
@@ -157,7 +185,7 @@ class LoRAInPlaceExtension:
                     f.write(base64.b64decode(data, validate=True))
                 os.replace(tmp, os.path.join(root, name))  # workers of one host may write the same files
         except (ValueError, OSError) as exc:
-            return {"ok": False, "error": f"cannot write the adapter: {exc}"}
+            return _failure(WRITE_FAILED, f"cannot write the adapter: {exc}")
         return {"ok": True, "path": root}
 
     def agentrl_probe_shm(self, shm_name: str, nonce: str) -> dict[str, Any]:
@@ -167,7 +195,7 @@ class LoRAInPlaceExtension:
         try:
             mm, _ = _attach(shm_name, len(data))
         except (OSError, ValueError) as exc:
-            return {"ok": False, "error": f"cannot map shared memory {shm_name!r}: {exc}"}
+            return _failure(SHM_UNAVAILABLE, f"cannot map shared memory {shm_name!r}: {exc}")
         try:
             return {"ok": bytes(mm[: len(data)]) == data}
         finally:
@@ -192,7 +220,7 @@ class LoRAInPlaceExtension:
                 for layer, lw in plan.set_lora:
                     layer.set_lora(plan.slot, lw.lora_a, lw.lora_b)
         except UpdateError as exc:
-            return {"ok": False, "error": str(exc)}
+            return _failure_of(exc)
         t3 = time.perf_counter()
         out: dict[str, Any] = {"ok": True, "engine_ms": (t3 - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
                                "live_ms": (t2 - t1) * 1e3, "cache_ms": (t3 - t2) * 1e3, "slot": plan.slot,
@@ -240,7 +268,7 @@ class LoRAInPlaceExtension:
         lora_id, path = self._agentrl_resolve(adapter)
         lora_model = manager.get_adapter(lora_id)
         if lora_model is None:
-            raise UpdateError(f"adapter {adapter!r} (id {lora_id}) is not loaded on this worker")
+            raise AdapterNotLoaded(f"adapter {adapter!r} (id {lora_id}) is not loaded on this worker")
         slot = manager.lora_index_to_id.index(lora_id) if lora_id in manager.lora_index_to_id else None
         plans: dict[tuple, _Plan] = self.__dict__.setdefault("_agentrl_plans", {})
         key = (adapter, source, layout_id or meta_json, slot)

@@ -21,6 +21,8 @@ import operator
 import threading
 from collections.abc import Callable
 
+from agentrl.errors import EnvError
+
 MAX_CHARS = 200
 MAX_NODES = 100
 MAX_DEPTH = 32
@@ -35,8 +37,10 @@ _PARSE_LOCK = threading.Lock()
 constructor keeps one recursion counter for all threads ("AST constructor recursion depth mismatch")."""
 
 
-class CalcError(ValueError):
+class CalcError(EnvError, ValueError):
     """The expression is not allowed or cannot be evaluated; the message is meant for the model."""
+
+    code = "env.calc.expression"
 
 
 _BINOPS: dict[type[ast.operator], tuple[str, Callable[[Number, Number], Number]]] = {

@@ -36,6 +36,7 @@ from agentrl.envs.swe.mutations import Mutation, find_mutations
 from agentrl.envs.swe.patches import apply_patch, make_patch, patch_to_edits, replace_unique
 from agentrl.envs.swe.repo import REPOS_DIR, as_bytes, read_tree, strip_hidden
 from agentrl.envs.swe.results import PASSING, files_of
+from agentrl.errors import EnvError
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "tasks.jsonl"
 REPOS = ("durations", "exprcalc", "inventory", "minigraph", "textkit", "tinycsv")
@@ -192,8 +193,10 @@ def _oracle_ok(base: dict[str, str], patch: str, clean_parts: dict[str, str]) ->
     return all(files[p] == c for p, c in clean_parts.items())
 
 
-class NoSymptom(RuntimeError):
+class NoSymptom(EnvError, RuntimeError):
     """No failing test of a bug shows a symptom a user could report (the bug is skipped)."""
+
+    code = "env.swe.no_symptom"
 
 
 def make_task(repo: str, bugs: list[Accepted], clean: dict[str, str], cfg: BuildConfig) -> dict[str, Any]:

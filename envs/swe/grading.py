@@ -33,6 +33,8 @@ _GIT = "git -c core.quotepath=off -c core.autocrlf=false -c advice.detachedHead=
 class RepoSetupError(SandboxError):
     """The repository could not be put into the sandbox as the task describes."""
 
+    code = "env.swe.repo_setup"
+
 
 async def _run(sb: DockerSandbox, cmd: str, timeout: float, what: str, env: dict[str, str] | None = None,
                workdir: str = "/workspace") -> str:

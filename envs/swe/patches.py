@@ -12,13 +12,17 @@ import itertools
 import re
 from dataclasses import dataclass, field
 
+from agentrl.errors import EnvError
+
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NO_NEWLINE = "\\ No newline at end of file"
 DEV_NULL = "/dev/null"
 
 
-class PatchError(ValueError):
+class PatchError(EnvError, ValueError):
     """A patch is malformed or does not apply."""
+
+    code = "env.swe.patch"
 
 
 @dataclass

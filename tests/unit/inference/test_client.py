@@ -196,7 +196,7 @@ async def test_scale_out_disabled_403_falls_back() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         if req.url.path == "/inference/v1/generate":
             return httpx.Response(403, json={"error": {"message": "Scale-out endpoints are disabled. Restart",
-                                                       "code": 403}})
+                                                       "type": "PermissionDeniedError", "code": 403}})
         return httpx.Response(200, json={"choices": [{"token_ids": [3], "finish_reason": "length",
                                                       "logprobs": {"token_logprobs": [-1.0]}}]})
 
@@ -245,7 +245,8 @@ async def test_broadcast_admin_calls() -> None:
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append((req.url.host, req.url.path, req.url.query.decode()))
         if req.url.path == "/v1/unload_lora_adapter":
-            return httpx.Response(404, json={"error": {"message": "The lora adapter 'p' cannot be found."}})
+            return httpx.Response(404, json={"error": {"message": "The lora adapter 'p' cannot be found.",
+                                                       "type": "NotFoundError", "code": 404}})
         return httpx.Response(200, json={"status": "ok"})
 
     async with _client(handler, endpoints=(A, B)) as c:
