@@ -29,7 +29,7 @@ from agentrl.bench.traces import MIXES, Episode, make_trace, mix_spec
 from agentrl.config.run import PipelineConfig
 from agentrl.orchestrator.loop import Orchestrator
 from agentrl.types import StopReason, Trajectory
-from agentrl.versions import token_versions
+from agentrl.versions import PolicyVersion, token_versions
 
 ADAPTER = "bench-policy"
 
@@ -88,16 +88,15 @@ class TraceReplayer:
 
 async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, groups: list[list[Episode]],
                     args: argparse.Namespace, version0: int) -> dict[str, Any]:
-    orch: Orchestrator | None = None  # the runner reads the orchestrator's policy version, the one source
+    version = PolicyVersion(version0)  # the one source: the runner reads what the orchestrator bumps
     runner = TraceReplayer(client, groups, max_len=args.max_len, token_scale=args.token_scale,
-                           time_scale=args.time_scale, vocab=args.vocab,
-                           version=lambda: orch.version if orch is not None else version0)
+                           time_scale=args.time_scale, vocab=args.vocab, version=version)
     counter = itertools.count()
     pipe = PipelineConfig(max_staleness=args.eta if mode == "async" else 0, drop_policy=args.policy,
                           staleness_from=args.staleness_from)
     orch = Orchestrator(runner=runner, trainer=trainer, publisher=publisher, engine=client,
                         sample_task=lambda: {"id": next(counter)}, pipeline=pipe,
-                        groups_per_step=args.groups_per_step, group_size=args.group_size, version=version0)
+                        groups_per_step=args.groups_per_step, group_size=args.group_size, version=version)
     recs = []
     t0 = time.perf_counter()
     async with orch:

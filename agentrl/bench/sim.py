@@ -33,7 +33,7 @@ from agentrl.bench.traces import Episode, Trace
 from agentrl.config.run import PipelineConfig
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.orchestrator.buffer import BufferCore
-from agentrl.versions import staleness_version
+from agentrl.versions import PolicyVersion, staleness, staleness_version
 
 
 @dataclass(frozen=True)
@@ -181,15 +181,16 @@ class PipelineSim:
         self.max_tokens = trace.max_output_tokens
         self.groups = trace.groups
         self.B = trace.groups_per_step
+        self.policy = PolicyVersion(0)
+        """The policy version's one owner: bumped after each sync, read by the buffer core."""
         if mode == "async":
             pipe = pipeline or PipelineConfig(max_staleness=1, drop_policy="drop_stale")
-            self.core: BufferCore[_Group] = BufferCore(pipe, self.B)
+            self.core: BufferCore[_Group] = BufferCore(pipe, self.B, self.policy)
             self.staleness_from = pipe.staleness_from
             self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
             raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
         self.t = 0.0
-        self.version = 0
         self.paused = self.trainer_busy = self.stop = False
         self.events: list[tuple[float, int, Callable[[Any], None], Any]] = []
         self.used = 0
@@ -197,6 +198,11 @@ class PipelineSim:
         self.done_groups: list[_Group] = []
         self.seq = itertools.count()
         self.res = SimResult(mode, slots_timeline=[(0.0, 0)])
+
+    @property
+    def version(self) -> int:
+        """The current policy version (its owner's)."""
+        return self.policy.value
 
     # --- engine -------------------------------------------------------------------------------------
     def _at(self, t: float, fn: Callable[[Any], None], arg: Any = None) -> None:
@@ -277,7 +283,7 @@ class PipelineSim:
                 if eng.w > ep.seg_w:
                     ep.tokens_by_version[ep.seg_version] += eng.w - ep.seg_w
                 ep.seg_w, ep.seg_version = eng.w, self.version + 1
-        self.version += 1
+        self.policy.bump()
 
     def _start_group(self, k: int, admitted_version: int = 0) -> None:
         g = _Group(k, admitted_version=admitted_version)
@@ -322,10 +328,10 @@ class PipelineSim:
         dur = self.p.train_s_per_token * tokens + self.p.train_step_s
         for g in batch:
             oldest = g.measured()
-            self.res.staleness_hist[0 if oldest is None else self.version - oldest] += 1
+            self.res.staleness_hist[0 if oldest is None else staleness(self.version, oldest)] += 1
             for m in g.members:
                 for v, n in m.tokens_by_version.items():
-                    self.res.token_ages[self.version - v] += n
+                    self.res.token_ages[staleness(self.version, v)] += n
         self.res.trained_groups += len(batch)
         self.res.trained_tokens += tokens
         self.res.train_s += dur
@@ -347,7 +353,6 @@ class PipelineSim:
         elif self.mode == "sync":
             self._start_batch()
         else:
-            self.core.set_version(self.version)
             self._try_train()
 
     def _start_batch(self, _: Any = None) -> None:

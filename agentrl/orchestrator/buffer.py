@@ -1,8 +1,9 @@
 """The bounded, staleness-aware rollout buffer of the async mode (pure asyncio, no torch).
 
 Producers (rollout workers) call ``admit()`` before starting a GRPO group and ``put()`` when it is
-done (or ``release()`` if it was abandoned); the trainer calls ``get_batch(version)`` and, after the
-weight update, ``set_version(version + 1)``.
+done (or ``release()`` if it was abandoned); the trainer calls ``get_batch(version)``. The buffer keeps no
+version of its own: it reads the run's :class:`~agentrl.versions.PolicyVersion`, and a bump of it (the
+weight update) wakes the producers waiting on the staleness bound.
 
 Admission rule (η = ``max_staleness``, B = ``groups_per_step``, v = trainer version)::
 
@@ -29,20 +30,25 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from agentrl.config.run import PipelineConfig
+from agentrl.errors import AgentRLError
 from agentrl.types import Trajectory
-from agentrl.versions import group_staleness_version
+from agentrl.versions import PolicyVersion, group_staleness_version, staleness
 
 T = TypeVar("T")
 
 
-class BufferClosed(Exception):
+class BufferClosed(AgentRLError):
     """Raised in every waiter (and later caller) once the buffer is closed."""
+
+    code = "orchestrator.buffer_closed"
 
 
 class BufferCore(Generic[T]):
     """Admission, completion and batch selection bookkeeping; pure (no asyncio, no clock)."""
 
-    def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
+    def __init__(self, pipe: PipelineConfig, groups_per_step: int, version: PolicyVersion | None = None) -> None:
+        self.policy = PolicyVersion() if version is None else version
+        """The policy version's owner, read (never written) here."""
         self.groups_per_step = groups_per_step
         """B: GRPO groups per train batch."""
         self.max_staleness = pipe.eta
@@ -54,8 +60,7 @@ class BufferCore(Generic[T]):
         too late, overtaken by faster ones) are dropped and counted. ``block``: batches are taken in
         admission-version order, so the trainer waits for straggling groups instead of dropping them; with
         the admission rule no group then goes stale (a stale one would still be dropped, never returned)."""
-        self.version = start_version
-        self.start_version = start_version
+        self.start_version = self.policy.value
         """Version when counting began (a resumed run starts above 0); admission counts steps from it."""
         self.in_flight_by_version: Counter[int] = Counter()
         self.queue: deque[tuple[int, int, T]] = deque()
@@ -65,6 +70,11 @@ class BufferCore(Generic[T]):
         self.staleness_hist: Counter[int] = Counter()
         self.on_drop: Callable[[T], None] | None = None
         """Called with every dropped item (stale or evicted), so callers can count the work it held."""
+
+    @property
+    def version(self) -> int:
+        """The current policy version (its owner's)."""
+        return self.policy.value
 
     def _dropped(self, item: T) -> None:
         if self.on_drop is not None:
@@ -139,7 +149,7 @@ class BufferCore(Generic[T]):
         """Drop buffered groups too stale for ``trainer_version`` (they only get staler); returns how many."""
         keep: deque[tuple[int, int, T]] = deque()
         for e in self.queue:
-            if trainer_version - e[0] <= self.max_staleness:
+            if staleness(trainer_version, e[0]) <= self.max_staleness:
                 keep.append(e)
             else:
                 self._dropped(e[2])
@@ -189,14 +199,8 @@ class BufferCore(Generic[T]):
         else:
             taken = [self.queue.popleft() for _ in range(b)]
         self.consumed += b
-        self.staleness_hist.update(trainer_version - measured for measured, _, _ in taken)
+        self.staleness_hist.update(staleness(trainer_version, measured) for measured, _, _ in taken)
         return [item for _, _, item in taken]
-
-    def set_version(self, version: int) -> None:
-        """The trainer published ``version`` (monotone)."""
-        if version < self.version:
-            raise ValueError(f"version went backwards: {version} < {self.version}")
-        self.version = version
 
     def stats(self) -> dict[str, Any]:
         """Counters, the staleness histogram of consumed groups and the worst staleness seen."""
@@ -213,17 +217,19 @@ class BufferCore(Generic[T]):
 class RolloutBuffer:
     """The asyncio face of ``BufferCore``: producers block in ``admit``, the trainer in ``get_batch``.
 
-    ``put``, ``release``, ``set_version`` and ``close`` are plain methods (callable from callbacks).
+    ``put``, ``release`` and ``close`` are plain methods (callable from callbacks). A bump of ``version``
+    (the policy version's owner) wakes the producers waiting on the staleness bound.
     """
 
-    def __init__(self, pipe: PipelineConfig, groups_per_step: int, start_version: int = 0) -> None:
-        self.core: BufferCore[list[Trajectory]] = BufferCore(pipe, groups_per_step, start_version)
+    def __init__(self, pipe: PipelineConfig, groups_per_step: int, version: PolicyVersion | None = None) -> None:
+        self.core: BufferCore[list[Trajectory]] = BufferCore(pipe, groups_per_step, version)
         self.staleness_from = pipe.staleness_from
         self.core.on_drop = self._count_drop
         self._dropped_tokens = 0
         self._changed = asyncio.Event()
         self._closed = False
         self._producer_wait_s = 0.0
+        self._unwatch = self.core.policy.watch(lambda _version: self._notify())
 
     def _count_drop(self, group: list[Trajectory]) -> None:
         self._dropped_tokens += sum(sum(t.loss_mask) for t in group)
@@ -278,14 +284,10 @@ class RolloutBuffer:
                 return batch
             await self._wait_change()
 
-    def set_version(self, version: int) -> None:
-        """The trainer published ``version``: wake producers waiting on the staleness bound."""
-        self.core.set_version(version)
-        self._notify()
-
     def close(self) -> None:
         """Wake every waiter with ``BufferClosed``; later calls raise it too."""
         self._closed = True
+        self._unwatch()
         self._notify()
 
     def stats(self) -> dict[str, Any]:

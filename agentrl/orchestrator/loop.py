@@ -32,9 +32,9 @@ from typing import Any
 from agentrl.config.run import PipelineConfig
 from agentrl.environment.base import Task
 from agentrl.orchestrator.buffer import RolloutBuffer
+from agentrl.orchestrator.metrics import step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
-from agentrl.types import Trajectory
-from agentrl.versions import group_oldest_version
+from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.base import Publisher
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Orchestrator:
         pipeline: PipelineConfig,
         groups_per_step: int,
         group_size: int,
-        version: int = 0,
+        version: PolicyVersion | int = 0,
         normalize_std: bool = True,
         keep_failed: bool = False,
     ) -> None:
@@ -105,13 +105,14 @@ class Orchestrator:
         self.engine = engine
         self.sample_task = sample_task
         self.group_size = group_size
-        self.version = version
-        """The policy version: the one integer every part of the run takes its version from (see
-        ``agentrl.versions``); trained on, then published as ``version + 1``."""
+        self.policy = version if isinstance(version, PolicyVersion) else PolicyVersion(version)
+        """The policy version's owner (a run's, or one of its own from an integer): the one version every
+        part of the run reads (see ``agentrl.versions``); trained on, published as ``version + 1``, then
+        bumped here, which the buffer sees."""
         self.update_mode = pipeline.update_mode
         self.normalize_std = normalize_std
         self.keep_failed = keep_failed
-        self.buffer = RolloutBuffer(pipeline, groups_per_step, start_version=version)
+        self.buffer = RolloutBuffer(pipeline, groups_per_step, self.policy)
         self.generating = Activity()
         self.training = Activity()
         self.interrupted_groups = 0
@@ -121,6 +122,11 @@ class Orchestrator:
         self._last_step_end = time.perf_counter()
         self._last_busy = 0.0
         self._tokens_total = 0
+
+    @property
+    def version(self) -> int:
+        """The current policy version (read-only: its owner is :attr:`policy`)."""
+        return self.policy.value
 
     async def __aenter__(self) -> Orchestrator:
         self._producer = asyncio.create_task(self._produce(), name="rollout-producer")
@@ -189,54 +195,19 @@ class Orchestrator:
             self.training.exit()
         t2 = time.perf_counter()
         trained_on = self.version
-        sync_metrics = await self._publish(self.version + 1)
-        self.version += 1
-        self.buffer.set_version(self.version)
-        t3 = time.perf_counter()
-        return self._record(batch, stats, train_metrics, sync_metrics, trained_on, t0, t1, t2, t3)
-
-    async def _publish(self, version: int) -> dict[str, Any]:
         in_flight = self.generating.active
         self.interrupted_groups += in_flight
-        out = await live_update(self.engine, self.publisher, version, paused=bool(in_flight), mode=self.update_mode)
-        out["groups_interrupted"] = float(in_flight)
-        return out
-
-    def _record(self, batch: list[list[Trajectory]], stats: Any, train_metrics: dict[str, Any],
-                sync_metrics: dict[str, Any], trained_on: int, t0: float, t1: float, t2: float,
-                t3: float) -> dict[str, Any]:
+        update = await live_update(self.engine, self.publisher, trained_on + 1, paused=bool(in_flight),
+                                   mode=self.update_mode)
+        self.policy.bump()  # the one version change: the buffer wakes producers waiting on the bound
+        t3 = time.perf_counter()
         step_s = t3 - self._last_step_end
         busy = self.generating.busy_s()
-        gen_busy = busy - self._last_busy
+        gen_s = busy - self._last_busy
         self._last_step_end, self._last_busy = t3, busy
-        staleness = [trained_on - v for g in batch if (v := group_oldest_version(g)) is not None]
-        mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
         self._tokens_total += stats.total_tokens
-        buf = self.buffer.stats()
-        from agentrl.rollout.stats import metric_means
-
-        return {
-            **stats.as_metrics(),
-            **metric_means([t for g in batch for t in g]),  # per-episode env metrics, e.g. partial credit
-            **{f"train_{k}": v for k, v in train_metrics.items() if isinstance(v, (int, float))},
-            **sync_metrics,
-            "trained_on_version": trained_on,
-            "wait_s": t1 - t0,
-            "gen_s": gen_busy,
-            "train_s": t2 - t1,
-            "sync_s": t3 - t2,
-            "step_s": step_s,
-            "tokens_per_s": stats.model_tokens / max(step_s, 1e-9),
-            "trainer_idle_frac": max(0.0, 1.0 - (t2 - t1) / max(step_s, 1e-9)),
-            "inference_idle_frac": max(0.0, 1.0 - gen_busy / max(step_s, 1e-9)),
-            "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-            "staleness_max": max(staleness, default=0),
-            "mixed_version_episodes": mixed,
-            "groups_in_flight": self.generating.active,
-            "interrupted_groups_total": self.interrupted_groups,
-            "dropped_groups_total": buf["dropped_stale"] + buf["dropped_capacity"],
-            "dropped_tokens_total": buf["dropped_tokens"],
-            "failed_groups_total": self.failed_groups,
-            "producer_wait_s_total": buf["producer_wait_s"],
-            "staleness_hist": {str(k): v for k, v in buf["staleness_hist"].items()},
-        }
+        return step_metrics(
+            batch, stats, train=train_metrics, update=update, groups_interrupted=in_flight, trained_on=trained_on,
+            times=(t0, t1, t2, t3), step_s=step_s, gen_s=gen_s, groups_in_flight=self.generating.active,
+            interrupted_groups_total=self.interrupted_groups, failed_groups_total=self.failed_groups,
+            buffer=self.buffer.stats())

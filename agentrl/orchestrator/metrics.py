@@ -1,4 +1,9 @@
-"""Structured metrics: one JSON object per line, plus PNG plots of the curves."""
+"""Structured metrics: one JSON object per line, plus PNG plots of the curves.
+
+A train step's record is assembled in one place from its parts: :func:`step_metrics` (what
+``Orchestrator.step`` returns: rollout stats, the trainer's reply, the weight update, timings, staleness,
+buffer totals) and :func:`train_record` (the ``kind = "train"`` line of ``metrics.jsonl`` around it).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,13 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.utils.atomic import write_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agentrl.rollout.stats import BatchStats
+    from agentrl.types import Trajectory
 
 
 class MetricsWriter:
@@ -44,6 +53,74 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return out
+
+
+def step_metrics(
+    batch: list[list[Trajectory]],
+    stats: BatchStats,
+    *,
+    train: dict[str, Any],
+    update: dict[str, Any],
+    groups_interrupted: int,
+    trained_on: int,
+    times: tuple[float, float, float, float],
+    step_s: float,
+    gen_s: float,
+    groups_in_flight: int,
+    interrupted_groups_total: int,
+    failed_groups_total: int,
+    buffer: dict[str, Any],
+) -> dict[str, Any]:
+    """One train step's metrics, from its parts.
+
+    ``batch``/``stats``: the groups trained on and their summary (``to_samples``); ``train``: the trainer's
+    reply (numbers kept, as ``train_<key>``); ``update``: the weight update's (``live_update``), with
+    ``groups_interrupted`` groups in flight under it; ``trained_on``: the policy version trained; ``times``:
+    (step began, batch taken, trained, published) on one clock; ``step_s``/``gen_s``: the step's wall time
+    and the time rollouts were in flight during it; ``buffer``: ``RolloutBuffer.stats()``. Staleness is
+    measured from each group's oldest model token.
+    """
+    from agentrl.rollout.stats import metric_means
+    from agentrl.versions import group_oldest_version, staleness, staleness_stats
+
+    t0, t1, t2, t3 = times
+    lags = [staleness(trained_on, v) for g in batch if (v := group_oldest_version(g)) is not None]
+    mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
+    return {
+        **stats.as_metrics(),
+        **metric_means([t for g in batch for t in g]),  # per-episode env metrics, e.g. partial credit
+        **{f"train_{k}": v for k, v in train.items() if isinstance(v, (int, float))},
+        **update,
+        "groups_interrupted": float(groups_interrupted),
+        "trained_on_version": trained_on,
+        "wait_s": t1 - t0,
+        "gen_s": gen_s,
+        "train_s": t2 - t1,
+        "sync_s": t3 - t2,
+        "step_s": step_s,
+        "tokens_per_s": stats.model_tokens / max(step_s, 1e-9),
+        "trainer_idle_frac": max(0.0, 1.0 - (t2 - t1) / max(step_s, 1e-9)),
+        "inference_idle_frac": max(0.0, 1.0 - gen_s / max(step_s, 1e-9)),
+        **staleness_stats(lags),
+        "mixed_version_episodes": mixed,
+        "groups_in_flight": groups_in_flight,
+        "interrupted_groups_total": interrupted_groups_total,
+        "dropped_groups_total": buffer["dropped_stale"] + buffer["dropped_capacity"],
+        "dropped_tokens_total": buffer["dropped_tokens"],
+        "failed_groups_total": failed_groups_total,
+        "producer_wait_s_total": buffer["producer_wait_s"],
+        "staleness_hist": {str(k): v for k, v in buffer["staleness_hist"].items()},
+    }
+
+
+def train_record(metrics: dict[str, Any], *, step: int, version: int, mode: str, engines_rejoined: int,
+                 engines_live: int, wall_s: float, wall_train_s: float) -> dict[str, Any]:
+    """The ``kind = "train"`` record of ``metrics.jsonl`` for step ``step``: its :func:`step_metrics`, the
+    policy version it published (``version``), the engines that rejoined after it and those in rotation,
+    and the run's wall time (``wall_train_s``: the training loop's, without start-up and evaluations)."""
+    return {"kind": "train", "step": step, "version": version, "mode": mode, **metrics,
+            "engines_rejoined": engines_rejoined, "engines_live": engines_live,
+            "wall_s": wall_s, "wall_train_s": wall_train_s}
 
 
 def plot_curves(

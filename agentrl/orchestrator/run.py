@@ -27,11 +27,12 @@ from agentrl.launch.placement import plan_run
 from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
 from agentrl.orchestrator.evaluate import evaluate
 from agentrl.orchestrator.loop import Orchestrator
-from agentrl.orchestrator.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after
+from agentrl.orchestrator.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after, train_record
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout.groups import RolloutWorkers
 from agentrl.utils import heap
 from agentrl.utils.atomic import write_atomic
+from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.route import adapter_publisher
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,9 @@ class TrainingRun:
         self.cfg, self.run_id = open_run(cfg, resume=resume)
         self.run_dir = self.cfg.run_dir
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id)
-        self.version = 0
-        """The policy version before and after the training loop; while it runs, the orchestrator owns
-        it (read it through :meth:`policy_version`)."""
+        self.version = PolicyVersion(0)
+        """The policy version's one owner, for the whole run: restored on resume, bumped by the
+        orchestrator after each update, read by everything else (through :meth:`policy_version`)."""
         self.orch: Orchestrator | None = None
         self.step = 0
 
@@ -92,7 +93,7 @@ class TrainingRun:
                 await self._maybe_resume(trainer)
                 publisher = await stack_ctx.enter_async_context(adapter_publisher(
                     cfg.pipeline.weight_sync, trainer, stack.client, cfg.adapter_name, self.run_dir / "adapters"))
-                await publisher.publish(self.version)  # creates the engines' LoRA slots
+                await publisher.publish(self.version.value)  # creates the engines' LoRA slots
                 watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
                                     self.policy_version)
                 watch_task = asyncio.create_task(watch.run(), name="engine-watch")
@@ -135,8 +136,8 @@ class TrainingRun:
         return summary
 
     def policy_version(self) -> int:
-        """The current policy version (the orchestrator's while the training loop runs)."""
-        return self.orch.version if self.orch is not None else self.version
+        """The current policy version."""
+        return self.version.value
 
     async def _maybe_resume(self, trainer: Any) -> None:
         if not self.resume:
@@ -148,7 +149,8 @@ class TrainingRun:
         else:
             await trainer.load_checkpoint(ckpt)
             state = json.loads((ckpt / "state.json").read_text())
-            self.step, self.version = int(state["step"]), int(state["version"])
+            self.step = int(state["step"])
+            self.version.advance(int(state["version"]))
             moved = supersede_after(self.metrics.path, self.step)
             log.info("resumed from %s (step %d)", ckpt, self.step)
         if moved:
@@ -189,8 +191,9 @@ class TrainingRun:
                                   self.run_dir / "adapters") as pub:
             await pub.publish(version)
 
-    async def _step(self, orch: Orchestrator, watch: EngineWatch) -> dict[str, Any]:
-        """One orchestrator step, abandoned if every engine is lost; engines that came back rejoin after it."""
+    async def _step(self, orch: Orchestrator, watch: EngineWatch) -> tuple[dict[str, Any], int, int]:
+        """One orchestrator step, abandoned if every engine is lost; engines that came back rejoin after it.
+        Its metrics, the engines that rejoined and those in rotation."""
         step = asyncio.ensure_future(orch.step())
         lost = asyncio.ensure_future(watch.lost.wait())
         try:
@@ -208,9 +211,8 @@ class TrainingRun:
         except NoEnginesError as e:  # the weight update found no engine left: the step's update is lost
             raise EnginesLost(f"the weight update of step {self.step + 1} found no inference engine in rotation "
                               f"({e})") from None
-        rec["engines_rejoined"] = len(await watch.rejoin(orch.version))
-        rec["engines_live"] = len(watch.client.pool.live)
-        return rec
+        rejoined = len(await watch.rejoin(orch.version))
+        return rec, rejoined, len(watch.client.pool.live)
 
     async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
                     t_start: float, watch: EngineWatch) -> None:
@@ -234,12 +236,12 @@ class TrainingRun:
                     if cfg.time_limit_min and time.perf_counter() - t_start > cfg.time_limit_min * 60:
                         log.info("time limit of %.1f min reached", cfg.time_limit_min)
                         break
-                    rec = await self._step(orch, watch)
+                    rec, rejoined, live = await self._step(orch, watch)
                     self.step += 1
                     wall = time.perf_counter() - t_start
-                    self.metrics.write({"kind": "train", "step": self.step, "version": orch.version,
-                                        "mode": cfg.mode, **rec, "wall_s": wall,
-                                        "wall_train_s": time.perf_counter() - loop_t0 - eval_s})
+                    self.metrics.write(train_record(
+                        rec, step=self.step, version=orch.version, mode=cfg.mode, engines_rejoined=rejoined,
+                        engines_live=live, wall_s=wall, wall_train_s=time.perf_counter() - loop_t0 - eval_s))
                     bar.update(1)
                     bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", wait=f"{rec['wait_s']:.1f}s",
                                     train=f"{rec['train_s']:.1f}s")
@@ -252,7 +254,7 @@ class TrainingRun:
                     plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
         finally:
             bar.close()
-            self.version, self.orch = orch.version, None
+            self.orch = None
             # the books of every group after the orchestrator stopped (its in-flight groups were cancelled
             # and released): admitted = consumed + dropped + released + buffered, nothing lost unrecorded
             b = orch.buffer.stats()

@@ -22,6 +22,7 @@ from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer.batch import collate, micro_batches, shard, split_minibatches
 from agentrl.trainer.loss import policy_loss, token_logprobs
 from agentrl.types import TrainSample
+from agentrl.versions import staleness_stats, token_staleness
 
 MEAN_METRICS = (
     "clip_frac",
@@ -209,10 +210,7 @@ class TrainStep:
     @staticmethod
     def _staleness(samples: list[TrainSample], version: int) -> dict[str, float]:
         """How many policy versions behind ``version`` (the policy being trained) the loss tokens were
-        generated; every epoch and minibatch of one request trains the same policy version."""
-        lags = [
-            version - v for s in samples for v, m in zip(s.versions, s.loss_mask, strict=True) if m and v >= 0
-        ]
-        if not lags:
-            return {"staleness_mean": 0.0, "staleness_max": 0.0}
-        return {"staleness_mean": float(np.mean(lags)), "staleness_max": float(max(lags))}
+        generated (:func:`agentrl.versions.token_staleness`); every epoch and minibatch of one request trains
+        the same policy version."""
+        lags = [lag for s in samples for lag in token_staleness(version, s.versions, s.loss_mask)]
+        return {k: float(v) for k, v in staleness_stats(lags).items()}

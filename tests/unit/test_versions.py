@@ -34,3 +34,37 @@ def test_foreign_labels_are_errors() -> None:
     assert parse_engine_label(engine_label(12)) == 12
     with pytest.raises(ValueError):
         engine_label(-1)
+
+
+def test_policy_version_is_one_owner_that_tells_its_watchers() -> None:
+    from agentrl.versions import PolicyVersion
+
+    version = PolicyVersion(3)
+    seen: list[int] = []
+    stop = version.watch(seen.append)
+    assert (version.value, version()) == (3, 3)
+    assert version.bump() == 4
+    version.advance(4)  # no change is still monotone
+    version.advance(7)  # a resume restores its checkpoint's version
+    assert seen == [4, 4, 7]
+    with pytest.raises(ValueError, match="backwards"):
+        version.advance(6)
+    stop()
+    version.bump()
+    assert seen == [4, 4, 7] and version() == 8
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError):
+            PolicyVersion(bad)  # type: ignore[arg-type]
+
+
+def test_staleness_is_one_rule_for_groups_tokens_and_summaries() -> None:
+    from agentrl.versions import staleness, staleness_stats, token_staleness
+
+    assert staleness(5, 3) == 2 and staleness(5, 5) == 0
+    # model tokens only (-1: tool tokens), and with a mask only the tokens it marks
+    assert token_staleness(5, [-1, 3, 4, 5]) == [2, 1, 0]
+    assert token_staleness(5, [-1, 3, 4, 5], [0, 0, 1, 1]) == [1, 0]
+    with pytest.raises(ValueError):
+        token_staleness(5, [3, 4], [1])
+    assert staleness_stats([2, 1, 0]) == {"staleness_mean": 1.0, "staleness_max": 2}
+    assert staleness_stats([]) == {"staleness_mean": 0.0, "staleness_max": 0}

@@ -10,7 +10,7 @@ import pytest
 from agentrl.config.run import PipelineConfig
 from agentrl.orchestrator.buffer import BufferClosed, BufferCore, RolloutBuffer
 from agentrl.types import Trajectory
-from agentrl.versions import group_oldest_version, oldest_version
+from agentrl.versions import PolicyVersion, group_oldest_version, oldest_version
 
 
 def group(name: str, versions: list[int], size: int = 2) -> list[Trajectory]:
@@ -43,7 +43,8 @@ def test_oldest_version_ignores_non_model_tokens() -> None:
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_admission_bound_is_eta_plus_one_batches_ahead(b: int, eta: int) -> None:
     """At trainer version v with v·B groups consumed, exactly (η+1)·B more groups may start."""
-    core: BufferCore[str] = BufferCore(*cfg(b, eta))
+    version = PolicyVersion()
+    core: BufferCore[str] = BufferCore(*cfg(b, eta), version)
     for v in range(4):
         n = 0
         while core.can_admit():
@@ -55,12 +56,13 @@ def test_admission_bound_is_eta_plus_one_batches_ahead(b: int, eta: int) -> None
             core.complete("g", oldest=v)
         assert core.try_take(v) is not None
         assert not core.can_admit()  # consuming does not open slots; only a new version does
-        core.set_version(v + 1)
+        version.bump()
 
 
 async def test_eta0_is_synchronous() -> None:
     """η=0: producers may start only the current step's groups; the next ones wait for new weights."""
-    buf = RolloutBuffer(*cfg(b=2, eta=0))
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=2, eta=0), version)
     assert [await buf.admit(), await buf.admit()] == [0, 0]
     assert await blocked(buf.admit())
     buf.put(group("a", [0, 0]))
@@ -69,7 +71,7 @@ async def test_eta0_is_synchronous() -> None:
     assert await blocked(buf.admit())  # trained but not yet published
     waiter = asyncio.create_task(buf.admit())
     await asyncio.sleep(0)
-    buf.set_version(1)
+    version.bump()  # the owner's bump alone wakes the producer
     assert await asyncio.wait_for(waiter, 1) == 1
     assert buf.stats()["max_staleness_seen"] == 0
 
@@ -101,15 +103,16 @@ async def test_release_frees_the_slot() -> None:
 
 
 async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
-    buf = RolloutBuffer(*cfg(b=1, eta=1))
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=1, eta=1), version)
     slow, fast = await buf.admit(), await buf.admit()  # both at version 0
     buf.put(group("fast", [fast, fast]), fast)
     assert (await buf.get_batch(0))[0][0].task_id == "fast"
-    buf.set_version(1)
+    version.bump()
     nxt = await buf.admit()
     buf.put(group("next", [nxt]), nxt)
     assert (await buf.get_batch(1))[0][0].task_id == "next"
-    buf.set_version(2)
+    version.bump()
     buf.put(group("slow", [slow, -1, 2]), slow)  # partial rollout: oldest token is version 0
     assert await blocked(buf.get_batch(2))  # staleness 2 > η: dropped, never returned
     s = buf.stats()
@@ -118,11 +121,12 @@ async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
 
 
 async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> None:
-    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="block"))
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="block"), version)
     slow, fast = await buf.admit(), await buf.admit()
     buf.put(group("fast", [fast]), fast)
     assert (await buf.get_batch(0))[0][0].task_id == "fast"
-    buf.set_version(1)
+    version.bump()
     nxt = await buf.admit()
     buf.put(group("next", [1]), nxt)
     trainer = asyncio.create_task(buf.get_batch(1))
@@ -134,24 +138,26 @@ async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> Non
 
 
 async def test_fifo_order() -> None:
-    buf = RolloutBuffer(*cfg(b=3, eta=1))
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=3, eta=1), version)
     names = list("abcdef")
     for n in names:
         buf.put(group(n, [0]), await buf.admit())
     first = await buf.get_batch(0)
-    buf.set_version(1)
+    version.bump()
     second = await buf.get_batch(1)
     assert [g[0].task_id for g in first + second] == names
 
 
 def test_unadmitted_put_evicts_oldest_at_capacity() -> None:
-    core: BufferCore[str] = BufferCore(*cfg(b=1, cap=2))
+    version = PolicyVersion()
+    core: BufferCore[str] = BufferCore(*cfg(b=1, cap=2), version)
     dropped: list[str] = []
     core.on_drop = dropped.append
     for name in "abc":
         core.complete(name, oldest=0)
     assert (core.dropped_capacity, [e[2] for e in core.queue]) == (1, ["b", "c"])
-    core.set_version(2)
+    version.advance(2)
     assert core.try_take(2) is None  # η = 0: both stale
     assert dropped == ["a", "b", "c"]  # every dropped item reaches on_drop, evicted or stale
 
@@ -177,7 +183,8 @@ def test_random_interleavings_never_exceed_eta(policy: str, seed: int) -> None:
     rng = random.Random(seed)
     b, eta = rng.randint(1, 4), rng.randint(0, 3)
     cap = rng.randint(b, 4 * b + 4)
-    core: BufferCore[int] = BufferCore(*cfg(b, eta, cap, policy))
+    version = PolicyVersion()
+    core: BufferCore[int] = BufferCore(*cfg(b, eta, cap, policy), version)
     flight: list[int] = []  # admission versions of groups in flight
     for _ in range(400):
         action = rng.random()
@@ -193,7 +200,7 @@ def test_random_interleavings_never_exceed_eta(policy: str, seed: int) -> None:
             batch = core.try_take(core.version)
             if batch is not None:
                 assert all(core.version - first <= eta for first in batch)
-                core.set_version(core.version + 1)
+                version.bump()
         assert core.in_flight + core.buffered <= cap
         assert core.started <= core.admission_limit()
         assert core.in_flight == len(flight)
@@ -209,7 +216,8 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
     """Real asyncio producers and trainer with random scheduling: every batch is fresh, close() ends all."""
     rng = random.Random(seed)
     b, eta, steps = rng.randint(1, 3), rng.randint(0, 2), 12
-    buf = RolloutBuffer(*cfg(b, eta, cap=3 * b + 1))
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b, eta, cap=3 * b + 1), version)
     seen: list[int] = []
 
     async def producer() -> None:
@@ -226,7 +234,7 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
             seen.extend(v - group_oldest_version(g) for g in batch)
             for _ in range(rng.randint(0, 5)):
                 await asyncio.sleep(0)
-            buf.set_version(v + 1)
+            version.advance(v + 1)
 
     producers = [asyncio.create_task(producer()) for _ in range(4)]
     await asyncio.wait_for(trainer(), 5)
@@ -253,12 +261,39 @@ def test_buffer_measures_staleness_from_the_configured_token() -> None:
     from agentrl.orchestrator.buffer import RolloutBuffer
 
     async def run(rule: str) -> tuple[list | None, int]:
-        buf = RolloutBuffer(PipelineConfig(max_staleness=1, drop_policy="drop_stale", staleness_from=rule), 1)
+        version = PolicyVersion()
+        buf = RolloutBuffer(PipelineConfig(max_staleness=1, drop_policy="drop_stale", staleness_from=rule), 1,
+                            version)
         adm = await buf.admit()
-        buf.set_version(3)
+        version.advance(3)
         buf.put([Trajectory(task_id="t", env="e", versions=[0, 0, 2, 3])], adm)
         return buf.core.try_take(3), buf.core.dropped_stale
 
     assert asyncio.run(run("oldest")) == (None, 1)
     batch, dropped = asyncio.run(run("newest"))
     assert dropped == 0 and batch is not None and len(batch) == 1
+
+
+def test_buffer_reads_the_one_policy_version_and_keeps_none_of_its_own() -> None:
+    """The buffer holds its owner, not a copy: a bump (or a resume's restore) is seen without telling it."""
+    version = PolicyVersion(5)  # a resumed run
+    core: BufferCore[str] = BufferCore(*cfg(b=1, eta=0), version)
+    assert (core.version, core.start_version, core.admit()) == (5, 5, 5)
+    assert not core.can_admit()
+    version.bump()
+    assert core.version == 6 and core.stats()["version"] == 6 and core.can_admit()
+    assert not hasattr(core, "set_version") and not hasattr(RolloutBuffer, "set_version")
+
+
+async def test_a_bump_of_the_owner_wakes_waiting_producers_and_close_stops_watching() -> None:
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=1, eta=0), version)
+    assert await buf.admit() == 0
+    waiter = asyncio.create_task(buf.admit())
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    version.bump()
+    assert await asyncio.wait_for(waiter, 1) == 1
+    buf.close()
+    version.bump()  # a closed buffer no longer watches the version
+    assert version._watchers == []

@@ -201,3 +201,40 @@ async def test_the_trainer_trains_the_orchestrators_version() -> None:
     recs = await run_steps(orch, 3)
     assert trainer.policy_versions == [3, 4, 5] and orch.version == engine.version == 6
     assert [r["trained_on_version"] for r in recs] == [3, 4, 5]
+
+
+async def test_the_orchestrator_bumps_the_runs_one_version_and_the_buffer_reads_it() -> None:
+    """A run's PolicyVersion passed in is the orchestrator's: no copies (its buffer reads the same object)."""
+    from agentrl.versions import PolicyVersion
+
+    version = PolicyVersion(2)
+    engine = FakeEngine()
+    engine.version = 2
+    counter = itertools.count()
+    orch = Orchestrator(runner=FakeRunner(engine), trainer=FakeTrainer(), publisher=FakePublisher(engine),
+                        engine=engine, sample_task=lambda: {"id": next(counter)},
+                        pipeline=PipelineConfig(max_staleness=1), groups_per_step=2, group_size=2, version=version)
+    assert orch.policy is version and orch.buffer.core.policy is version
+    recs = await run_steps(orch, 3)
+    assert version.value == orch.version == orch.buffer.core.version == engine.version == 5
+    assert [r["trained_on_version"] for r in recs] == [2, 3, 4]
+
+
+async def test_step_record_keys_are_assembled_in_one_place() -> None:
+    """The metric names of a step (what ``metrics.jsonl`` and the docs rely on), in their order."""
+    from agentrl.orchestrator.metrics import train_record
+
+    orch, *_ = make("sync")
+    (rec,) = await run_steps(orch, 1)
+    assert list(rec) == [
+        "num_episodes", "num_failed", "num_trained", "num_zero_advantage", "reward_mean", "success", "model_tokens",
+        "total_tokens", "turns_mean", "malformed_tool_calls", "stop_completed", "train_loss", "engine_ms", "update_s",
+        "groups_interrupted", "trained_on_version", "wait_s", "gen_s", "train_s", "sync_s", "step_s", "tokens_per_s",
+        "trainer_idle_frac", "inference_idle_frac", "staleness_mean", "staleness_max", "mixed_version_episodes",
+        "groups_in_flight", "interrupted_groups_total", "dropped_groups_total", "dropped_tokens_total",
+        "failed_groups_total", "producer_wait_s_total", "staleness_hist"]
+    line = train_record(rec, step=1, version=1, mode="sync", engines_rejoined=0, engines_live=1, wall_s=2.0,
+                        wall_train_s=1.0)
+    assert list(line)[:4] == ["kind", "step", "version", "mode"] and line["kind"] == "train"
+    assert list(line)[-4:] == ["engines_rejoined", "engines_live", "wall_s", "wall_train_s"]
+    assert {k: line[k] for k in rec} == rec
