@@ -12,7 +12,28 @@ from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(
+
+class _App(typer.Typer):
+    """The ``agentrl`` app. Calling it (the console script, ``python -m agentrl.cli``) runs one command as a
+    process: the interpreter's teardown stays quiet after vLLM was loaded (``agentrl.utils.exit``: no
+    nanobind leak report; atexit handlers, stdio flushing and the exit code are unchanged), and a config error
+    that escapes a command is reported as one line per problem, exit 2."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from agentrl.utils.exit import quiet_teardown
+
+        quiet_teardown()  # before any command imports vLLM: its handlers must run before this one
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValueError as e:
+            errors = sys.modules.get("agentrl.config.errors")  # not loaded: e cannot be a config error
+            if errors is None or not isinstance(e, errors.ConfigValidationError):
+                raise
+            _report_config_error(e)
+            sys.exit(2)
+
+
+app = _App(
     name="agentrl",
     help="Agentic multi-turn RL for LLMs: train, evaluate and build models.",
     no_args_is_help=True,
@@ -40,9 +61,20 @@ def _setup(verbose: bool) -> None:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 
 
-def _fail(msg: str) -> None:
-    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+def _fail(msg: str | BaseException) -> None:
+    """Report ``msg`` on stderr and exit 2; a config error prints one ``config error: ...`` line per problem."""
+    from agentrl.config.errors import ConfigValidationError
+
+    if isinstance(msg, ConfigValidationError):
+        _report_config_error(msg)
+    else:
+        typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def _report_config_error(e: Any) -> None:
+    for problem in e.problems:
+        typer.secho(f"config error: {problem}", fg=typer.colors.RED, err=True)
 
 
 def _run(coro: Any) -> Any:
@@ -65,6 +97,23 @@ ToolParserOpt = Annotated[str | None, typer.Option(
 EndpointOpt = Annotated[
     list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
 ]
+
+# The flag that sets each dotted config setting, so a config error can name the one to fix.
+_EVAL_FLAGS = {"env": "--env", "model": "--model", "tool_parser": "--tool-parser", "eval_tasks": "--tasks",
+               "endpoints": "--endpoint"}
+_TRAIN_FLAGS = {
+    "env": "--env", "model": "--model", "tool_parser": "--tool-parser", "endpoints": "--endpoint",
+    "tasks": "--tasks", "name": "--name", "steps": "--steps", "nproc": "--nproc",
+    "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
+    "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
+    "agent.command": "--agent", "agent.reward": "--agent-reward", "placement.inference_gpus": "--inference-gpus",
+    "placement.trainer_gpus": "--trainer-gpus",
+}
+_SERVE_ENV_FLAGS = {
+    "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
+    "max_sessions": "--max-sessions", "max_sessions_per_client": "--max-sessions-per-client",
+    "session_ttl_s": "--session-ttl", "step_timeout_s": "--step-timeout", "tokenizers": "--tokenizer",
+}
 
 
 @app.command()
@@ -120,7 +169,7 @@ def train(
                       if v is not None} or None,
     }
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, flags=_TRAIN_FLAGS)
         cfg.check_trainable()
         if print_config:
             typer.echo(cfg.resolved().to_toml())
@@ -134,7 +183,7 @@ def train(
             return
         load_env(env, url=cfg.env_url, token=cfg.env_token)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _fail(e)
     except RuntimeError as e:  # agentrl.environment.remote.RemoteEnvError: the env server is unreachable or refuses
         _fail(str(e))
     from agentrl.orchestrator.run import TrainingRun
@@ -173,9 +222,9 @@ def eval_(
     try:
         load_env(env)
         cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser, "eval_tasks": tasks,
-                                   "endpoints": endpoint or None})
+                                   "endpoints": endpoint or None}, flags=_EVAL_FLAGS)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
-        _fail(str(e))
+        _fail(e)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
     from agentrl.orchestrator.evaluate import run_eval
@@ -314,14 +363,14 @@ def serve_env(
         "access_log": True if verbose else None,
     }
     try:
-        cfg = load_server_config(config, overrides)
+        cfg = load_server_config(config, overrides, flags=_SERVE_ENV_FLAGS)
         from agentrl.server.run import serve
 
         serve(cfg)
     except KeyboardInterrupt:  # SIGINT/SIGTERM after uvicorn's graceful shutdown: a normal stop
         typer.echo("agentrl env server: stopped", err=True)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError, OSError) as e:
-        _fail(str(e))
+        _fail(e)
 
 
 @app.command("serve-policy")
@@ -339,15 +388,16 @@ def serve_policy(
     """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
     rows (see docs/blackbox.md)."""
     _setup(verbose)
-    from pydantic import ValidationError
-
-    from agentrl.config.policy import PolicyConfig
+    from agentrl.config.errors import ConfigValidationError
+    from agentrl.config.policy import load_policy_config
     from agentrl.config.run import DEFAULT_MODEL
 
     try:
-        cfg = PolicyConfig(host=host, port=port, token=token, episode_ttl_s=episode_ttl)
-    except ValidationError as e:
-        _fail(str(e))
+        cfg = load_policy_config({"host": host, "port": port, "token": token, "episode_ttl_s": episode_ttl},
+                                 flags={"host": "--host", "port": "--port", "token": "--token",
+                                        "episode_ttl_s": "--episode-ttl"})
+    except ConfigValidationError as e:
+        _fail(e)
     from agentrl.policy.run import serve_policy as serve
 
     try:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class VLLMServerConfig(BaseModel):
     """How to launch one vLLM server."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
 
     model: str
     """Local model directory (config.json + weights + tokenizer)."""

@@ -3,9 +3,12 @@ per field. Only pydantic here: every part of agentrl may import it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.config.errors import validate
 
 
 class PolicyConfig(BaseModel):
@@ -38,6 +41,14 @@ class PolicyConfig(BaseModel):
     (default 1)."""
     generate_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one call's generation (queueing and weight-update pauses included)."""
+
+
+def load_policy_config(overrides: Mapping[str, Any] | None = None,
+                       flags: Mapping[str, str] | None = None) -> PolicyConfig:
+    """Defaults < ``overrides`` (``None`` values ignored); an invalid setting raises
+    :class:`~agentrl.config.errors.ConfigValidationError`, one line per problem naming the flag to fix."""
+    clean = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return validate(PolicyConfig, clean, overrides=clean, flags=flags)
 
 
 class AgentConfig(BaseModel):

@@ -8,11 +8,13 @@ runtime module, no torch, no vLLM), so every part of agentrl can import it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.config.errors import ConfigValidationError, validate
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
@@ -291,15 +293,30 @@ def default_run_name(env: str) -> str:
     return env.rpartition(":")[2].lower() if ":" in env else env
 
 
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored)."""
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML config file's contents; ``FileNotFoundError`` when it is missing, ``ConfigValidationError``
+    naming the file and line when it is not TOML."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    with path.open("rb") as f:
+        try:
+            return tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigValidationError([f"{path} is not valid TOML: {e}"]) from None
+
+
+def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None,
+                flags: Mapping[str, str] | None = None) -> RunConfig:
+    """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored).
+
+    An invalid or unknown setting raises :class:`~agentrl.config.errors.ConfigValidationError` (a
+    ``ValueError``), one line per problem naming the setting, the value and where to fix it (``flags``: the
+    command-line flag of each dotted setting, for those messages)."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        data = read_toml(path)
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
     merged = _deep_update(_deep_update(preset_for(env), data), clean)
@@ -307,4 +324,4 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):
             merged[section].setdefault(key, model)
-    return RunConfig.model_validate(merged)
+    return validate(RunConfig, merged, file=path, file_data=data, overrides=clean, flags=flags)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentrl.config.errors import validate
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -95,24 +97,21 @@ class ServerConfig(BaseModel):
         return self
 
 
-def load_server_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> ServerConfig:
-    """Defaults < TOML file (``[server]`` table or top level) < ``overrides`` (``None`` values ignored)."""
+def load_server_config(path: Path | None = None, overrides: dict[str, Any] | None = None,
+                       flags: Mapping[str, str] | None = None) -> ServerConfig:
+    """Defaults < TOML file (``[server]`` table or top level) < ``overrides`` (``None`` values ignored).
+
+    An invalid or unknown setting raises :class:`~agentrl.config.errors.ConfigValidationError`, one line per
+    problem; a token's value is never echoed."""
+    from agentrl.config.run import read_toml
+
+    raw: dict[str, Any] = {}
     data: dict[str, Any] = {}
     if path is not None:
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib
-
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        with path.open("rb") as f:
-            raw = tomllib.load(f)
+        raw = read_toml(path)
         data = dict(raw.get("server", raw))
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    try:
-        return ServerConfig.model_validate(data)
-    except ValidationError as e:  # one line per problem, without echoing the input (it may be a token)
-        problems = [f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors()]
-        raise ValueError("invalid server configuration: " + "; ".join(problems)) from None
+    table = ("server",) if "server" in raw else ()
+    clean = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return validate(ServerConfig, {**data, **clean}, file=path, file_data=data, overrides=clean, flags=flags,
+                    prefix=table)

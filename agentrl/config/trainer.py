@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class LossConfig(BaseModel):
     """Hyper-parameters of :func:`policy_loss`."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
 
     clip_low: float = Field(0.2, ge=0.0, le=1.0)
     """Lower PPO clip: the ratio is clipped below at ``1 - clip_low``."""
@@ -32,6 +34,8 @@ class DistributedConfig(BaseModel):
     rendezvous. The orchestrator starts one node itself; every other node runs ``agentrl trainer-node
     --join <run>/trainer_join.json`` (see docs/scale-out.md)."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+
     nnodes: int = Field(1, ge=1)
     """Nodes in the trainer job (torchrun ``--nnodes``)."""
     master_addr: str = "127.0.0.1"
@@ -54,6 +58,8 @@ class DistributedConfig(BaseModel):
 
 class TrainerConfig(BaseModel):
     """Everything the trainer worker needs; sent to it as JSON."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
 
     model_path: str
     """Local directory (or hub id) of the Hugging Face causal LM to train."""
