@@ -19,8 +19,8 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.inference.client import InferenceClient, InferenceError
-from agentrl.weight_sync.base import Publisher
+from agentrl.errors import EngineError
+from agentrl.weight_sync.base import Engines, Publisher
 from agentrl.weight_sync.file import FileAdapterSync
 from agentrl.weight_sync.network import NetworkAdapterSync
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, worker_failures
@@ -28,7 +28,7 @@ from agentrl.weight_sync.shm import SharedMemoryAdapterSync, worker_failures
 PROBE_METHOD = "agentrl_probe_shm"
 
 
-async def engines_on_this_host(client: InferenceClient, timeout_s: float = 30.0) -> dict[str, bool]:
+async def engines_on_this_host(client: Engines, timeout_s: float = 30.0) -> dict[str, bool]:
     """Per endpoint: whether every worker of it can read a shared-memory segment written here."""
     nonce = secrets.token_hex(16)
     shm = shared_memory.SharedMemory(name=f"agentrl_probe_{secrets.token_hex(6)}", create=True, size=len(nonce))
@@ -39,8 +39,8 @@ async def engines_on_this_host(client: InferenceClient, timeout_s: float = 30.0)
             try:
                 workers = (await client.subset([url]).collective_rpc(
                     PROBE_METHOD, kwargs={"shm_name": shm.name, "nonce": nonce}, timeout=timeout_s))[0]
-            except InferenceError:
-                return False  # no worker extension there: it cannot take shared memory either
+            except EngineError:
+                return False  # no worker extension there, or no answer: it cannot take shared memory either
             return bool(workers) and not worker_failures(workers)
 
         urls = client.endpoints
@@ -71,7 +71,7 @@ class RoutedAdapterSync:
 
 
 @contextlib.asynccontextmanager
-async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: InferenceClient,
+async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: Engines,
                             name: str, adapter_dir: Path) -> AsyncIterator[Publisher]:
     """The publisher ``mode`` asks for, over ``client``'s engines (see the module docstring). Its first
     ``publish`` creates the engines' LoRA slots. No prefix-cache resets: rollouts salt the cache with the
