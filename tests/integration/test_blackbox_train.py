@@ -1,6 +1,13 @@
 """Black-box training on real parts: `examples/blackbox_agent.py` (only the `openai` SDK) is launched per
 episode against the run's policy endpoint, in front of the session vLLM server, and trained on calc with
-the real torchrun trainer; the environment's reward scores its final answers."""
+the real torchrun trainer.
+
+The agent program runs unmodified inside a small wrapper that then posts its episode's reward itself
+(``reward = "agent"``), alternating 0 and 1 over the episodes of each task. Scored by the environment, every
+episode of a group could score the same (the tiny model solves some tasks always and others never, and which
+ones depends on its build and on sampling), and then nothing is trained: the check that the trainer takes the
+endpoint's rows on-policy must not depend on that. The environment-scored path is covered by the unit tests
+of the black-box runner (tests/unit/policy/test_blackbox.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +24,40 @@ pytestmark = pytest.mark.integration
 
 AGENT = Path(__file__).resolve().parents[2] / "examples" / "blackbox_agent.py"
 
+WRAPPER = """
+import fcntl, json, os, runpy, sys, urllib.request
+
+agent, counters = sys.argv[1], sys.argv[2]
+sys.argv = [agent]
+try:
+    runpy.run_path(agent, run_name="__main__")
+except SystemExit:
+    pass
+task = json.loads(os.environ["AGENTRL_TASK"])
+# the n-th episode of this task scores n % 2: every group of two or more has both rewards
+with open(os.path.join(counters, f"{task['id']}.count"), "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    n = len(f.read())
+    f.write(".")
+url = f"{os.environ['OPENAI_BASE_URL']}/episodes/{os.environ['AGENTRL_EPISODE_ID']}/reward"
+req = urllib.request.Request(url, data=json.dumps({"reward": float(n % 2)}).encode(), method="POST",
+                             headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+                                      "Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=60).read()
+"""
+
 
 async def test_train_an_unmodified_openai_agent_on_calc(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
+    wrapper, counters = tmp_path / "agent_with_reward.py", tmp_path / "counters"
+    wrapper.write_text(WRAPPER)
+    counters.mkdir()
     overrides = {
         "env": "calc", "name": "blackbox", "output_dir": str(tmp_path), "model": str(tiny_model_dir),
         "endpoints": [vllm_server.url], "steps": 2, "tasks_per_step": 2, "group_size": 4, "eval_size": 4,
         "eval_every": 0, "checkpoint_every": 0, "engine_warmup": False,
-        "agent": {"command": [sys.executable, str(AGENT)], "reward": "env", "timeout_s": 120},
+        "agent": {"command": [sys.executable, str(wrapper), str(AGENT), str(counters)], "reward": "agent",
+                  "timeout_s": 120},
     }
     summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     recs = read_jsonl(tmp_path / "blackbox" / "metrics.jsonl")
@@ -40,6 +74,7 @@ async def test_train_an_unmodified_openai_agent_on_calc(vllm_server, tiny_model_
             # on-policy: the endpoint's recorded behaviour logprobs match the trainer's
             assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
             assert r["train_policy_version"] == r["trained_on_version"] == r["version"] - 1
-    assert sum(r["num_trained"] for r in train) > 0, "no group had two different rewards in two steps"
+    # every group has both rewards (see WRAPPER), so every episode of both steps is trained on
+    assert all(r["num_trained"] >= 8 and r["reward_mean"] == pytest.approx(0.5) for r in train), train
     assert summary["steps"] == 2 and 0.0 <= summary["success_after"] <= 1.0
     assert (tmp_path / "blackbox" / "final_adapter" / "adapter_model.safetensors").is_file()
