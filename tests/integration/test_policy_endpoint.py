@@ -165,9 +165,11 @@ async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat:
         await client.load_lora_adapter(name, str(save_lora(tmp_path / "v0", base)))
         await client.set_weight_version("0")
         version = {"v": 0}
-        # a run's policy version; ignore_eos only makes the generation long enough to be caught mid-way
+        # a run's policy version; no EOS and no stop tokens make the generation run to its budget, so it can be
+        # caught mid-way whatever the model's weights (a tiny model built elsewhere may end its turn at once)
         service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_tokens_per_call=total, max_context_tokens=1024),
-                                Recording(client, ignore_eos=True), chat, model=name, policy_version=lambda: version["v"])
+                                Recording(client, ignore_eos=True, stop_token_ids=[]), chat, model=name,
+                                policy_version=lambda: version["v"])
         async with serving(service, TOKEN) as url:
             ep = await _episode(url)
             sdk = openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0, timeout=300)
