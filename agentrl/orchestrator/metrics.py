@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.rollout.stats import metric_means
 from agentrl.utils.atomic import write_atomic
+from agentrl.versions import group_oldest_version, staleness, staleness_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.rollout.stats import BatchStats
@@ -80,9 +82,6 @@ def step_metrics(
     and the time rollouts were in flight during it; ``buffer``: ``RolloutBuffer.stats()``. Staleness is
     measured from each group's oldest model token.
     """
-    from agentrl.rollout.stats import metric_means
-    from agentrl.versions import group_oldest_version, staleness, staleness_stats
-
     t0, t1, t2, t3 = times
     lags = [staleness(trained_on, v) for g in batch if (v := group_oldest_version(g)) is not None]
     mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
