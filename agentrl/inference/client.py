@@ -273,24 +273,32 @@ class InferenceClient:
             if not (missing_ok and e.engine_code == VLLM_NOT_FOUND):  # vLLM's type for an unknown adapter
                 raise
 
-    async def pause(self, mode: str = "keep") -> None:
-        """Pause generation on every endpoint: "keep" freezes in-flight requests until ``resume``,
-        "wait" drains them, "abort" ends them (finish_reason "abort")."""
+    async def pause(self, mode: str = "keep", only: list[str] | None = None) -> None:
+        """Pause generation on every endpoint (or those of ``only``): "keep" freezes in-flight requests until
+        ``resume``, "wait" drains them, "abort" ends them (finish_reason "abort")."""
         if mode not in ("keep", "wait", "abort"):
             raise ValueError(f"pause mode must be keep, wait or abort, not {mode!r}")
-        await self._broadcast("POST", "/pause", params={"mode": mode})
+        await self._broadcast("POST", "/pause", params={"mode": mode}, only=only)
 
-    async def resume(self) -> None:
-        """Resume generation on every endpoint."""
-        await self._broadcast("POST", "/resume")
+    async def resume(self, only: list[str] | None = None) -> None:
+        """Resume generation on every endpoint (or those of ``only``)."""
+        await self._broadcast("POST", "/resume", only=only)
+
+    def take_out(self, url: str, reason: str) -> None:
+        """Take ``url`` out of rotation (e.g. a failed weight load left it with a mix of two versions): no
+        request goes there until it rejoins with the current weights."""
+        if self.pool.mark_down(url, reason):
+            log.warning("inference endpoint %s out of rotation: %s", url, reason)
 
     async def set_weight_version(self, version: str, only: list[str] | None = None) -> None:
         """Label the weights now being served; later tokens carry it in ``Generation.weight_versions``."""
         await self._broadcast("POST", "/update_weight_version", json={"new_version": str(version)}, only=only)
 
-    async def reset_prefix_cache(self, only: list[str] | None = None) -> None:
-        """Drop every endpoint's prefix cache."""
-        await self._broadcast("POST", "/reset_prefix_cache", only=only)
+    async def reset_prefix_cache(self, only: list[str] | None = None, running: bool = False) -> None:
+        """Drop every endpoint's prefix cache; ``running`` also preempts running requests, which recompute
+        their KV cache when they are scheduled again (vLLM refuses the reset while requests run otherwise)."""
+        params = {"reset_running_requests": "true"} if running else None
+        await self._broadcast("POST", "/reset_prefix_cache", only=only, params=params)
 
     async def collective_rpc(self, method: str, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
                              timeout: float | None = None, only: list[str] | None = None) -> list[list[Any]]:
@@ -414,6 +422,18 @@ class EngineSubset:
         """:meth:`InferenceClient.set_weight_version` on this subset."""
         await self.client.set_weight_version(version, only=self.urls)
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self, running: bool = False) -> None:
         """:meth:`InferenceClient.reset_prefix_cache` on this subset."""
-        await self.client.reset_prefix_cache(only=self.urls)
+        await self.client.reset_prefix_cache(only=self.urls, running=running)
+
+    async def pause(self, mode: str = "keep") -> None:
+        """:meth:`InferenceClient.pause` on this subset."""
+        await self.client.pause(mode, only=self.urls)
+
+    async def resume(self) -> None:
+        """:meth:`InferenceClient.resume` on this subset."""
+        await self.client.resume(only=self.urls)
+
+    def take_out(self, url: str, reason: str) -> None:
+        """:meth:`InferenceClient.take_out` (``url`` of this subset)."""
+        self.client.take_out(url, reason)

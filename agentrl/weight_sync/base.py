@@ -28,6 +28,9 @@ BAD_REQUEST = "weight_sync.bad_request"
 """The call's arguments cannot be read (a payload that is not base64 or not the announced size, bad JSON)."""
 WRITE_FAILED = "weight_sync.write_failed"
 """The adapter files sent in the call could not be written on the engine's host."""
+LOAD_FAILED = "weight_sync.load_failed"
+"""A full-weight load step failed on the engine (a bucket whose names or shapes the model does not have, a
+load not begun): the engine holds a mix of two versions and must leave the rotation until a complete load."""
 SHM_UNAVAILABLE = "weight_sync.shm_unavailable"
 """The engine cannot map the publisher's shared-memory segment (another host): use the network path."""
 
@@ -59,6 +62,25 @@ class Engines(Protocol):
     def endpoints(self) -> list[str]: ...
 
     def subset(self, urls: list[str]) -> Any: ...
+
+
+class LoadingEngines(Engines, Protocol):
+    """What a full-weight publisher needs of a group of engines: worker RPC, labels and prefix-cache resets as
+    for adapters, plus pausing (the load happens while they are paused) and taking an engine out of
+    rotation (one whose load failed holds a mix of two versions)."""
+
+    async def collective_rpc(self, method: str, args: list[str] | None = None,
+                             kwargs: dict[str, str] | None = None, timeout: float | None = None) -> list[list[Any]]: ...
+
+    async def pause(self, mode: str = "keep") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def set_weight_version(self, version: str) -> None: ...
+
+    async def reset_prefix_cache(self, running: bool = False) -> None: ...
+
+    def take_out(self, url: str, reason: str) -> None: ...
 
 
 class AdapterSaver(Protocol):

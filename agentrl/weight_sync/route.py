@@ -1,4 +1,5 @@
-"""Which weight-sync path each engine gets: shared memory on this host, the network for the others.
+"""Which weight-sync path each engine gets: shared memory on this host, the network for the others (LoRA
+adapters and full weights alike).
 
 ``pipeline.weight_sync = "shm"`` (the default) probes every engine once at start: the publisher writes a
 random nonce into a small shared-memory segment and asks each engine's workers to read it back
@@ -97,3 +98,30 @@ async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: An
             groups.append(("network", NetworkAdapterSync(trainer, client.subset(away), name, net_dir, reset=""),
                            len(away)))
         yield groups[0][1] if len(groups) == 1 else RoutedAdapterSync(groups)
+
+
+@contextlib.asynccontextmanager
+async def full_weight_publisher(mode: Literal["shm", "network", "file"], trainer: Any,
+                                client: Engines) -> AsyncIterator[Publisher]:
+    """The full-weight publisher over ``client``'s engines: shared memory for the engines on this host, the
+    call body for the others (``"network"``: for every engine). Files are refused: they carry adapters only."""
+    from agentrl.weight_sync.full import FullWeightSync
+
+    if mode == "file":
+        raise ValueError("pipeline.weight_sync = 'file' reloads LoRA adapters; full weights go through shared "
+                         "memory or the network ('shm' or 'network')")
+    if mode == "network":
+        remote = list(client.endpoints)
+    else:
+        remote = [u for u, ok in (await engines_on_this_host(client)).items() if not ok]
+    with FullWeightSync(trainer, client, remote=remote) as publisher:
+        yield publisher
+
+
+def weight_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: Engines, *, lora: bool,
+                     name: str, adapter_dir: Path) -> contextlib.AbstractAsyncContextManager[Publisher]:
+    """The publisher of a run: LoRA adapters (:func:`adapter_publisher`) or full weights
+    (:func:`full_weight_publisher`)."""
+    if lora:
+        return adapter_publisher(mode, trainer, client, name, adapter_dir)
+    return full_weight_publisher(mode, trainer, client)

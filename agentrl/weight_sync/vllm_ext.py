@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import json
-import mmap
 import os
 import re
 import sys
@@ -33,15 +32,18 @@ import tempfile
 import time
 from typing import Any
 
-from agentrl.errors import AgentRLError, WeightSyncError
+from agentrl.errors import WeightSyncError
 from agentrl.weight_sync import vllm_patches
 from agentrl.weight_sync.base import (
     ADAPTER_NOT_LOADED,
-    BAD_REQUEST,
     SHM_UNAVAILABLE,
     UPDATE_REFUSED,
     WRITE_FAILED,
 )
+from agentrl.weight_sync.vllm_full import FullWeightsMixin
+from agentrl.weight_sync.worker_io import attach_segment as _attach
+from agentrl.weight_sync.worker_io import failure as _failure
+from agentrl.weight_sync.worker_io import failure_of as _failure_of
 
 _REGISTRY: dict[str, tuple[int, str]] = {}
 """lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by vllm_patches' load hook)."""
@@ -71,29 +73,6 @@ class AdapterNotLoaded(UpdateError):
     code = ADAPTER_NOT_LOADED
 
 
-def _failure(code: str, message: str) -> dict[str, Any]:
-    """A worker's failure record: ``code`` (:mod:`agentrl.weight_sync.base`) for the publisher to branch on,
-    ``error`` for people. A dict crosses vLLM's ``collective_rpc`` route as JSON; an exception would not."""
-    return {"ok": False, "code": code, "error": message}
-
-
-def _failure_of(exc: Exception) -> dict[str, Any]:
-    return _failure(exc.code if isinstance(exc, AgentRLError) else BAD_REQUEST, str(exc))
-
-
-def _attach(name: str, size: int) -> tuple[Any, Any]:
-    """Map the segment ``name`` (read/write, no resource tracker: the publisher owns and unlinks it)."""
-    import torch
-
-    path = f"/dev/shm/{name.lstrip('/')}"
-    fd = os.open(path, os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-    return mm, torch.frombuffer(mm, dtype=torch.uint8)
-
-
 class _Plan:
     """Precomputed views for one (adapter object, slot, shm layout): the update is a few foreach ops."""
 
@@ -107,8 +86,9 @@ class _Plan:
         self.set_lora: list[tuple[Any, Any]] = []  # (layer, layer weights): TP>1 layers re-sliced by vLLM
 
 
-class LoRAInPlaceExtension:
-    """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
+class LoRAInPlaceExtension(FullWeightsMixin):
+    """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only).
+    The full-weight methods (``agentrl_load_weights``...) come from :class:`FullWeightsMixin`."""
 
     def _agentrl_manager(self) -> Any:
         manager = vllm_patches.lora_adapter_manager(self)

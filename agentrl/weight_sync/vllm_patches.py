@@ -29,6 +29,18 @@ Private-API lookups (nothing patched; called by the extension when it needs them
 5. :func:`lora_adapter_manager`: the worker's ``model_runner.lora_manager._adapter_manager`` (a private
    attribute): the ``LoRAModelManager`` that holds the stacked slot buffers and the CPU adapter cache.
 
+Full-weight loading (:mod:`agentrl.weight_sync.vllm_full`), through vLLM's layerwise reload (public functions of
+``vllm.model_executor.model_loader.reload``, the same ones its weight-transfer engines call):
+
+6. :func:`begin_weight_load` / :func:`load_weight_bucket` / :func:`finish_weight_load`: restore each layer's
+   checkpoint-format parameters, load buckets through ``model.load_weights`` (which maps q/k/v onto
+   ``qkv_proj``, shards for tensor parallelism...), and re-run each layer's weight processing once all its
+   weights arrived (on CPU the linear layers hold oneDNN-packed weights, not the checkpoint tensors: a plain
+   ``load_weights`` after start-up fails on them). The finish also drops the LoRA state derived from the old
+   base weights (``model_runner.reset_lora_state``, as vLLM's ``finish_weight_update`` does), and redoes the
+   processing of tied embeddings (:func:`refresh_tied_embeddings`: the trainer sends ``embed_tokens`` once, so
+   vLLM never reprocesses ``lm_head``, whose CPU-packed GEMM weights would lag a version behind).
+
 This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
 msgspec are imported inside the functions.
 """
@@ -125,3 +137,57 @@ def lora_adapter_manager(worker: Any) -> Any:
     when LoRA is not enabled."""
     runner = getattr(worker, "model_runner", None)
     return getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
+
+
+def _model_of(worker: Any) -> Any:
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def begin_weight_load(worker: Any) -> None:
+    """Patch 6a: prepare every layer of ``worker``'s model to receive checkpoint-format weights."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(_model_of(worker))
+
+
+def load_weight_bucket(worker: Any, weights: Any) -> None:
+    """Patch 6b: load ``(name, tensor)`` pairs (Hugging Face names) between begin and finish."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        _model_of(worker).load_weights(weights)
+
+
+def finish_weight_load(worker: Any) -> None:
+    """Patch 6c: process the layers that were not processed on the fly and drop derived LoRA state."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        finalize_layerwise_reload(_model_of(worker), worker.vllm_config.model_config)
+        refresh_tied_embeddings(_model_of(worker))
+    reset = getattr(worker.model_runner, "reset_lora_state", None)
+    if reset is not None:
+        reset()
+
+
+def refresh_tied_embeddings(model: Any) -> int:
+    """Redo the weight processing of embedding layers that share their weight with another one (tied input
+    and output embeddings: ``lm_head`` is ``embed_tokens``). The trainer has one parameter for both, so a load
+    reaches only one of the layers; the other is never reprocessed and keeps state derived from the previous
+    weights (the CPU backend's packed GEMM weights of ``lm_head``: the logits would lag a version behind).
+    Returns the number of layers redone."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    groups: dict[int, list[Any]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            groups.setdefault(id(weight), []).append(module)
+    tied = [m for group in groups.values() if len(group) > 1 for m in group]
+    for module in tied:
+        module.quant_method.process_weights_after_loading(module)
+    return len(tied)
