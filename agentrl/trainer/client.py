@@ -265,6 +265,18 @@ class TrainerProcess:
 
         return load((await self.arequest("get_adapter_tensors", timeout_s))["data"])
 
+    async def weight_specs(self, timeout_s: float = 600.0) -> list[tuple[str, list[int]]]:
+        """Every parameter's name and full shape, in model order (full-weight sync plans its buckets on it)."""
+        return [(str(n), list(s)) for n, s in (await self.arequest("weight_specs", timeout_s))["specs"]]
+
+    async def write_weight_bucket(self, layout: list[Any], shm_name: str | None, segment_bytes: int, offset: int,
+                                  timeout_s: float = 600.0) -> dict[str, Any]:
+        """Gather one bucket of full weights (cast to the layout's dtype) and write it at ``offset`` of the
+        shared-memory segment ``shm_name``; ``written`` False (another host, or no segment) returns its bytes
+        as ``data``. Also ``gather_ms`` and ``write_ms``."""
+        return await self.arequest("write_weight_bucket", timeout_s, layout=layout, shm_name=shm_name,
+                                   segment_bytes=segment_bytes, offset=offset)
+
     async def save_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
         """Sharded checkpoint of trainable params, optimizer, optimizer step and RNGs at ``path``."""
         return await self.arequest("save_checkpoint", timeout_s, path=str(Path(path).resolve()))

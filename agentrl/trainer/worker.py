@@ -6,7 +6,8 @@ pickled request ``{"op": ..., "id": ..., ...}`` it receives, it broadcasts the r
 rank runs the op, and rank 0 replies ``{"ok": True, "id": ..., ...}`` or ``{"ok": False, "id": ...,
 "error": "Type: msg", "traceback": ...}``. Ops: ``train`` (``samples``, ``policy_version``), ``logprobs``
 (``samples``: the current policy's per-token logprobs, no update), ``save_adapter``,
-``get_adapter_tensors``, ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
+``get_adapter_tensors``, ``weight_specs`` and ``write_weight_bucket`` (full-weight sync, one bucket per call:
+:mod:`agentrl.trainer.weights`), ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
 arguments, a missing path) leaves the worker serving; a rank failing alone inside a collective is fatal.
 """
 
@@ -30,6 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer import model as model_io
 from agentrl.trainer.train_step import TrainStep
+from agentrl.trainer.weights import BucketWriter, weight_specs
 
 log = logging.getLogger("agentrl.trainer")
 
@@ -53,6 +55,7 @@ class Worker:
         )
         self.step = TrainStep(self.model, self.optimizer, cfg, self.device)
         self.num_trainable = sum(p.numel() for p in params)
+        self.buckets = BucketWriter()
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the orchestrator."""
@@ -83,6 +86,11 @@ class Worker:
             tensors = model_io.gather_trainable(self.model, self.cfg)
             data = save(tensors) if self.rank == 0 else b""
             return {"format": "safetensors", "data": data}
+        if op == "weight_specs":
+            return {"specs": weight_specs(self.model)}
+        if op == "write_weight_bucket":
+            return self.buckets.write(self.model, req["layout"], req.get("shm_name"), int(req.get("segment_bytes", 0)),
+                                      int(req.get("offset", 0)))
         if op == "save_checkpoint":
             model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req["path"], self.step.optimizer_step)
             return {"path": str(req["path"]), "optimizer_step": self.step.optimizer_step}
