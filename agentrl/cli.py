@@ -107,7 +107,7 @@ _TRAIN_FLAGS = {
     "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
     "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
     "agent.command": "--agent", "agent.reward": "--agent-reward", "placement.inference_gpus": "--inference-gpus",
-    "placement.trainer_gpus": "--trainer-gpus",
+    "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full",
 }
 _SERVE_ENV_FLAGS = {
     "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
@@ -146,6 +146,8 @@ def train(
         help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
     trainer_gpus: Annotated[str | None, typer.Option(
         help="GPUs for the trainer, e.g. 4-7 (one torchrun rank per GPU).")] = None,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Fine-tune every weight (trainer.lora = false) instead of a LoRA adapter.")] = False,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the fully resolved config as TOML and exit.")] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -167,6 +169,7 @@ def train(
                   if v is not None} or None,
         "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
                       if v is not None} or None,
+        "trainer": {"lora": False} if full else None,
     }
     try:
         cfg = load_config(config, overrides, flags=_TRAIN_FLAGS)
@@ -203,7 +206,8 @@ def eval_(
     config: ConfigOpt = None,
     model: ModelOpt = None,
     tool_parser: ToolParserOpt = None,
-    adapter: Annotated[Path | None, typer.Option(help="LoRA adapter directory to evaluate.")] = None,
+    adapter: Annotated[Path | None, typer.Option(
+        help="LoRA adapter directory to evaluate (a full-weight run's final_model: pass it as --model).")] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     tasks: Annotated[Path | None, typer.Option(help="JSONL file of held-out tasks.")] = None,
@@ -213,7 +217,8 @@ def eval_(
              "or null (gives up at once); scripted policies need no inference server.")] = "model",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Report the success rate on the held-out split (optionally with a LoRA adapter)."""
+    """Report the success rate on the held-out split (optionally with a LoRA adapter; a full-weight run's
+    final_model directory is evaluated with --model)."""
     _setup(verbose)
     from agentrl.config.run import load_config
     from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
@@ -226,7 +231,9 @@ def eval_(
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(e)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+        whole = (adapter / "config.json").is_file()  # a full-weight run's final_model/
+        _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)"
+              + (f"; it is a whole model: evaluate it with --model {adapter}" if whole else ""))
     from agentrl.orchestrator.evaluate import run_eval
     from agentrl.rollout.scripted import POLICIES, run_scripted_eval
 

@@ -2,12 +2,20 @@
 
 A preset is chosen by environment name. It tunes the embedded defaults so that ``agentrl train --env NAME``
 with no other flags does something useful on a CPU machine.
+
+Its ``trainer.lr`` is for a LoRA adapter. A full-weight run (``trainer.lora = false``) that sets no
+``trainer.lr`` itself gets the preset's ``full_lr`` instead, or :data:`FULL_WEIGHTS_LR` when the preset has
+none (or there is no preset): see :func:`preset_for`, the one place this rule lives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+FULL_WEIGHTS_LR = 1e-5
+"""AdamW learning rate of a full-weight run that sets no ``trainer.lr`` and whose preset has no ``full_lr``
+(``trainer.lr``'s own default, 2e-4, is a LoRA rate: far too high for every weight)."""
 
 
 def calc_tiny() -> dict[str, Any]:
@@ -21,6 +29,7 @@ def calc_tiny() -> dict[str, Any]:
         "checkpoint_every": 10,
         "time_limit_min": 20.0,
         "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
+        "full_lr": 2e-5,
         "inference": {"max_model_len": 1024},
         "sampling": {"max_context_tokens": 1024},
     }
@@ -51,7 +60,13 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {"calc": calc_tiny, "swe": sw
 """Environment name -> preset."""
 
 
-def preset_for(env: str) -> dict[str, Any]:
-    """The preset values for ``env`` (empty when it has none)."""
+def preset_for(env: str, *, full_weights: bool = False) -> dict[str, Any]:
+    """The preset values for ``env`` (empty when it has none), as config settings. A preset's ``full_lr`` is
+    not a setting: for a full-weight run (``full_weights``) it becomes ``trainer.lr`` (default
+    :data:`FULL_WEIGHTS_LR`), otherwise it is dropped. Values set in a TOML file or by a flag override these."""
     fn = PRESETS.get(env)
-    return fn() if fn else {}
+    values = fn() if fn else {}
+    full_lr = values.pop("full_lr", FULL_WEIGHTS_LR)
+    if full_weights:
+        values["trainer"] = {**values.get("trainer", {}), "lr": full_lr}
+    return values

@@ -94,7 +94,8 @@ class PipelineConfig(BaseModel):
     """``shm``: copy adapter tensors into each engine's live LoRA slot, through shared memory for engines on
     this host and in the request body for the others (chosen per engine by a probe at start; files when an
     engine refuses); ``network``: the request body for every engine (no shared memory or filesystem);
-    ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share)."""
+    ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share;
+    LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``)."""
 
     @property
     def eta(self) -> int:
@@ -178,7 +179,8 @@ class RunConfig(BaseModel):
     """Existing inference servers to use; empty: start local vLLM server(s) (one, or one per
     ``inference.tensor_parallel_size`` GPUs of ``placement.inference_gpus``)."""
     adapter_name: str = "policy"
-    """Name of the LoRA adapter slot in the engine."""
+    """Name of the LoRA adapter slot in the engine. Full-weight runs (``trainer.lora = false``) sample from
+    the base model's name instead (``inference.served_model_name``; see ``policy_model``)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Rollout sampling."""
     trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(model_path=DEFAULT_MODEL))
@@ -211,26 +213,51 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _refuse_full_weights(self) -> RunConfig:
-        """Weight sync into the engine carries LoRA adapters only: full fine-tuning would train a policy the
-        engine never samples from."""
-        if not self.trainer.lora:
+    def _check_full_weights(self) -> RunConfig:
+        """What a full-weight run (``trainer.lora = false``) cannot do yet: a KL penalty (no reference model)
+        and file weight sync (which reloads LoRA adapters)."""
+        if self.trainer.lora:
+            return self
+        if self.trainer.loss.kl_coef > 0:
             raise ValueError(
-                "trainer.lora = false (full-weight RL) is not supported yet: agentrl syncs only LoRA adapters "
-                "into the inference engine, so the engine would keep sampling from the initial weights. Use "
-                "trainer.lora = true (the default; raise trainer.lora_rank for more capacity)")
+                f"trainer.loss.kl_coef = {self.trainer.loss.kl_coef:g} needs a reference policy: with LoRA it is "
+                "the base model with the adapter switched off, but full weights (trainer.lora = false) would "
+                "need a second, frozen, sharded copy of the model, which agentrl does not keep yet; use LoRA "
+                "or trainer.loss.kl_coef = 0")
+        if self.pipeline.weight_sync == "file":
+            raise ValueError(
+                "pipeline.weight_sync = 'file' reloads LoRA adapters from disk, but trainer.lora = false trains "
+                "full weights, which go to the engines through shared memory or the request body: use "
+                "pipeline.weight_sync = 'shm' or 'network'")
         return self
+
+    @property
+    def policy_model(self) -> str:
+        """The model name rollouts, warm-up, evaluation and black-box agents request: the LoRA adapter's
+        slot (``adapter_name``), or with full weights (``trainer.lora = false``) the base model itself
+        (``inference.served_model_name``), into which the trained weights are loaded."""
+        return self.adapter_name if self.trainer.lora else self.inference.served_model_name
 
     @property
     def run_dir(self) -> Path:
         """``<output_dir>/<name>`` (before ``rundir.open_run`` settles a default name: without its suffix)."""
         return self.output_dir / (self.name or default_run_name(self.env))
 
+    @property
+    def final_policy_dir(self) -> Path:
+        """Where a finished run saves its trained policy: ``<run_dir>/final_adapter`` (a peft adapter, for
+        ``agentrl eval --adapter``) or, with full weights, ``<run_dir>/final_model`` (a whole Hugging Face
+        model directory, for ``agentrl eval --model``)."""
+        return self.run_dir / ("final_adapter" if self.trainer.lora else "final_model")
+
     def resolved(self) -> RunConfig:
-        """A copy where the trainer and server point at ``model`` and the context lengths agree."""
+        """A copy where the trainer and server point at ``model`` and the context lengths agree; a full-weight
+        run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly."""
         cfg = self.model_copy(deep=True)
         cfg.trainer.model_path = cfg.model
         cfg.inference.model = cfg.model
+        if not cfg.trainer.lora and "enable_lora" not in cfg.inference.model_fields_set:
+            cfg.inference.enable_lora = False
         cfg.sampling.max_context_tokens = min(cfg.sampling.max_context_tokens, cfg.inference.max_model_len)
         return cfg
 
@@ -310,6 +337,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
                 flags: Mapping[str, str] | None = None) -> RunConfig:
     """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored).
 
+    A full-weight run (``trainer.lora = false``) that sets no ``trainer.lr`` gets a full-weight learning rate
+    from the preset layer instead of the LoRA one (see :func:`~agentrl.config.presets.preset_for`).
+
     An invalid or unknown setting raises :class:`~agentrl.config.errors.ConfigValidationError` (a
     ``ValueError``), one line per problem naming the setting, the value and where to fix it (``flags``: the
     command-line flag of each dotted setting, for those messages)."""
@@ -319,7 +349,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         data = read_toml(path)
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
-    merged = _deep_update(_deep_update(preset_for(env), data), clean)
+    trainer = _deep_update(data, clean).get("trainer")
+    full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
+    merged = _deep_update(_deep_update(preset_for(env, full_weights=full_weights), data), clean)
     model = merged.get("model", DEFAULT_MODEL)
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):

@@ -74,7 +74,8 @@ class TrainerConfig(BaseModel):
     lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names of the linear modules that get LoRA adapters."""
     lr: float = Field(2e-4, gt=0.0)
-    """AdamW learning rate (2e-4 suits LoRA; full fine-tuning wants ~1e-6)."""
+    """AdamW learning rate. 2e-4 suits LoRA; full fine-tuning wants 1e-6 to 1e-5 (a run config that sets no
+    lr gets one: see ``agentrl.config.presets``)."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)

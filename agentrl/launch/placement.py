@@ -25,6 +25,7 @@ from typing import Any
 
 from agentrl.config.placement import _LIST, PlacementConfig
 from agentrl.errors import ConfigError
+from agentrl.launch.memory import read_shape, trainer_memory_note
 
 SHARED_GPU_MAX_UTILIZATION = 0.5
 """Highest vLLM memory share on a GPU that the trainer also uses: the trainer needs the rest."""
@@ -268,7 +269,8 @@ def plan_run(cfg: Any, gpus: list[str] | None = None) -> Plan:
         role="trainer", name="trainer", devices=trn_dev, nproc=nproc,
         env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in trn_dev)} if trn_dev else {},
         cpu_cores=cfg.trainer.cpu_cores))
-    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=n, notes=notes + _node_notes(cfg))
+    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=n,
+                notes=notes + _node_notes(cfg) + _memory_notes(cfg, nproc))
 
 
 def _node_notes(cfg: Any) -> list[str]:
@@ -278,6 +280,15 @@ def _node_notes(cfg: Any) -> list[str]:
     return [f"the trainer spans {d.nnodes} nodes (c10d rendezvous at {d.master_addr}:{d.master_port}); this "
             f"machine runs one of them: start `agentrl trainer-node --join <run dir>/trainer_join.json` on "
             f"each of the other {d.nnodes - 1}"]
+
+
+def _memory_notes(cfg: Any, nproc: int) -> list[str]:
+    """The trainer's estimated memory per rank (``nproc`` ranks on each node), when the model's
+    ``config.json`` can be read here (see :mod:`agentrl.launch.memory`)."""
+    shape = read_shape(cfg.trainer.model_path)
+    if shape is None:
+        return []
+    return [trainer_memory_note(shape, cfg.trainer, nproc * cfg.trainer.distributed.nnodes)]
 
 
 def _checked(spec: str | None, n: int, flag: str) -> list[int]:
@@ -307,4 +318,5 @@ def _cpu_plan(cfg: Any, notes: list[str]) -> Plan:
     if not cfg.endpoints and not (inf.cpu_cores or cfg.trainer.cpu_cores):
         notes.append("no GPU: the vLLM server and the trainer share the CPU cores (pin them apart with "
                      "inference.cpu_cores / trainer.cpu_cores)")
-    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=0, notes=notes + _node_notes(cfg))
+    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=0,
+                notes=notes + _node_notes(cfg) + _memory_notes(cfg, cfg.nproc))

@@ -31,7 +31,8 @@ async def evaluate(
 
 async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: float = 1.0) -> dict[str, Any]:
     """Start the inference stack for ``cfg`` (a RunConfig), optionally load ``adapter``, and evaluate
-    on the first ``n`` held-out tasks, inside the environment's run scope."""
+    on the first ``n`` held-out tasks, inside the environment's run scope. Without an adapter the model is
+    ``cfg.model`` itself (a full-weight run's ``final_model`` directory, for one)."""
     from pathlib import Path
 
     from agentrl.environment.registry import load_env
@@ -39,6 +40,8 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     from agentrl.launch.stack import inference_stack
 
     cfg = cfg.resolved()
+    if adapter is not None:  # a full-weight run's config resolves to engines without LoRA
+        cfg.inference.enable_lora = True
     env_cls = load_env(cfg.env)
     tasks = load_tasks(env_cls, "test", cfg.eval_tasks)[:n]
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:

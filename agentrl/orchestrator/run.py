@@ -33,7 +33,7 @@ from agentrl.rollout.groups import RolloutWorkers
 from agentrl.utils import heap
 from agentrl.utils.atomic import write_atomic
 from agentrl.versions import PolicyVersion
-from agentrl.weight_sync.route import adapter_publisher
+from agentrl.weight_sync.route import weight_publisher
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +91,16 @@ class TrainingRun:
             await asyncio.to_thread(trainer.start)
             try:
                 await self._maybe_resume(trainer)
-                publisher = await stack_ctx.enter_async_context(adapter_publisher(
-                    cfg.pipeline.weight_sync, trainer, stack.client, cfg.adapter_name, self.run_dir / "adapters"))
-                await publisher.publish(self.version.value)  # creates the engines' LoRA slots
+                publisher = await stack_ctx.enter_async_context(self._publisher(trainer, stack.client))
+                # creates the engines' LoRA slots; full weights: the trainer's (a resumed run's) into the engines
+                await publisher.publish(self.version.value)
                 watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
                                     self.policy_version)
                 watch_task = asyncio.create_task(watch.run(), name="engine-watch")
                 stack_ctx.callback(watch_task.cancel)
                 workers = RolloutWorkers(
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
-                    max_concurrency=cfg.max_concurrency, model=cfg.adapter_name,
+                    max_concurrency=cfg.max_concurrency, model=cfg.policy_model,
                     policy_version=self.policy_version,
                 )
                 if cfg.agent.command:  # black-box training: the agent program drives the episodes
@@ -121,7 +121,7 @@ class TrainingRun:
                     raise EnginesLost(f"{e}; the run stopped after step {self.step} and saved a checkpoint: "
                                       "start the engines again and continue with --resume") from None
                 last = await self._evaluate(workers)
-                await trainer.save_adapter(self.run_dir / "final_adapter")
+                await trainer.save_adapter(cfg.final_policy_dir)
             finally:
                 await asyncio.to_thread(trainer.close)
         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
@@ -166,7 +166,7 @@ class TrainingRun:
         from agentrl.inference.warmup import warm_up
 
         context = self.cfg.sampling.max_context_tokens
-        rec = await warm_up(stack.client, model=self.cfg.adapter_name, concurrency=self.cfg.max_concurrency,
+        rec = await warm_up(stack.client, model=self.cfg.policy_model, concurrency=self.cfg.max_concurrency,
                             vocab_size=stack.chat.tokenizer.vocab_size, max_prompt_tokens=min(256, context // 2),
                             max_tokens=min(32, context // 4))
         log.info("engine warm-up: %.1fs", rec["warmup_s"])
@@ -180,6 +180,12 @@ class TrainingRun:
         self.metrics.write(rec)
         return result
 
+    def _publisher(self, trainer: Any, client: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The run's weight publisher over ``client``'s engines (LoRA adapters or full weights)."""
+        cfg = self.cfg
+        return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.trainer.lora,
+                                name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters")
+
     async def _republish(self, trainer: Any, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,
         weights and label, through the path its host needs (a client of its own: it is not in rotation)."""
@@ -187,8 +193,7 @@ class TrainingRun:
 
         cfg = self.cfg
         async with InferenceClient([url], model=cfg.inference.served_model_name, timeout_s=120) as one, \
-                adapter_publisher(cfg.pipeline.weight_sync, trainer, one, cfg.adapter_name,
-                                  self.run_dir / "adapters") as pub:
+                self._publisher(trainer, one) as pub:
             await pub.publish(version)
 
     async def _step(self, orch: Orchestrator, watch: EngineWatch) -> tuple[dict[str, Any], int, int]:

@@ -175,7 +175,7 @@ class BlackBoxRunner:
 @contextlib.asynccontextmanager
 async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Callable[[], int],
                           env_cls: type[Environment], run_id: str = "") -> AsyncIterator[BlackBoxRunner]:
-    """A training run's policy endpoint (loopback, a fresh token, the run's adapter, sampling and policy
+    """A training run's policy endpoint (loopback, a fresh token, the run's policy model, sampling and policy
     version) serving in this event loop, and the runner of ``cfg.agent``'s program over it."""
     from agentrl.config.policy import PolicyConfig
     from agentrl.http.auth import generate_token
@@ -183,7 +183,7 @@ async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Call
 
     pcfg = PolicyConfig(port=0, max_context_tokens=cfg.sampling.max_context_tokens,
                         temperature=cfg.sampling.temperature, episode_ttl_s=cfg.agent.timeout_s + 60)
-    service = PolicyService(pcfg, client, chat, model=cfg.adapter_name, policy_version=policy_version)
+    service = PolicyService(pcfg, client, chat, model=cfg.policy_model, policy_version=policy_version)
     async with serving(service, generate_token()) as url:
         yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id)
 

@@ -168,6 +168,22 @@ def _replace_dir(tmp: Path, path: Path) -> None:
         os.replace(tmp, path)
 
 
+def _save_full_model(model: nn.Module, state: dict[str, torch.Tensor], out: Path, src: Path) -> None:
+    """Rank 0: a whole Hugging Face model directory at ``out`` that transformers and vLLM load: the weights,
+    ``config.json`` (with the KV cache switched back on: it is off only for training), the source model's own
+    ``generation_config.json`` when it has one, and its tokenizer files and chat template."""
+    model.config.use_cache = True
+    try:
+        model.save_pretrained(str(out), state_dict=state, safe_serialization=True)
+    finally:
+        model.config.use_cache = False
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and not (out / name).exists():
+            shutil.copy2(src / name, out / name)
+    if (src / "generation_config.json").is_file():  # verbatim, over the one save_pretrained derives
+        shutil.copy2(src / "generation_config.json", out / "generation_config.json")
+
+
 def save_adapter(model: nn.Module, cfg: TrainerConfig, path: str | Path) -> int:
     """Collective: write a vLLM/peft-loadable adapter (LoRA) or a full HF model directory at ``path``.
 
@@ -191,11 +207,7 @@ def save_adapter(model: nn.Module, cfg: TrainerConfig, path: str | Path) -> int:
         peft_cfg.save_pretrained(str(tmp))
         save_file(state, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
     else:
-        model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
-        src = Path(cfg.model_path)
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file() and not (tmp / name).exists():
-                shutil.copy2(src / name, tmp / name)
+        _save_full_model(model, state, tmp, Path(cfg.model_path))
     size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
     _replace_dir(tmp, path)
     return size

@@ -204,6 +204,9 @@ async def test_full_finetune_step_and_save(tiny_model: Path, tmp_path: Path) -> 
     assert metrics["optimizer_step"] == 1 and torch.isfinite(torch.tensor(metrics["loss"]))
     out = Path(saved["path"])
     assert (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True  # off only while training
+    assert json.loads((out / "generation_config.json").read_text()) == json.loads(
+        (tiny_model / "generation_config.json").read_text())
     new = load_file(str(out / "model.safetensors"))
     old = load_file(str(tiny_model / "model.safetensors"))
     # gathered from two ranks, the tied output embedding is written out too, equal to the input one

@@ -114,11 +114,22 @@ def test_doctor_reports_a_family_and_refuses_the_wrong_parser(tmp_path: Path) ->
     assert r.returncode == 1 and "unknown tool parser 'nope'" in r.stdout
 
 
-def test_full_weight_rl_is_refused_at_config_time(tmp_path: Path) -> None:
+def test_full_weight_rl_is_accepted_and_what_it_cannot_do_refused_at_config_time(tmp_path: Path) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text("[trainer]\nlora = false\n")
     r = run("train", "--env", "calc", "--config", str(cfg), "--print-config")
-    assert r.returncode == 2 and "trainer.lora = false" in r.stderr and "not supported" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "lora = false" in r.stdout and "enable_lora = false" in r.stdout
+    cfg.write_text("[trainer]\nlora = false\n[pipeline]\nweight_sync = \"file\"\n")
+    r = run("train", "--env", "calc", "--config", str(cfg), "--print-config")
+    assert r.returncode == 2 and "config error: pipeline.weight_sync = 'file' reloads LoRA adapters" in r.stderr
+
+
+def test_a_whole_model_given_as_adapter_points_to_model(tmp_path: Path) -> None:
+    """A full-weight run's final_model/ is a model directory: the error says to pass it as --model."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    r = run("eval", "--env", "calc", "--adapter", str(tmp_path))
+    assert r.returncode == 2 and f"evaluate it with --model {tmp_path}" in r.stderr
 
 
 def test_train_refuses_a_model_that_fails_the_doctor_naming_the_flag(tmp_path: Path) -> None:

@@ -1,0 +1,94 @@
+"""Full-weight RL (``trainer.lora = false``): accepted, with what it cannot do refused in one line, the model
+name rollouts request, the engines' LoRA switch, the learning-rate rule and the ``--full`` flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.config.errors import ConfigValidationError
+from agentrl.config.presets import FULL_WEIGHTS_LR, preset_for
+from agentrl.config.run import load_config
+
+FULL = {"trainer": {"lora": False}}
+
+
+def _problems(**over: Any) -> list[str]:
+    with pytest.raises(ConfigValidationError) as info:
+        load_config(None, {"env": "calc", **over})
+    return info.value.problems
+
+
+def test_full_weights_are_accepted_and_sample_from_the_base_model() -> None:
+    cfg = load_config(None, {"env": "calc", **FULL})
+    assert cfg.trainer.lora is False and cfg.policy_model == cfg.inference.served_model_name == "base"
+    assert cfg.final_policy_dir == cfg.run_dir / "final_model"
+    lora = load_config(None, {"env": "calc", "adapter_name": "mine"})
+    assert lora.policy_model == "mine" and lora.final_policy_dir == lora.run_dir / "final_adapter"
+    renamed = load_config(None, {"env": "calc", "inference": {"served_model_name": "qwen"}, **FULL})
+    assert renamed.policy_model == "qwen"
+
+
+def test_a_kl_penalty_with_full_weights_is_refused_in_one_line() -> None:
+    problems = _problems(trainer={"lora": False, "loss": {"kl_coef": 0.05}})
+    assert len(problems) == 1 and "\n" not in problems[0]
+    assert problems[0].startswith("trainer.loss.kl_coef = 0.05 needs a reference policy")
+    assert "second, frozen, sharded copy" in problems[0] and problems[0].endswith(
+        "use LoRA or trainer.loss.kl_coef = 0")
+    assert load_config(None, {"env": "calc", "trainer": {"loss": {"kl_coef": 0.05}}}).trainer.loss.kl_coef == 0.05
+
+
+def test_file_weight_sync_with_full_weights_is_refused() -> None:
+    problems = _problems(pipeline={"weight_sync": "file"}, **FULL)
+    assert len(problems) == 1 and problems[0].startswith("pipeline.weight_sync = 'file' reloads LoRA adapters")
+    assert "use pipeline.weight_sync = 'shm' or 'network'" in problems[0]
+    for method in ("shm", "network"):
+        cfg = load_config(None, {"env": "calc", "pipeline": {"weight_sync": method}, **FULL})
+        assert cfg.pipeline.weight_sync == method
+
+
+def test_full_weight_engines_serve_no_lora_unless_asked() -> None:
+    assert load_config(None, {"env": "calc", **FULL}).resolved().inference.enable_lora is False
+    asked = load_config(None, {"env": "calc", "inference": {"enable_lora": True}, **FULL}).resolved()
+    assert asked.inference.enable_lora is True
+    assert load_config(None, {"env": "calc"}).resolved().inference.enable_lora is True
+    twice = load_config(None, {"env": "calc", **FULL}).resolved().resolved()
+    assert twice.inference.enable_lora is False
+
+
+def test_full_weights_get_a_full_weight_learning_rate_unless_one_is_set(tmp_path: Path) -> None:
+    assert load_config(None, {"env": "calc"}).trainer.lr == 2e-3  # the preset's LoRA rate
+    assert load_config(None, {"env": "calc", **FULL}).trainer.lr == 2e-5  # the preset's full_lr
+    assert load_config(None, {"env": "swe", **FULL}).trainer.lr == FULL_WEIGHTS_LR  # a preset without full_lr
+    assert load_config(None, {"env": "weather.py:Weather", **FULL}).trainer.lr == FULL_WEIGHTS_LR  # no preset
+    assert load_config(None, {"env": "weather.py:Weather"}).trainer.lr == 2e-4  # the field's LoRA default
+    assert load_config(None, {"env": "calc", "trainer": {"lora": False, "lr": 3e-6}}).trainer.lr == 3e-6
+    toml = tmp_path / "run.toml"
+    toml.write_text("[trainer]\nlora = false\n")
+    assert load_config(toml, {"env": "calc"}).trainer.lr == 2e-5
+    toml.write_text("[trainer]\nlora = false\nlr = 1e-6\n")
+    assert load_config(toml, {"env": "calc"}).trainer.lr == 1e-6
+    assert "full_lr" not in preset_for("calc") and preset_for("calc")["trainer"]["lr"] == 2e-3
+
+
+def test_full_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import tomllib
+    from typer.testing import CliRunner
+
+    from agentrl import cli
+
+    monkeypatch.setattr(cli, "_setup", lambda verbose: None)  # keep pytest's own signal handlers
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--full", "--print-config"])
+    assert r.exit_code == 0, r.output
+    cfg = tomllib.loads(r.output)
+    assert cfg["trainer"]["lora"] is False and cfg["trainer"]["lr"] == 2e-5
+    assert cfg["inference"]["enable_lora"] is False
+    r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--print-config"])
+    assert tomllib.loads(r.output)["trainer"]["lora"] is True
+    (tmp_path / "kl.toml").write_text("[trainer.loss]\nkl_coef = 0.1\n")
+    r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--full", "--config", "kl.toml", "--print-config"])
+    assert r.exit_code == 2 and "trainer.loss.kl_coef = 0.1 needs a reference policy" in r.output
+    assert list(tmp_path.iterdir()) == [tmp_path / "kl.toml"], "--print-config must not create anything"
