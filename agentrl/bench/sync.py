@@ -6,6 +6,9 @@ that an in-place update gives the same greedy logprobs as a file load of the sam
 ``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version),
 as many in-place updates over the network path (the tensors in the request body, as for an engine on
 another host: ``network_*``), and as many file-based in-place reloads. Prints a table, then one JSON object as the last line.
+
+``--full`` runs the full-weight sync benchmark instead (a trainer's whole model into the engine:
+:mod:`agentrl.bench.full_sync`, which takes its own options).
 """
 
 from __future__ import annotations
@@ -148,8 +151,18 @@ def _table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; returns the exit code (1 when the correctness check fails)."""
+    """Run the benchmark; returns the exit code (1 when the correctness check fails). ``--full`` hands the
+    other arguments to the full-weight sync benchmark."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--full", action="store_true")
+    known, rest = pre.parse_known_args(argv)
+    if known.full:
+        from agentrl.bench import full_sync
+
+        return full_sync.main(rest)
     ap = argparse.ArgumentParser(prog="agentrl bench sync", description=__doc__)
+    ap.add_argument("--full", action="store_true",
+                    help="benchmark full-weight sync instead (see agentrl bench sync --full --help)")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--updates", type=int, default=50)
