@@ -10,7 +10,7 @@ STACK ?= cpu
 # Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 TRAIN_ARGS ?=
 
 .PHONY: install test test-unit train lint model clean
