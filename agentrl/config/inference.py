@@ -51,6 +51,9 @@ class VLLMServerConfig(BaseModel):
     """Which logprobs the engine reports (``--logprobs-mode``). ``processed_logprobs``: of the distribution
     the token was sampled from (after temperature), which the trainer reproduces; ``raw_logprobs`` (vLLM's
     default): of the model at temperature 1, wrong for training at any other temperature."""
+    weight_transfer_backend: str | None = None
+    """vLLM's weight-transfer engine (``--weight-transfer-config``), e.g. ``nccl``: set by a run with
+    ``pipeline.weight_sync = "nccl"`` (full weights over NCCL, GPUs only); None starts none."""
     worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
     """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
     None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""

@@ -90,12 +90,17 @@ class PipelineConfig(BaseModel):
     update_mode: Literal["keep", "wait"] = "keep"
     """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
     (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
-    weight_sync: Literal["shm", "network", "file"] = "shm"
+    weight_sync: Literal["shm", "network", "file", "nccl"] = "shm"
     """``shm``: copy adapter tensors into each engine's live LoRA slot, through shared memory for engines on
     this host and in the request body for the others (chosen per engine by a probe at start; files when an
     engine refuses); ``network``: the request body for every engine (no shared memory or filesystem);
     ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share;
-    LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``)."""
+    LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``); ``nccl``: full weights
+    only, through vLLM's NCCL weight-transfer engine (GPU engines; the trainer needs vLLM importable; never
+    measured by this project)."""
+    weight_transfer_addr: str = "127.0.0.1"
+    """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
+    (the NCCL rendezvous of the weight transfer)."""
 
     @property
     def eta(self) -> int:
@@ -217,6 +222,9 @@ class RunConfig(BaseModel):
         """What a full-weight run (``trainer.lora = false``) cannot do yet: a KL penalty (no reference model)
         and file weight sync (which reloads LoRA adapters)."""
         if self.trainer.lora:
+            if self.pipeline.weight_sync == "nccl":
+                raise ValueError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); a "
+                                 "LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
             return self
         if self.trainer.loss.kl_coef > 0:
             raise ValueError(
@@ -252,12 +260,15 @@ class RunConfig(BaseModel):
 
     def resolved(self) -> RunConfig:
         """A copy where the trainer and server point at ``model`` and the context lengths agree; a full-weight
-        run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly."""
+        run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly, and start vLLM's
+        NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``."""
         cfg = self.model_copy(deep=True)
         cfg.trainer.model_path = cfg.model
         cfg.inference.model = cfg.model
         if not cfg.trainer.lora and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
+        if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:
+            cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = min(cfg.sampling.max_context_tokens, cfg.inference.max_model_len)
         return cfg
 

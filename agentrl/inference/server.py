@@ -203,6 +203,8 @@ class VLLMServer:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
         if not _is_cpu_build():
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        if c.weight_transfer_backend:
+            cmd += ["--weight-transfer-config", json.dumps({"backend": c.weight_transfer_backend})]
         if c.worker_extension and "--worker-extension-cls" not in c.extra_args and _importable(c.worker_extension):
             cmd += ["--worker-extension-cls", c.worker_extension]
         if c.cpu_cores:  # taskset execs the server: the pid, process group and pidfile stay the same

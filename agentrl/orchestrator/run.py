@@ -184,7 +184,8 @@ class TrainingRun:
         """The run's weight publisher over ``client``'s engines (LoRA adapters or full weights)."""
         cfg = self.cfg
         return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.trainer.lora,
-                                name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters")
+                                name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
+                                nccl_addr=cfg.pipeline.weight_transfer_addr)
 
     async def _republish(self, trainer: Any, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,

@@ -277,6 +277,12 @@ class TrainerProcess:
         return await self.arequest("write_weight_bucket", timeout_s, layout=layout, shm_name=shm_name,
                                    segment_bytes=segment_bytes, offset=offset)
 
+    async def nccl_send_weights(self, urls: list[str], master_address: str,
+                                timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Broadcast the full weights into the engines ``urls`` through vLLM's NCCL weight-transfer engine
+        (groups opened on the first call; ``master_address``: rank 0's address, reachable from the engines)."""
+        return await self.arequest("nccl_send_weights", timeout_s, urls=list(urls), master_address=master_address)
+
     async def save_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
         """Sharded checkpoint of trainable params, optimizer, optimizer step and RNGs at ``path``."""
         return await self.arequest("save_checkpoint", timeout_s, path=str(Path(path).resolve()))

@@ -7,7 +7,8 @@ rank runs the op, and rank 0 replies ``{"ok": True, "id": ..., ...}`` or ``{"ok"
 "error": "Type: msg", "traceback": ...}``. Ops: ``train`` (``samples``, ``policy_version``), ``logprobs``
 (``samples``: the current policy's per-token logprobs, no update), ``save_adapter``,
 ``get_adapter_tensors``, ``weight_specs`` and ``write_weight_bucket`` (full-weight sync, one bucket per call:
-:mod:`agentrl.trainer.weights`), ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
+:mod:`agentrl.trainer.weights`), ``nccl_send_weights`` (full weights through vLLM's NCCL weight-transfer
+engine: :mod:`agentrl.trainer.nccl_sync`), ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
 arguments, a missing path) leaves the worker serving; a rank failing alone inside a collective is fatal.
 """
 
@@ -56,6 +57,7 @@ class Worker:
         self.step = TrainStep(self.model, self.optimizer, cfg, self.device)
         self.num_trainable = sum(p.numel() for p in params)
         self.buckets = BucketWriter()
+        self.nccl: Any = None  # agentrl.trainer.nccl_sync.NcclSender, on the first NCCL sync
 
     def info(self) -> dict[str, Any]:
         """What the ready message tells the orchestrator."""
@@ -91,6 +93,12 @@ class Worker:
         if op == "write_weight_bucket":
             return self.buckets.write(self.model, req["layout"], req.get("shm_name"), int(req.get("segment_bytes", 0)),
                                       int(req.get("offset", 0)))
+        if op == "nccl_send_weights":
+            if self.nccl is None:
+                from agentrl.trainer.nccl_sync import NcclSender
+
+                self.nccl = NcclSender(self.model)
+            return self.nccl.send(list(req["urls"]), str(req["master_address"]))
         if op == "save_checkpoint":
             model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req["path"], self.step.optimizer_step)
             return {"path": str(req["path"]), "optimizer_step": self.step.optimizer_step}

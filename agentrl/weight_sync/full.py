@@ -43,6 +43,38 @@ DTYPE_METHOD = "agentrl_weight_dtype"
 DEFAULT_BUCKET_BYTES = 128 << 20
 
 
+def live_urls(engine: Any) -> list[str]:
+    """The endpoints of ``engine`` (a client or a subset) that are in rotation now."""
+    pool = getattr(getattr(engine, "client", engine), "pool", None)
+    down = {e.url for e in pool.endpoints if e.down} if pool is not None else set()
+    return [u for u in engine.endpoints if u not in down]
+
+
+async def abandon(engine: LoadingEngines, reasons: dict[str, str]) -> None:
+    """Engines left with a partial load: their frozen requests aborted (best effort: an engine that does not
+    answer is out already), then out of rotation until a complete load."""
+    if not reasons:
+        return
+    with contextlib.suppress(Exception):
+        await engine.subset(list(reasons)).pause("abort")
+    for url, why in reasons.items():
+        engine.take_out(url, f"incomplete full-weight load: {why}")
+
+
+async def go_live(engine: LoadingEngines, urls: list[str], version: int, *,
+                  set_version: bool = True) -> dict[str, float]:
+    """After a complete load on ``urls``: the new version's label, the prefix cache dropped (running requests
+    preempted: they recompute their KV under the new weights) and generation resumed. The two stages' ms."""
+    t0 = time.perf_counter()
+    done = engine.subset(urls)
+    if set_version:
+        await done.set_weight_version(engine_label(version))
+    await done.reset_prefix_cache(running=True)
+    t1 = time.perf_counter()
+    await done.resume()
+    return {"full_version_reset_ms": (t1 - t0) * 1e3, "full_resume_ms": (time.perf_counter() - t1) * 1e3}
+
+
 class WeightSource(Protocol):
     """The trainer, as a full-weight publisher needs it (:class:`agentrl.trainer.client.TrainerProcess`)."""
 
@@ -103,10 +135,9 @@ class FullWeightSync:
     async def publish(self, version: int) -> dict[str, float]:
         """Make ``version`` live in every engine in rotation; returns each stage's time in ms (and ``sync_s``)."""
         t0 = time.perf_counter()
-        urls = list(self.engine.endpoints)
-        await self._prepare(urls)
+        await self._prepare(list(self.engine.endpoints))
         await self.engine.pause("keep")
-        live = [u for u in urls if not self._is_down(u)]
+        live = live_urls(self.engine)
         failed: dict[str, str] = {}
         t1 = time.perf_counter()
         stats = {"gather_ms": 0.0, "write_ms": 0.0, "load_ms": 0.0}
@@ -117,22 +148,16 @@ class FullWeightSync:
             t3 = time.perf_counter()
             await self._each(FINISH_METHOD, {}, live, failed)
         except BaseException:
-            await self._abandon(live, "the weight load was interrupted")
+            await abandon(self.engine, {u: "the weight load was interrupted" for u in live})
             raise
         t4 = time.perf_counter()
         ok = [u for u in live if u not in failed]
-        if failed:
-            await self._abandon(list(failed), "", failed)
+        await abandon(self.engine, failed)
         if not ok:
             raise SyncError("full-weight load failed on every engine: " + "; ".join(f"{u}: {w}" for u, w in
                                                                                       failed.items()))
-        done = self.engine.subset(ok)
-        if self.set_version:
-            await done.set_weight_version(engine_label(version))
-        await done.reset_prefix_cache(running=True)
+        live_ms = await go_live(self.engine, ok, version, set_version=self.set_version)
         t5 = time.perf_counter()
-        await done.resume()
-        t6 = time.perf_counter()
         return {
             "full_pause_ms": (t1 - t0) * 1e3,
             "full_begin_ms": (t2 - t1) * 1e3,
@@ -141,18 +166,13 @@ class FullWeightSync:
             "full_write_ms": stats["write_ms"],
             "full_load_ms": stats["load_ms"],
             "full_finish_ms": (t4 - t3) * 1e3,
-            "full_version_reset_ms": (t5 - t4) * 1e3,
-            "full_resume_ms": (t6 - t5) * 1e3,
-            "total_ms": (t6 - t0) * 1e3,
-            "sync_s": t6 - t0,
+            **live_ms,
+            "total_ms": (t5 - t0) * 1e3,
+            "sync_s": t5 - t0,
             "weight_bytes": float(self.bytes_per_sync),
             "buckets": float(len(self.buckets)),
             "engines_failed": float(len(failed)),
         }
-
-    def _is_down(self, url: str) -> bool:
-        pool = getattr(getattr(self.engine, "client", self.engine), "pool", None)
-        return pool is not None and any(e.url == url and e.down for e in pool.endpoints)
 
     async def _each(self, method: str, kwargs: dict[str, str], urls: list[str], failed: dict[str, str]) -> None:
         """Run ``method`` on the endpoints of ``urls`` that have not failed; record the ones that fail now."""
@@ -217,14 +237,6 @@ class FullWeightSync:
             calls.append(self._each(LOAD_BYTES_METHOD, {"payload_b64": payload, "meta_json": self._metas[i]},
                                     away, failed))
         await asyncio.gather(*calls)
-
-    async def _abandon(self, urls: list[str], why: str, reasons: dict[str, str] | None = None) -> None:
-        """Engines left with a partial load: their frozen requests aborted (best effort: an engine that does
-        not answer is out already), then out of rotation until a complete load."""
-        with contextlib.suppress(Exception):
-            await self.engine.subset(urls).pause("abort")
-        for url in urls:
-            self.engine.take_out(url, f"incomplete full-weight load: {(reasons or {}).get(url, why)}")
 
     def close(self) -> None:
         """Unlink the segment. Idempotent."""

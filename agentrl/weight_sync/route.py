@@ -101,12 +101,18 @@ async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: An
 
 
 @contextlib.asynccontextmanager
-async def full_weight_publisher(mode: Literal["shm", "network", "file"], trainer: Any,
-                                client: Engines) -> AsyncIterator[Publisher]:
+async def full_weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any, client: Any,
+                                nccl_addr: str = "127.0.0.1") -> AsyncIterator[Publisher]:
     """The full-weight publisher over ``client``'s engines: shared memory for the engines on this host, the
-    call body for the others (``"network"``: for every engine). Files are refused: they carry adapters only."""
+    call body for the others (``"network"``: for every engine), or vLLM's NCCL weight-transfer engine
+    (``"nccl"``, rendezvous at ``nccl_addr``). Files are refused: they carry adapters only."""
     from agentrl.weight_sync.full import FullWeightSync
 
+    if mode == "nccl":
+        from agentrl.weight_sync.nccl import NcclWeightSync
+
+        yield NcclWeightSync(trainer, client, nccl_addr)
+        return
     if mode == "file":
         raise ValueError("pipeline.weight_sync = 'file' reloads LoRA adapters; full weights go through shared "
                          "memory or the network ('shm' or 'network')")
@@ -118,10 +124,13 @@ async def full_weight_publisher(mode: Literal["shm", "network", "file"], trainer
         yield publisher
 
 
-def weight_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: Engines, *, lora: bool,
-                     name: str, adapter_dir: Path) -> contextlib.AbstractAsyncContextManager[Publisher]:
+def weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any, client: Any, *, lora: bool,
+                     name: str, adapter_dir: Path,
+                     nccl_addr: str = "127.0.0.1") -> contextlib.AbstractAsyncContextManager[Publisher]:
     """The publisher of a run: LoRA adapters (:func:`adapter_publisher`) or full weights
     (:func:`full_weight_publisher`)."""
     if lora:
+        if mode == "nccl":
+            raise ValueError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")
         return adapter_publisher(mode, trainer, client, name, adapter_dir)
-    return full_weight_publisher(mode, trainer, client)
+    return full_weight_publisher(mode, trainer, client, nccl_addr)

@@ -92,3 +92,16 @@ def test_full_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path:
     r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--full", "--config", "kl.toml", "--print-config"])
     assert r.exit_code == 2 and "trainer.loss.kl_coef = 0.1 needs a reference policy" in r.output
     assert list(tmp_path.iterdir()) == [tmp_path / "kl.toml"], "--print-config must not create anything"
+
+
+def test_nccl_sync_is_for_full_weights_and_starts_the_engines_transfer_engine(tmp_path: Path) -> None:
+    from agentrl.inference import VLLMServer
+
+    problems = _problems(pipeline={"weight_sync": "nccl"})
+    assert len(problems) == 1 and problems[0].startswith("pipeline.weight_sync = 'nccl' streams full weights")
+    cfg = load_config(None, {"env": "calc", "pipeline": {"weight_sync": "nccl"}, **FULL}).resolved()
+    assert cfg.inference.weight_transfer_backend == "nccl"
+    cmd = VLLMServer(cfg.inference, tmp_path).build_command()
+    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    plain = load_config(None, {"env": "calc", **FULL}).resolved()
+    assert "--weight-transfer-config" not in VLLMServer(plain.inference, tmp_path).build_command()

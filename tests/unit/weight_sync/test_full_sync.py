@@ -156,3 +156,35 @@ async def test_a_trainer_failure_mid_stream_takes_every_engine_out() -> None:
     with FullWeightSync(Trainer(fail_at=2), engines, bucket_bytes=300) as sync, pytest.raises(RuntimeError):
         await sync.publish(1)
     assert sorted(engines.down) == engines.urls
+
+
+class NcclTrainer:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.sent: list[tuple[list[str], str]] = []
+
+    async def nccl_send_weights(self, urls: list[str], master_address: str) -> dict[str, Any]:
+        if self.fail:
+            raise RuntimeError("NCCL broadcast failed")
+        self.sent.append((urls, master_address))
+        return {"nccl_send_ms": 5.0}
+
+
+async def test_the_nccl_path_pauses_sends_then_labels_resets_and_resumes() -> None:
+    from agentrl.weight_sync.nccl import NcclWeightSync
+
+    trainer, engines = NcclTrainer(), Engines()
+    out = await NcclWeightSync(trainer, engines, "10.0.0.1").publish(4)
+    assert trainer.sent == [(engines.urls, "10.0.0.1")]
+    assert [c for c, _ in engines.calls] == ["pause:keep", "version:4", "reset:True", "resume"]
+    assert out["nccl_send_ms"] == 5.0 and out["engines_failed"] == 0
+
+
+async def test_a_failed_nccl_transfer_takes_every_engine_out() -> None:
+    from agentrl.weight_sync.nccl import NcclWeightSync
+
+    engines = Engines()
+    with pytest.raises(RuntimeError, match="NCCL"):
+        await NcclWeightSync(NcclTrainer(fail=True), engines, "10.0.0.1").publish(4)
+    assert sorted(engines.down) == engines.urls
+    assert not any(c.startswith("version") or c == "resume" for c, _ in engines.calls)
