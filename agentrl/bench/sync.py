@@ -168,7 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=50)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
+    full = ap.add_argument_group("with --full only", "options of the full-weight benchmark (agentrl.bench.full_sync)")
+    for flag, what in (("--nproc", "trainer ranks"), ("--syncs", "syncs to time"), ("--lr", "trainer learning rate"),
+                       ("--seed", "seed of the prompts and advantages")):
+        full.add_argument(flag, default=None, help=f"{what} (see agentrl bench sync --full --help)")
     args = ap.parse_args(argv)
+    given = [f"--{k}" for k in ("nproc", "syncs", "lr", "seed") if getattr(args, k) is not None]
+    if given:
+        ap.error(f"{', '.join(given)} belong to the full-weight benchmark: add --full")
 
     from agentrl.inference import VLLMServer, VLLMServerConfig
 

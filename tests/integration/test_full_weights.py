@@ -160,7 +160,7 @@ async def test_a_generation_spanning_a_full_weight_update_continues_on_the_new_w
     assert _mae(gen.logprobs[:k], new[:k]) > 1e-3
 
 
-async def test_full_weight_training_sync_resume_async_and_final_model(engine, tiny_model_dir: Path,
+async def test_full_weight_training_sync_then_async_resume_on_two_ranks_and_final_model(engine, tiny_model_dir: Path,
                                                                       tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -172,7 +172,7 @@ async def test_full_weight_training_sync_resume_async_and_final_model(engine, ti
         "engine_warmup": False,
         "trainer": {"lora": False, "lr": 1e-5},
     }
-    sync_cfg = {**base, "name": "full-sync", "steps": 2, "checkpoint_every": 1}
+    sync_cfg = {**base, "name": "full-sync", "steps": 2, "checkpoint_every": 2}
     await TrainingRun(load_config(None, sync_cfg), progress=False).run()
     run_dir = tmp_path / "full-sync"
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -182,11 +182,15 @@ async def test_full_weight_training_sync_resume_async_and_final_model(engine, ti
         if r["num_trained"]:  # on-policy after every full-weight sync: engine and trainer logprobs agree
             assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
             assert abs(r["train_behav_logp_diff"]) < 0.02
-    # resume from the full-weight checkpoint of step 2 on two ranks (it was written by one)
-    resumed = {**sync_cfg, "steps": 3, "nproc": 2}
+    # resume from the full-weight checkpoint of step 2 on two ranks (it was written by one), asynchronously:
+    # full-weight updates land while episodes run, and those episodes continue under the new weights
+    resumed = {**sync_cfg, "steps": 5, "nproc": 2, "mode": "async", "pipeline": {"max_staleness": 1},
+               "checkpoint_every": 0}
     await TrainingRun(load_config(None, resumed), resume=True, progress=False).run()
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2, 3] and train[-1]["version"] == 3
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5] and [r["version"] for r in train[2:]] == [3, 4, 5]
+    assert all(r["mode"] == "async" and r["staleness_max"] <= 1 and r["engines_failed"] == 0 for r in train[2:])
+    assert sum(r["staleness_mean"] for r in train[3:]) > 0, "no episode overlapped a full-weight update"
 
     final = run_dir / "final_model"
     assert (final / "config.json").is_file() and list(final.glob("*.safetensors"))
@@ -207,12 +211,3 @@ async def test_full_weight_training_sync_resume_async_and_final_model(engine, ti
     finally:
         await asyncio.to_thread(server.stop)
     assert gen.token_ids[: len(hf_tokens)] == hf_tokens
-
-    # async: full-weight updates land while episodes run; they continue under the new weights
-    async_cfg = {**base, "name": "full-async", "steps": 3, "mode": "async", "pipeline": {"max_staleness": 1},
-                 "checkpoint_every": 0}
-    await TrainingRun(load_config(None, async_cfg), progress=False).run()
-    train = [r for r in read_jsonl(tmp_path / "full-async" / "metrics.jsonl") if r["kind"] == "train"]
-    assert [r["version"] for r in train] == [1, 2, 3]
-    assert all(r["staleness_max"] <= 1 and r["engines_failed"] == 0 for r in train)
-    assert sum(r["staleness_mean"] for r in train[1:]) > 0, "no episode overlapped an update"

@@ -61,7 +61,7 @@ def test_cli_flag_set_is_pinned() -> None:
     assert flags["train"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
-         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward",
+         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--full",
          "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
