@@ -29,18 +29,23 @@ def weight_specs(model: nn.Module) -> list[tuple[str, list[int]]]:
     return [(name, list(p.shape)) for name, p in model.named_parameters()]
 
 
-def _full_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
-    """Collective, one parameter at a time: the full tensor of each of ``layout``'s parameters (every rank
-    must consume the whole iterator)."""
+def _layout_params(model: nn.Module, layout: Layout) -> Iterator[nn.Parameter]:
+    """Each of ``layout``'s parameters, checked against its name and full shape in the layout."""
     params = dict(model.named_parameters())
     for name, _, shape, _ in layout:
         p = params.get(name)
         if p is None:
             raise KeyError(f"{name} is not a parameter of the trained model")
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        if list(full.shape) != list(shape):
-            raise ValueError(f"{name}: the model's shape {list(full.shape)} is not the layout's {shape}")
-        yield full.detach()
+        if list(p.shape) != list(shape):
+            raise ValueError(f"{name}: the model's shape {list(p.shape)} is not the layout's {shape}")
+        yield p
+
+
+def _full_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
+    """Collective, one parameter at a time: the full tensor of each of ``layout``'s parameters (every rank
+    must consume the whole iterator)."""
+    for p in _layout_params(model, layout):
+        yield (p.full_tensor() if isinstance(p, DTensor) else p).detach()
 
 
 def _row_offset(p: DTensor, rank: int, world: int) -> int | None:
@@ -91,14 +96,8 @@ class BucketWriter:
         """Every rank copies its rows of each parameter into ``slot``; parameters not sharded by rows are
         gathered and written by rank 0. Returns once every rank is done (a barrier)."""
         rank, world = dist.get_rank(), dist.get_world_size()
-        params = dict(model.named_parameters())
         gathered_s = 0.0
-        for name, dtype, shape, off in layout:
-            p = params.get(name)
-            if p is None:
-                raise KeyError(f"{name} is not a parameter of the trained model")
-            if list(p.shape) != list(shape):
-                raise ValueError(f"{name}: the model's shape {list(p.shape)} is not the layout's {shape}")
+        for (_, dtype, shape, off), p in zip(layout, _layout_params(model, layout), strict=True):
             dt = getattr(torch, dtype)
             full = slot[off:off + p.numel() * dt.itemsize].view(dt).view(shape)
             start = _row_offset(p, rank, world) if isinstance(p, DTensor) else None

@@ -54,10 +54,6 @@ def _views(buf: Any, layout: Layout, *, own: bool = False) -> Iterator[tuple[str
 class FullWeightsMixin:
     """Full-weight loading methods of the worker extension (called through ``collective_rpc``)."""
 
-    def _agentrl_model(self) -> Any:
-        runner = self.model_runner  # type: ignore[attr-defined]
-        return runner.get_model() if hasattr(runner, "get_model") else runner.model
-
     def _agentrl_load(self, t0: float, weights: Iterator[tuple[str, Any]]) -> dict[str, Any]:
         """Load ``weights`` inside a load begun by :meth:`agentrl_begin_weights`."""
         import torch
@@ -107,7 +103,7 @@ class FullWeightsMixin:
 
     def agentrl_weight_dtype(self) -> dict[str, Any]:
         """The dtype the model's weights are served in (the publisher casts to it before sending)."""
-        p = next(self._agentrl_model().parameters())
+        p = next(vllm_patches.served_model(self).parameters())
         return {"ok": True, "dtype": str(p.dtype).removeprefix("torch.")}
 
     def agentrl_load_weights(self, shm_name: str, segment_bytes: str, offset: str, meta_json: str) -> dict[str, Any]:

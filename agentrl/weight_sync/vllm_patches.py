@@ -139,7 +139,8 @@ def lora_adapter_manager(worker: Any) -> Any:
     return getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
 
 
-def _model_of(worker: Any) -> Any:
+def served_model(worker: Any) -> Any:
+    """The ``nn.Module`` a vLLM worker serves (``model_runner.get_model()``, or ``.model`` on older runners)."""
     runner = worker.model_runner
     return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
@@ -150,7 +151,7 @@ def begin_weight_load(worker: Any) -> None:
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
     with set_current_vllm_config(worker.vllm_config):
-        initialize_layerwise_reload(_model_of(worker))
+        initialize_layerwise_reload(served_model(worker))
 
 
 def load_weight_bucket(worker: Any, weights: Any) -> None:
@@ -158,7 +159,7 @@ def load_weight_bucket(worker: Any, weights: Any) -> None:
     from vllm.config import set_current_vllm_config
 
     with set_current_vllm_config(worker.vllm_config):
-        _model_of(worker).load_weights(weights)
+        served_model(worker).load_weights(weights)
 
 
 def finish_weight_load(worker: Any) -> None:
@@ -167,8 +168,9 @@ def finish_weight_load(worker: Any) -> None:
     from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
     with set_current_vllm_config(worker.vllm_config):
-        finalize_layerwise_reload(_model_of(worker), worker.vllm_config.model_config)
-        refresh_tied_embeddings(_model_of(worker))
+        model = served_model(worker)
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        refresh_tied_embeddings(model)
     reset = getattr(worker.model_runner, "reset_lora_state", None)
     if reset is not None:
         reset()
