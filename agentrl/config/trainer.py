@@ -25,6 +25,15 @@ class LossConfig(BaseModel):
     """Off-policy correction for the gap between the behaviour (inference) and proximal policies."""
     tis_cap: float = Field(2.0, ge=1.0)
     """Cap of the behaviour importance weight: truncation for ``tis``, drop threshold for ``decoupled``."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """``token``: one PPO ratio per token (PPO / GRPO). ``sequence``: one ratio per sequence (GSPO), the
+    geometric mean of its loss tokens' ratios, ``s = exp(mean(logp - old))``, clipped as a whole with the
+    same ``clip_low`` / ``clip_high`` (the whole sequence is clipped or none of it) and with every token's
+    gradient ``s * A * grad logp / |y|`` under ``seq_mean``. The GSPO paper clips far tighter (about
+    3e-4 / 4e-4) than the token defaults, which are meant for token ratios: set both clips when choosing
+    ``sequence``. The behaviour weight of ``is_correction`` stays per token, multiplying each token's term
+    as with token ratios; ``is_correction = "none"`` takes the ratio against the behaviour logprobs, as in
+    the paper. Steadier than token ratios where single-token likelihoods are noisy (MoE routing)."""
     adv_std_normalize: bool = True
     """Divide group-centred rewards by the group's standard deviation (GRPO); else only centre them."""
 

@@ -17,6 +17,17 @@ own logprobs before this update (the proximal policy) and ``behav`` the policy t
   instead of truncated. Dropped tokens still count in the normaliser.
 
 Both weights are detached. On-policy (``behav == prox == logp``) every ratio and weight is exactly 1.
+
+Ratio level (``LossConfig.ratio_level``): ``token`` is the above. ``sequence`` (GSPO) replaces each
+token's ratio ``r_t`` by its sequence's ``s = exp(mean_t(logp_t - base_t))`` over the loss tokens (``base``
+is ``behav`` for ``none``, ``prox`` otherwise), in the form ``s_t = sg[s] * exp(logp_t - sg[logp_t])``:
+the value is ``s`` at every token, so the clip keeps or cuts the whole sequence, and the gradient of
+token ``t`` is ``s * grad logp_t``. The per-token terms ``max(-s_t A, -clip(s_t) A) * w_t`` then go
+through the same aggregation; with ``seq_mean`` and ``none`` the gradient is exactly GSPO's,
+``-s A mean_t(grad logp_t)`` for an unclipped sequence. The behaviour weight ``w_t`` stays per token
+(the same ``tis`` truncation / ``decoupled`` drop, at the same cap): it corrects which tokens the
+behaviour policy sampled, the sequence ratio bounds how far this update moves from ``base``. A dropped
+token still counts in its sequence's ``s``.
 """
 
 from __future__ import annotations
@@ -81,7 +92,9 @@ def policy_loss(
     least one masked token) replace the local normaliser, so data-parallel ranks can each return
     ``local sum / global count`` and the sum of their losses equals the single-rank loss.
     Metrics are means over the local masked tokens, plus ``num_tokens`` (the local masked count) so a
-    caller can combine them across micro-batches and ranks.
+    caller can combine them across micro-batches and ranks. With sequence ratios every token carries its
+    sequence's ratio, so ``ratio_mean`` and ``clip_frac`` weight each sequence by its loss tokens
+    (``clip_frac``: the share of loss tokens whose sequence was clipped).
     """
     mask_B_T = loss_mask_B_T.to(logprobs_B_T.dtype)
     adv_B_1 = advantages_B.to(logprobs_B_T.dtype).unsqueeze(-1)
@@ -98,6 +111,11 @@ def policy_loss(
 
     # Masked-out positions may hold arbitrary values (padding): zero the log-ratio there before exp.
     log_ratio_B_T = (logprobs_B_T - base_B_T) * mask_B_T
+    if cfg.ratio_level == "sequence":
+        # GSPO-token form: every token's ratio has the value of its sequence's geometric-mean ratio s and
+        # the gradient s * grad logp_t, so the clip decision is the sequence's and seq_mean gives GSPO's gradient.
+        seq_log_ratio_B_1 = log_ratio_B_T.sum(-1, keepdim=True) / mask_B_T.sum(-1, keepdim=True).clamp(min=1.0)
+        log_ratio_B_T = (logprobs_B_T - logprobs_B_T.detach() + seq_log_ratio_B_1.detach()) * mask_B_T
     ratio_B_T = torch.exp(log_ratio_B_T)
     clipped_B_T = torch.clamp(ratio_B_T, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     unclipped_loss_B_T = -ratio_B_T * adv_B_1
