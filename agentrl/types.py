@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StopReason(str, enum.Enum):
@@ -108,6 +108,68 @@ class Timings(BaseModel):
     """The whole episode."""
 
 
+class Routing(BaseModel):
+    """MoE expert routing of an episode, as the engine computed it: for positions ``0 .. n-1`` of
+    ``prompt_ids + completion_ids``, the top-k expert ids of every layer (rows of layers that are not MoE
+    are zeros). Layout: row-major ``[n, layers, top_k]`` of ``dtype`` (vLLM's own ``routed_experts``
+    layout). ``n`` is at most the sequence length minus one: the last token was never fed forward.
+
+    Routing recorded before a weight update stays as the old weights computed it (a request recomputed
+    after an update keeps its first routing); ``versions`` says which policy version computed which span.
+    """
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+    layers: int = Field(ge=1)
+    """The model's decoder layers (all of them, MoE or not)."""
+    top_k: int = Field(ge=1)
+    """Experts per token."""
+    dtype: Literal["uint8", "uint16"] = "uint8"
+    """``uint8`` (up to 256 experts) or ``uint16``."""
+    ids: bytes = b""
+    """The routing rows, row-major ``[n, layers, top_k]`` (base64 in JSON)."""
+    versions: list[tuple[int, int]] = Field(default_factory=list)
+    """``(first position, policy version)`` spans, in order: the version whose forward pass computed the
+    routing of the positions from there to the next span."""
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one position's routing."""
+        return self.layers * self.top_k * (1 if self.dtype == "uint8" else 2)
+
+    @property
+    def n(self) -> int:
+        """Positions covered."""
+        return len(self.ids) // self.row_bytes
+
+    def array(self) -> Any:
+        """The rows as a numpy array ``[n, layers, top_k]`` (read-only view)."""
+        import numpy as np
+
+        return np.frombuffer(self.ids, dtype=self.dtype).reshape(self.n, self.layers, self.top_k)
+
+    def extend(self, rows: Any, versions: list[int]) -> None:
+        """Append positions ``n ..`` (``rows``: ``[m, layers, top_k]``), computed by ``versions[i]`` each."""
+        if tuple(rows.shape[1:]) != (self.layers, self.top_k) or str(rows.dtype) != self.dtype:
+            raise ValueError(f"routing rows of shape {tuple(rows.shape)} {rows.dtype} do not extend "
+                             f"[n, {self.layers}, {self.top_k}] {self.dtype}")
+        if len(versions) != len(rows):
+            raise ValueError(f"{len(rows)} routing rows but {len(versions)} versions")
+        start = self.n
+        for i, v in enumerate(versions):
+            if not self.versions or self.versions[-1][1] != v:
+                self.versions.append((start + i, v))
+        self.ids += rows.tobytes()
+
+    def check(self, seq_len: int) -> None:
+        """Raise ValueError if the routing does not fit a sequence of ``seq_len`` tokens."""
+        if len(self.ids) % self.row_bytes:
+            raise ValueError(f"routing holds {len(self.ids)} bytes, not a whole number of {self.row_bytes}-byte rows")
+        if self.n > max(0, seq_len - 1):
+            raise ValueError(f"routing covers {self.n} positions but the sequence has {seq_len} tokens "
+                             "(at most one position fewer: the last token is never fed forward)")
+
+
 class Trajectory(BaseModel):
     """One episode: token data for training plus structured turns for humans."""
 
@@ -136,8 +198,9 @@ class Trajectory(BaseModel):
     num_tool_calls: int = 0
     num_malformed_tool_calls: int = 0
     timings: Timings = Field(default_factory=Timings)
-    routed_experts: list[Any] | None = None
-    """Expert-routing records from the engine, per generated token, for MoE routing replay."""
+    routing: Routing | None = None
+    """MoE expert routing of the episode's positions (:class:`Routing`), for replay in the trainer; None
+    for dense models or when capture is off."""
 
     @property
     def failed(self) -> bool:
@@ -154,6 +217,8 @@ class Trajectory(BaseModel):
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")
+        if self.routing is not None:
+            self.routing.check(len(self.prompt_ids) + n)
 
 
 @dataclass
@@ -176,6 +241,9 @@ class TrainSample:
     """Policy version that generated each token; -1 where the mask is 0."""
     temperature: float = 1.0
     """Sampling temperature of the masked tokens: logprobs are of ``softmax(logits / temperature)``."""
+    routing: Routing | None = None
+    """MoE expert routing of positions ``0 .. routing.n - 1`` as the engine computed them (replayed in the
+    trainer's forward pass); None: the model routes by itself."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -189,6 +257,8 @@ class TrainSample:
                 raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries, expected {n}")
         if self.loss_mask[0]:
             raise ValueError("TrainSample.loss_mask[0] must be 0: the first token has no context")
+        if self.routing is not None:
+            self.routing.check(n)
 
     @property
     def num_loss_tokens(self) -> int:

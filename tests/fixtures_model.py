@@ -51,14 +51,15 @@ def _build_tokenizer(out_dir: Path):
     return fast
 
 
-def build_random_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+def build_random_tiny_model(out_dir: Path, seed: int = 0, moe: bool = False) -> Path:
     """Write a random tiny Qwen2 causal LM (+ tokenizer) into ``out_dir`` and return it.
 
     Deterministic for a given ``seed``. Architecture: hidden 128, 2 layers, 2 heads of
-    dim 64 (head_dim 16 crashes vLLM's CPU attention backend), fp32 safetensors.
+    dim 64 (head_dim 16 crashes vLLM's CPU attention backend), fp32 safetensors. ``moe``: a Qwen3-MoE
+    model of the same size (every layer 8 experts, top-2, expert width 128).
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config, Qwen3MoeConfig
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,10 @@ def build_random_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     vocab_size = len(tokenizer)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen2Config(
+    config_cls, arch = (Qwen3MoeConfig, {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+                                         "norm_topk_prob": True}) if moe else (Qwen2Config, {})
+    cfg = config_cls(
+        **arch,
         hidden_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
@@ -82,7 +86,7 @@ def build_random_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg)
+    model = AutoModelForCausalLM.from_config(cfg)
     # A wider init than the default 0.02 makes the random model's next-token
     # distribution peaked enough that small weight changes are visible.
     with torch.no_grad():

@@ -98,6 +98,12 @@ class PipelineConfig(BaseModel):
     LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``); ``nccl``: full weights
     only, through vLLM's NCCL weight-transfer engine (GPU engines; the trainer needs vLLM importable; never
     measured by this project)."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA run's policy reaches the engines. ``adapter``: the adapter's tensors into the engines' LoRA
+    slots; ``merged``: the trainer merges the adapter into the weights it touches and publishes those weights
+    through the full-weight transport (engines without LoRA: e.g. MoE models on vLLM's CPU build, whose
+    MoE LoRA path needs Triton); ``auto``: ``merged`` for a MoE model on the CPU build, else ``adapter``
+    (the run logs which)."""
     weight_transfer_addr: str = "127.0.0.1"
     """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
     (the NCCL rendezvous of the weight transfer)."""
@@ -244,7 +250,12 @@ class RunConfig(BaseModel):
         """The model name rollouts, warm-up, evaluation and black-box agents request: the LoRA adapter's
         slot (``adapter_name``), or with full weights (``trainer.lora = false``) the base model itself
         (``inference.served_model_name``), into which the trained weights are loaded."""
-        return self.adapter_name if self.trainer.lora else self.inference.served_model_name
+        return self.adapter_name if self.serves_adapter else self.inference.served_model_name
+
+    @property
+    def serves_adapter(self) -> bool:
+        """The engines serve the trained policy as a LoRA adapter (a LoRA run whose adapter is not merged)."""
+        return self.trainer.lora and self.pipeline.lora_sync != "merged"
 
     @property
     def run_dir(self) -> Path:
@@ -265,7 +276,7 @@ class RunConfig(BaseModel):
         cfg = self.model_copy(deep=True)
         cfg.trainer.model_path = cfg.model
         cfg.inference.model = cfg.model
-        if not cfg.trainer.lora and "enable_lora" not in cfg.inference.model_fields_set:
+        if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
         if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer

@@ -109,6 +109,10 @@ class TrainerConfig(BaseModel):
     """``auto``: CUDA when available (one GPU per local rank), else CPU with the gloo backend."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in backward to save memory."""
+    routing_replay: bool = True
+    """MoE models: force each router to the experts the engine chose for every token (recorded with the
+    rollout), so the trainer scores the network that sampled. False lets the trainer's routers choose (for
+    comparison; the mismatch with the engine is still measured). No effect on dense models."""
     attn_implementation: str = "sdpa"
     """Attention implementation passed to ``from_pretrained`` (``sdpa``, ``eager``, ``flash_attention_2``)."""
     cpu_cores: str | None = Field(None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")

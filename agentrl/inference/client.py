@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -26,11 +27,13 @@ from agentrl.inference.wire import (
     InferenceError,
     NoEnginesError,
     RouteUnavailable,
+    RoutingRows,
     TransientError,
     check_response,
     parse_body,
     parse_completions,
     parse_generate,
+    routing_rows,
 )
 from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
@@ -108,7 +111,7 @@ class InferenceClient:
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                        top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
                        key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
-                       ignore_eos: bool = False) -> Generation:
+                       ignore_eos: bool = False, routing_from: int | None = None) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
         Every sampling parameter is sent (penalties and ``min_p`` neutral), so a model's own sampling
@@ -116,6 +119,12 @@ class InferenceClient:
         ``cache_salt`` partitions the engine's prefix cache: requests only reuse KV blocks computed under
         the same salt. The rollout loop salts with the policy version, so KV computed by old weights is
         never reused for a new version's request (in-flight requests keep their own KV).
+
+        ``routing_from``: also return the MoE expert routing of positions ``routing_from ..`` of the
+        request's tokens (``Generation.routing``): vLLM's own ``routed_experts`` where the engine returns
+        them, else the capture of agentrl's worker extension (:mod:`agentrl.moe.capture`, enabled with
+        :meth:`enable_routing_capture`). Routing needs the token route: it is an error on the
+        ``/v1/completions`` fallback.
         """
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -139,8 +148,12 @@ class InferenceClient:
         async def attempt(_: int) -> Generation:
             ep = self.pool.pick(key, avoid=tried)  # NoEnginesError when every endpoint is out of rotation
             ep.begin(cost)
+            if routing_from is not None:
+                gen_body["request_id"] = uuid.uuid4().hex  # names the request whose routing is taken
             try:
                 gen = await self._generate_on(ep, gen_body, cmpl_body)
+                if routing_from is not None:
+                    gen.routing = await self._routing_of(ep, gen, gen_body["request_id"], routing_from)
             except TransientError as e:
                 tried.append(ep.url)
                 # a refused connection means no server: out of rotation at once (a dropped connection or a
@@ -160,6 +173,32 @@ class InferenceClient:
         except RetriesExhausted as e:
             raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(tried))}; "
                                  f"last error: {e}", endpoint=tried[-1] if tried else None) from None
+
+    async def enable_routing_capture(self) -> dict[str, dict[str, Any]]:
+        """Start MoE routing capture on every endpoint's workers (idempotent); per endpoint, the first
+        worker's record: ``{"ok": True, "layers", "top_k", "experts", "moe_layers", "dtype"}``, or ``{"ok":
+        False, "code", "error"}`` where the engine cannot capture (a dense model, an unsupported router)."""
+        results = await self.collective_rpc("agentrl_routing_enable")
+        return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
+                for url, r in zip(self.endpoints, results, strict=True)}
+
+    async def _routing_of(self, ep: Endpoint, gen: Generation, request_id: str, start: int) -> RoutingRows | None:
+        """The routing of one finished request from ``start`` on: the engine's own, or the worker capture's;
+        None (logged) when the engine holds none for it. The next turn of the episode asks again from the
+        same position, so one lost answer does not misalign the rest."""
+        if ep.mode == "completions":
+            raise InferenceError(f"{ep.url} does not serve the token route: MoE routing cannot be returned "
+                                 "on /v1/completions (start the server with --enable-scale-out)", endpoint=ep.url)
+        if gen.routing is not None:  # vLLM returned routed_experts itself (positions 0 ..)
+            return RoutingRows(start, gen.routing.rows[start:])
+        body = {"method": "agentrl_routing_take", "args": [request_id, str(start)], "kwargs": {}}
+        r = await self._call(ep, "POST", "/collective_rpc", json=body)
+        results = list(r.json().get("results") or [])
+        rec = results[0] if results else {"ok": False, "error": "no worker answered"}
+        if not rec.get("ok"):
+            log.warning("%s: no MoE routing for request %s: %s", ep.url, request_id, rec.get("error"))
+            return None
+        return routing_rows(rec)
 
     async def _generate_on(self, ep: Endpoint, gen_body: dict[str, Any], cmpl_body: dict[str, Any],
                            parsers: tuple[Any, Any] = (parse_generate, parse_completions)) -> Any:

@@ -80,9 +80,42 @@ class Generation:
     weight_versions: list[tuple[str | None, int, int]] | None
     """(weight label, start, end) spans over output-token indexes (label None: the engine had none);
     None on the completions fallback. :func:`agentrl.versions.token_versions` reads them."""
-    routed_experts: Any | None
-    """MoE routing as vLLM returns it (base64 ``.npy``), or None."""
     endpoint: str
+    routing: RoutingRows | None = None
+    """MoE routing of the request's positions (when asked for with ``routing_from``), else None."""
+
+
+@dataclass
+class RoutingRows:
+    """Expert routing of positions ``start .. start + len(rows) - 1`` of a request's prompt + output tokens
+    (``rows``: numpy ``[m, layers, top_k]``, uint8 or uint16). It ends one position before the last output
+    token, which was never fed forward."""
+
+    start: int
+    rows: Any
+
+
+def routing_rows(rec: dict[str, Any]) -> RoutingRows:
+    """A worker's ``agentrl_routing_take`` record (:mod:`agentrl.moe.engine`) as rows."""
+    import base64
+
+    import numpy as np
+
+    rows = np.frombuffer(base64.b64decode(rec["data"]), dtype=rec["dtype"]).reshape(rec["shape"])
+    return RoutingRows(int(rec["start"]), rows)
+
+
+def native_routing(b64: str) -> RoutingRows:
+    """vLLM's own ``routed_experts`` (base64 of an ``.npy`` array over positions 0 ..) as rows from 0."""
+    import base64
+    import io
+
+    import numpy as np
+
+    arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
+    if arr.ndim != 3:
+        raise ValueError(f"routed_experts has shape {arr.shape}, expected [positions, layers, top_k]")
+    return RoutingRows(0, arr.astype(np.uint8 if int(arr.max(initial=0)) < 256 else np.uint16, copy=False))
 
 
 def server_message(r: httpx.Response) -> str:
@@ -143,8 +176,8 @@ def parse_generate(body: dict[str, Any], url: str) -> Generation:
         finish_reason=ch.get("finish_reason") or "stop",
         weight_versions=[(None if s.get("version") is None else str(s["version"]), int(s["start"]), int(s["end"]))
                          for s in spans] if spans else None,
-        routed_experts=ch.get("routed_experts"),
         endpoint=url,
+        routing=native_routing(ch["routed_experts"]) if ch.get("routed_experts") else None,
     )
 
 
@@ -157,7 +190,6 @@ def parse_completions(body: dict[str, Any], url: str) -> Generation:
         logprobs=[float(x) if x is not None else float("-inf") for x in lps],
         finish_reason=ch.get("finish_reason") or "stop",
         weight_versions=None,
-        routed_experts=ch.get("routed_experts"),
         endpoint=url,
     )
 

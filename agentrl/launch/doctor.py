@@ -15,6 +15,10 @@ way the agent loop does (prompt ids, sampled ids up to the end-of-turn token, ob
 - ``roundtrip_ok``: a tool call rendered the way the template shows assistant tool calls is parsed back by
   the chosen ``tool_parser`` into the same name and arguments.
 - ``stop_token_ids``: every token that ends a turn (template end-of-turn tokens, generation_config eos).
+- ``moe``: read from the model's ``config.json`` (no weights loaded, no engine started): null for a dense
+  model; for a mixture-of-experts model its experts, top-k, family and whether routing capture (what routing
+  replay needs) works on the engine this machine would run, and how (``capture_path``). A MoE family whose
+  router agentrl cannot replay is a problem (:class:`agentrl.moe.families.UnsupportedMoE`).
 
 ``problems`` lists, in plain words, what fails and the fix; ``agentrl train`` refuses a model with problems.
 """
@@ -32,6 +36,12 @@ PROBE_TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "The word."}},
                    "required": ["word"]}}}]
 PROBE_ARGS = {"word": "apple"}
+TOP_K_FIELDS = ("num_experts_per_tok", "moe_top_k", "num_experts_per_token", "top_k")
+"""Config fields that may hold an MoE model's top-k (read only to describe a family agentrl refuses)."""
+VLLM_NATIVE = "vllm-native"
+"""``capture_path``: vLLM returns ``routed_experts`` itself (``enable_return_routed_experts``)."""
+WORKER_CAPTURE = "agentrl-worker-capture"
+"""``capture_path``: agentrl's worker extension taps every ``FusedMoE`` router (:mod:`agentrl.moe.capture`)."""
 CANDIDATE_PARSERS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic"]
 """Parsers tried when the chosen one cannot read the template's tool calls, to suggest a fix."""
 
@@ -75,6 +85,10 @@ class DoctorReport(BaseModel):
     """What fails, in plain words, with the fix. Empty: the model can be trained."""
     notes: list[str] = Field(default_factory=list)
     """What is handled but worth knowing."""
+    moe: dict[str, Any] | None = None
+    """Null for a dense model (or no readable ``config.json``); for a mixture-of-experts model
+    ``{"experts", "top_k", "family", "routing_capture", "capture_path"}``; for a MoE family agentrl cannot
+    replay ``{"experts", "top_k", "family", "routing_capture": false, "error"}`` (and a problem)."""
 
     @property
     def ok(self) -> bool:
@@ -92,6 +106,13 @@ class DoctorReport(BaseModel):
                  f"thinking template:          {'yes' if self.thinking else 'no'}",
                  f"tool-call round trip:       {yes[self.roundtrip_ok]}",
                  f"observation delta:          {yes[self.observation_delta_ok]}"]
+        if self.moe is not None:
+            m = self.moe
+            capture = (f"yes ({m.get('capture_path')})" if m.get("routing_capture")
+                       else "NO (see the problem below)" if m.get("error") else "NO")
+            lines += [f"MoE model:                  {m.get('family')}, {m.get('experts')} experts, "
+                      f"top-{m.get('top_k')}",
+                      f"MoE routing capture:        {capture}"]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"problem: {p}" for p in self.problems]
         lines.append("ok: the model can be trained" if self.ok else "not ok: fix the problems above")
@@ -151,6 +172,7 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
 
     report = DoctorReport(model=str(model), tool_parser=tool_parser)
     problems, notes = report.problems, report.notes
+    _check_moe(model, report)
     try:
         from transformers import AutoTokenizer
 
@@ -241,6 +263,74 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
         notes.append(f"generation_config.json does not list the template's end-of-turn token(s) "
                      f"{[tokenizer.convert_ids_to_tokens(t) for t in missing]} as eos; agentrl stops on them anyway")
     return report
+
+
+def routing_capture_path() -> str | None:
+    """How the engine this machine would run captures MoE routing: :data:`VLLM_NATIVE` on a GPU build of
+    vLLM whose runner can return routed experts (``enable_return_routed_experts``, which needs Triton),
+    else :data:`WORKER_CAPTURE`; None when vLLM is not installed. Nothing is imported from vLLM."""
+    import importlib.util
+
+    from agentrl.inference.server import _is_cpu_build
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    if importlib.util.find_spec("triton") is not None and not _is_cpu_build():
+        for root in spec.submodule_search_locations or []:
+            args = Path(root) / "engine" / "arg_utils.py"
+            if args.is_file() and "enable_return_routed_experts" in args.read_text(errors="replace"):
+                return VLLM_NATIVE
+    return WORKER_CAPTURE
+
+
+def _config_int(config: dict[str, Any], fields: tuple[str, ...]) -> int | None:
+    """The largest positive int among ``fields`` of ``config`` or of its sub-configs (one level deep)."""
+    found = [v for c in [config, *(v for v in config.values() if isinstance(v, dict))] for f in fields
+             if isinstance(v := c.get(f), int) and not isinstance(v, bool) and v > 0]
+    return max(found) if found else None
+
+
+def _check_moe(model: str | Path, report: DoctorReport) -> None:
+    """Fill ``report.moe`` from the model's ``config.json`` (nothing when there is none: the tokenizer check
+    reports a missing model)."""
+    from agentrl.moe.families import EXPERT_COUNT_FIELDS, UnsupportedMoE, moe_info
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return
+    try:
+        config = json.loads(path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        report.problems.append(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}")
+        return
+    if not config.get("model_type"):
+        return  # moe_info needs a model_type; a config without one says nothing about experts
+    try:
+        info = moe_info(config)
+    except UnsupportedMoE as e:
+        experts, top_k = _config_int(config, EXPERT_COUNT_FIELDS), _config_int(config, TOP_K_FIELDS)
+        if experts is not None and top_k is not None:
+            report.moe = {"experts": experts, "top_k": top_k, "family": config["model_type"],
+                          "routing_capture": False, "error": str(e)}
+        report.problems.append(f"{e}. agentrl cannot train this model (the trainer refuses a MoE model whose "
+                               "routing it cannot replay): use a model of a supported family")
+        return
+    except Exception as e:  # a config transformers cannot build for a supported family
+        report.problems.append(f"cannot read the MoE layout of {path}: {type(e).__name__}: {str(e)[:300]}")
+        return
+    if info is None:
+        return
+    capture = routing_capture_path()
+    report.moe = {**info.as_doctor(), "family": info.family, "routing_capture": capture is not None,
+                  "capture_path": capture}
+    if capture is None:
+        report.notes.append("MoE model: vLLM is not installed here, so whether the engine can capture routing "
+                            "(what routing replay needs) is not known")
+    report.notes.append("MoE model: on the CPU build of vLLM a MoE engine cannot serve LoRA (vLLM's LoRA path "
+                        "for MoE layers needs Triton), so a LoRA run syncs merged weights to the engine instead")
 
 
 def _gen_eos(model: str | Path) -> list[int]:

@@ -28,6 +28,7 @@ from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure
 from agentrl.orchestrator.evaluate import evaluate
 from agentrl.orchestrator.loop import Orchestrator
 from agentrl.orchestrator.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after, train_record
+from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout.groups import RolloutWorkers
 from agentrl.utils import heap
@@ -52,7 +53,13 @@ class TrainingRun:
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
         cfg.check_trainable()
-        cfg = cfg.resolved()
+        self.moe = model_moe(cfg.model)
+        """The model's MoE shape (None: dense): its runs capture and replay expert routing."""
+        if self.moe is not None and cfg.agent.command and cfg.trainer.routing_replay:
+            raise ValueError("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
+                             "no expert routing yet, so the trainer could not replay it; set "
+                             "trainer.routing_replay = false to train without routing replay")
+        cfg = plan_moe(cfg, self.moe).resolved()
         self.resume = resume
         self.progress = progress
         self.plan = plan_run(cfg)
@@ -86,6 +93,7 @@ class TrainingRun:
         async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack, \
                 contextlib.AsyncExitStack() as stack_ctx:
             await check_sampling_logprobs(stack, cfg)
+            routing = await routing_template(stack.client, self.moe, cfg.trainer.routing_replay)
             placed = self.plan.trainer
             trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
             await asyncio.to_thread(trainer.start)
@@ -101,7 +109,7 @@ class TrainingRun:
                 workers = RolloutWorkers(
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
                     max_concurrency=cfg.max_concurrency, model=cfg.policy_model,
-                    policy_version=self.policy_version,
+                    policy_version=self.policy_version, routing=routing,
                 )
                 if cfg.agent.command:  # black-box training: the agent program drives the episodes
                     from agentrl.policy.blackbox import blackbox_runner
@@ -183,7 +191,7 @@ class TrainingRun:
     def _publisher(self, trainer: Any, client: Any) -> contextlib.AbstractAsyncContextManager[Any]:
         """The run's weight publisher over ``client``'s engines (LoRA adapters or full weights)."""
         cfg = self.cfg
-        return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.trainer.lora,
+        return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.serves_adapter,
                                 name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
                                 nccl_addr=cfg.pipeline.weight_transfer_addr)
 

@@ -81,4 +81,5 @@ def sample_of(traj: Trajectory, advantage: float, temperature: float | None = No
         advantage=advantage,
         versions=[-1] * p + traj.versions,
         temperature=traj.temperature if temperature is None else temperature,
+        routing=traj.routing,
     )

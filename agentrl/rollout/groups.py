@@ -11,7 +11,7 @@ from agentrl.environment.base import Environment, Task
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.generator import Generator
 from agentrl.rollout.loop import run_episode
-from agentrl.types import Trajectory
+from agentrl.types import Routing, Trajectory
 
 
 class RolloutWorkers:
@@ -30,8 +30,11 @@ class RolloutWorkers:
         max_concurrency: int = 64,
         model: str | None = None,
         policy_version: Callable[[], int] = lambda: 0,
+        routing: Routing | None = None,
     ) -> None:
         self.env_cls = env_cls
+        self.routing = routing
+        """MoE models: the empty routing every episode starts from (routing capture on), else None."""
         self.client = client
         self.chat = chat
         self.sampling = sampling
@@ -45,6 +48,7 @@ class RolloutWorkers:
             return await run_episode(
                 self.env_cls, task, self.client, self.chat, self.sampling,
                 model=self.model, group_id=group_id, policy_version=self.policy_version,
+                routing=self.routing,
             )
 
     async def run_group(self, task: Task, group_size: int) -> list[Trajectory]:

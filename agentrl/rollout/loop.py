@@ -17,11 +17,12 @@ from collections.abc import Callable
 from agentrl.config.run import SamplingConfig
 from agentrl.environment.base import Environment, Task
 from agentrl.inference.client import ContextLengthError, InferenceError
+from agentrl.inference.wire import RoutingRows
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.episode import BadCall, EnvFailure, Episode, EpisodeLimits, error_text
 from agentrl.rollout.generator import Generator
 from agentrl.rollout.toolcalls import new_call_id
-from agentrl.types import StopReason, Trajectory
+from agentrl.types import Routing, StopReason, Trajectory
 from agentrl.versions import VersionLabelError, token_versions
 
 __all__ = ["Generator", "SamplingConfig", "run_episode"]
@@ -36,6 +37,20 @@ def _append(traj: Trajectory, ids: list[int], *, model: bool, logprobs: list[flo
     traj.versions.extend(versions if versions is not None else [-1] * len(ids))
 
 
+def _extend_routing(traj: Trajectory, rows: RoutingRows, prompt_len: int, versions: list[int], sent: int) -> None:
+    """Append a request's routing from the first position the trajectory lacks. A position's version is the
+    version that computed it: that of the token sampled from it, or, for the request's prefill positions,
+    of the request's first sampled token."""
+    have = traj.routing.n if traj.routing is not None else 0
+    if traj.routing is None or rows.start > have:
+        return  # a gap (an earlier answer was lost): the next turn asks again from ``have``
+    new = rows.rows[have - rows.start:].astype(traj.routing.dtype, copy=False)
+    first = versions[0] if versions else sent
+    pos_versions = [versions[p + 1 - prompt_len] if p + 1 >= prompt_len and p + 1 - prompt_len < len(versions)
+                    else first for p in range(have, have + len(new))]
+    traj.routing.extend(new, pos_versions)
+
+
 async def run_episode(
     env_cls: type[Environment],
     task: Task,
@@ -47,16 +62,21 @@ async def run_episode(
     group_id: str = "",
     policy_version: Callable[[], int] = lambda: 0,
     limits: EpisodeLimits | None = None,
+    routing: Routing | None = None,
 ) -> Trajectory:
     """Run one episode of ``env_cls`` on ``task`` and return its trajectory (never raises for
     environment or inference failures; those are recorded in the trajectory).
 
     ``policy_version`` reads the orchestrator's current policy version; a request is tagged with the
     version at send time wherever the engine does not say which weights produced a token.
+
+    ``routing``: for a MoE model, an empty :class:`~agentrl.types.Routing` of the engine's shape; each turn
+    then asks the engine for the routing of the positions the trajectory does not hold yet.
     """
     t0 = time.perf_counter()
     traj = Trajectory(task_id=str(task.get("id", "")), env=env_cls.name or env_cls.__name__, group_id=group_id,
-                      temperature=sampling.temperature)
+                      temperature=sampling.temperature,
+                      routing=routing.model_copy(deep=True) if routing is not None else None)
     episode = Episode(env_cls, task, limits, traces=True)
     try:
         await asyncio.wait_for(_loop(episode, traj, client, chat, sampling, model, policy_version),
@@ -130,15 +150,18 @@ async def _loop(
                 model=model,
                 key=key,
                 cache_salt=f"policy-v{sent}",
+                **({"routing_from": traj.routing.n} if traj.routing is not None else {}),
             )
         except ContextLengthError:
             episode.end(StopReason.MAX_TOKENS)
             break
         finally:
             traj.timings.generate_s += time.perf_counter() - t_gen
-        _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=token_versions(gen, sent))
-        if gen.routed_experts is not None:
-            traj.routed_experts = (traj.routed_experts or []) + [gen.routed_experts]
+        versions = token_versions(gen, sent)
+        prompt_len = used
+        _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions)
+        if traj.routing is not None and gen.routing is not None:
+            _extend_routing(traj, gen.routing, prompt_len, versions, sent)
         parsed = chat.parse(chat.decode(gen.token_ids), tools)
         cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
         calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]

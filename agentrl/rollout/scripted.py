@@ -76,7 +76,7 @@ class ScriptedGenerator:
         text = self.turns.pop(0) if self.turns else ""
         ids = [*self.chat.encode(text), self.chat.eos_token_id]
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", weight_versions=None,
-                          routed_experts=None, endpoint="scripted")
+                          endpoint="scripted")
 
 
 class ScriptedPolicy(Protocol):

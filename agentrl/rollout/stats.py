@@ -24,9 +24,12 @@ class BatchStats:
     turns_mean: float = 0.0
     malformed_tool_calls: int = 0
     stop_reasons: dict[str, int] = field(default_factory=dict)
+    routing_coverage: float | None = None
+    """MoE runs: the fraction of fed positions (all tokens but each episode's last) whose expert routing the
+    engine returned; None when no episode carries routing."""
 
     def as_metrics(self) -> dict[str, float]:
-        out = {k: float(v) for k, v in self.__dict__.items() if k != "stop_reasons"}
+        out = {k: float(v) for k, v in self.__dict__.items() if k != "stop_reasons" and v is not None}
         out.update({f"stop_{k}": float(v) for k, v in self.stop_reasons.items()})
         return out
 
@@ -54,4 +57,13 @@ def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
         turns_mean=sum(t.num_turns for t in trajs) / n,
         malformed_tool_calls=sum(t.num_malformed_tool_calls for t in trajs),
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
+        routing_coverage=_routing_coverage(trajs),
     )
+
+
+def _routing_coverage(trajs: list[Trajectory]) -> float | None:
+    routed = [t for t in trajs if t.routing is not None]
+    if not routed:
+        return None
+    fed = sum(max(len(t.prompt_ids) + len(t.completion_ids) - 1, 0) for t in routed)
+    return sum(t.routing.n for t in routed if t.routing is not None) / max(fed, 1)

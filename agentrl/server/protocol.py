@@ -418,6 +418,11 @@ class RolloutRequest(Wire):
     """How the model writes tool calls: a vLLM tool parser name (as ``agentrl train --tool-parser``)."""
     api_key: str | None = Field(None, max_length=4096, repr=False)
     """Bearer token for the inference server, if it needs one."""
+    return_routing: bool = False
+    """MoE models: also record the experts the engine routed every position to (``trajectory.routing``,
+    for routing replay in the caller's trainer). The inference server must capture routing: an agentrl-started
+    vLLM (its worker extension) or a vLLM that returns ``routed_experts`` itself; otherwise the request is
+    refused (422) rather than answered without routing."""
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
     """Sampling parameters."""
     group_id: str = Field("", max_length=MAX_ID)

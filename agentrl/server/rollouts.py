@@ -117,8 +117,9 @@ class RolloutService:
             )
             try:
                 sampling = SamplingConfig(**req.sampling.model_dump())
+                routing = await self._routing(client, req.base_url) if req.return_routing else None
                 traj = await run_episode(cls, task, client, chat, sampling, model=req.model,
-                                         group_id=req.group_id, limits=limits_of(self.config))
+                                         group_id=req.group_id, limits=limits_of(self.config), routing=routing)
             finally:
                 await client.aclose()
         finally:
@@ -130,3 +131,16 @@ class RolloutService:
             stop_reason=traj.stop_reason.value,
         )
         return RolloutResult(trajectory=finite(traj))
+
+    async def _routing(self, client: Any, base_url: str) -> Any:
+        """The empty routing of an episode on ``base_url``'s MoE model, capture turned on there first
+        (:class:`ApiError` 422 when that engine cannot capture routing)."""
+        from agentrl.types import Routing
+
+        rec = (await client.enable_routing_capture()).get(base_url) or {}
+        if not rec.get("ok"):
+            raise ApiError(422, f"return_routing: the inference server {base_url} cannot capture MoE routing: "
+                                f"{rec.get('error')}")
+        if rec.get("new"):
+            await client.reset_prefix_cache()  # blocks cached before capture have no routing
+        return Routing(layers=rec["layers"], top_k=rec["top_k"], dtype=rec["dtype"])

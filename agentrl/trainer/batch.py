@@ -12,7 +12,9 @@ from agentrl.types import TrainSample
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     """Right-pad samples into ``input_ids_B_T``, ``attention_mask_B_T``, ``loss_mask_B_T``,
-    ``behav_logprobs_B_T`` (float32), ``versions_B_T``, ``advantages_B`` and ``temperatures_B`` (float32)."""
+    ``behav_logprobs_B_T`` (float32), ``versions_B_T``, ``advantages_B`` and ``temperatures_B`` (float32);
+    with ``routing_B_T_L_K`` (long, -1 where a position has no recorded routing) when any sample has MoE
+    routing."""
     if not samples:
         raise ValueError("collate() needs at least one sample")
     B = len(samples)
@@ -30,7 +32,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
         behav[b, :n] = torch.tensor(s.behav_logprobs, dtype=torch.float32)
         versions[b, :n] = torch.tensor(s.versions, dtype=torch.long)
     behav = behav * loss_mask
-    return {
+    out = {
         "input_ids_B_T": input_ids,
         "attention_mask_B_T": attention,
         "loss_mask_B_T": loss_mask,
@@ -39,6 +41,18 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
         "advantages_B": torch.tensor([float(s.advantage) for s in samples], dtype=torch.float32),
         "temperatures_B": torch.tensor([float(s.temperature) for s in samples], dtype=torch.float32),
     }
+    routed = [s.routing for s in samples if s.routing is not None]
+    if routed:
+        shape = {(r.layers, r.top_k) for r in routed}
+        if len(shape) > 1:
+            raise ValueError(f"samples of one batch have routing of different shapes {sorted(shape)}")
+        (L, K), = shape
+        routing = torch.full((B, T, L, K), -1, dtype=torch.long)
+        for b, s in enumerate(samples):
+            if s.routing is not None and s.routing.n:
+                routing[b, : s.routing.n] = torch.from_numpy(s.routing.array().astype("int64"))
+        out["routing_B_T_L_K"] = routing
+    return out
 
 
 def micro_batches(samples: Sequence[TrainSample], max_tokens: int) -> list[list[int]]:

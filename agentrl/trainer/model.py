@@ -279,3 +279,16 @@ def load_checkpoint(
     if rng_file.is_file():
         _set_rng_state(torch.load(rng_file, weights_only=False))
     return int(meta.get("optimizer_step", meta.get("version", 0)))
+
+
+def routing_replay(model: nn.Module, cfg: TrainerConfig) -> Any:
+    """The MoE routing replay of ``model`` (:class:`agentrl.moe.replay.RoutingReplay`, on with
+    ``cfg.routing_replay``), or None for a dense model. A MoE family whose routers agentrl cannot replay
+    is refused (``UnsupportedMoE``) rather than trained without replay."""
+    from agentrl.moe.families import moe_info
+    from agentrl.moe.replay import RoutingReplay
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    info = moe_info(base.config)
+    return None if info is None else RoutingReplay(model, info, enabled=cfg.routing_replay)
+

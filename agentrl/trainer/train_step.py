@@ -51,9 +51,12 @@ class TrainStep:
     """
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, device: torch.device
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainerConfig, device: torch.device,
+        replay: Any = None,
     ) -> None:
         self.model = model
+        self.replay = replay
+        """MoE routing replay (:class:`agentrl.moe.replay.RoutingReplay`), or None for a dense model."""
         self.optimizer = optimizer
         self.cfg = cfg
         self.device = device
@@ -85,6 +88,8 @@ class TrainStep:
     def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True) -> Tensor:
         ids = batch["input_ids_B_T"]
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
+        if self.replay is not None:  # stays set through this forward's backward (checkpoint recompute)
+            self.replay.set(batch.get("routing_B_T_L_K"))
         with ctx:
             out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
         return token_logprobs(out.logits, ids, batch["temperatures_B"])
@@ -158,6 +163,8 @@ class TrainStep:
         prox = self._precompute(plans, True) if lcfg.is_correction != "none" and n_updates > 1 else None
         ref = self._precompute(plans, False) if lcfg.kl_coef > 0 else None
 
+        if self.replay is not None:
+            self.replay.reset_stats()
         sums = dict.fromkeys((*MEAN_METRICS, "num_tokens", "loss"), 0.0)
         grad_norms: list[float] = []
         for _ in range(cfg.ppo_epochs):
@@ -190,6 +197,12 @@ class TrainStep:
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.optimizer_step += 1
+        if self.replay is not None:
+            self.replay.clear()
+            rs = self.replay.stats()
+            sums["routing_decisions"] = float(rs["routing_decisions"])
+            sums["routing_mismatches"] = float(rs["routing_decisions"]) * float(rs["routing_mismatch_frac"])
+            sums["routing_replayed"] = float(rs["routing_decisions"]) * float(rs["routing_replayed_frac"])
         keys = list(sums)
         total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
         n_steps = len(grad_norms)
@@ -204,6 +217,10 @@ class TrainStep:
             policy_version=policy_version,
             **self._staleness(batch_samples, policy_version),
         )
+        if "routing_decisions" in total:  # MoE: how far the trainer's own routing is from the engine's
+            decisions = max(total["routing_decisions"], 1.0)
+            out.update(routing_mismatch_frac=total["routing_mismatches"] / decisions,
+                       routing_replayed_frac=total["routing_replayed"] / decisions)
         out["time_s"] = time.perf_counter() - t0
         return out
 

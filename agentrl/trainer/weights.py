@@ -7,6 +7,11 @@ the engine's dtype: dim-0 shards are contiguous rows, so no collective moves any
 parallel. Otherwise the ranks gather the bucket (``full_tensor()``, one parameter at a time) and rank 0 writes it
 there, or hands its bytes back through the trainer connection (another host). Either way at most one bucket is
 held, never the whole model.
+
+A LoRA model publishes merged weights (engines that cannot serve LoRA, e.g. MoE on vLLM's CPU build): only the
+modules the adapter touches, each ``W + scaling * B @ A`` from the gathered base weight and adapter, plus the
+untouched siblings that the engine packs into one layer with them (``q/k/v_proj``, ``gate/up_proj``), so that
+every engine layer the update reaches gets all of its weights.
 """
 
 from __future__ import annotations
@@ -23,10 +28,62 @@ from torch.distributed.tensor import DTensor, Shard
 from agentrl.weight_sync.buckets import Layout, layout_bytes
 from agentrl.weight_sync.worker_io import attach_segment
 
+PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Sibling projections an engine packs into one layer (vLLM's ``qkv_proj`` and ``gate_up_proj``)."""
+
 
 def weight_specs(model: nn.Module) -> list[tuple[str, list[int]]]:
-    """Every parameter's Hugging Face name and full (unsharded) shape, in model order (tied weights once)."""
+    """Every parameter's Hugging Face name and full (unsharded) shape, in model order (tied weights once); for
+    a LoRA model, the merged weights it publishes (:func:`merged_modules`)."""
+    if _is_lora(model):
+        return [(name, list(m.weight.shape)) for name, m in merged_modules(model)]
     return [(name, list(p.shape)) for name, p in model.named_parameters()]
+
+
+def _is_lora(model: nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def merged_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A LoRA model's published weights: ``(Hugging Face weight name, module)`` of every module its adapter
+    wraps (the module is the peft layer) and of their packed siblings (plain linear layers), in model order.
+    Raises for adapters on parameters (e.g. MoE expert tensors), which this path cannot merge yet."""
+    if getattr(next(iter(model.peft_config.values())), "target_parameters", None):
+        raise NotImplementedError("merged LoRA sync covers adapters on linear modules; this adapter targets "
+                                  "parameters (e.g. MoE experts): serve it from an engine with LoRA support")
+    modules = dict(model.named_modules())
+    wrapped = {name for name, m in modules.items() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
+    chosen = set(wrapped)
+    for name in wrapped:
+        parent, _, leaf = name.rpartition(".")
+        for group in PACKED:
+            if leaf in group:
+                chosen.update(f"{parent}.{sib}" for sib in group if f"{parent}.{sib}" in modules)
+    prefix = "base_model.model."
+    return [(name.removeprefix(prefix) + ".weight", modules[name]) for name in modules if name in chosen]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def _merged_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
+    """Collective, one module at a time: the merged full weight of each of ``layout``'s modules."""
+    modules = dict(merged_modules(model))
+    for name, _, shape, _ in layout:
+        m = modules.get(name)
+        if m is None:
+            raise KeyError(f"{name} is not a weight the LoRA model publishes")
+        if not hasattr(m, "base_layer"):
+            w = _full(m.weight)
+        else:
+            w = _full(m.base_layer.weight).clone()
+            for adapter in m.active_adapters:
+                a, b = _full(m.lora_A[adapter].weight), _full(m.lora_B[adapter].weight)
+                w += m.scaling[adapter] * (b.float() @ a.float()).to(w.dtype)
+        if list(w.shape) != list(shape):
+            raise ValueError(f"{name}: the model's shape {list(w.shape)} is not the layout's {shape}")
+        yield w
 
 
 def _layout_params(model: nn.Module, layout: Layout) -> Iterator[nn.Parameter]:
@@ -45,7 +102,7 @@ def _full_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
     """Collective, one parameter at a time: the full tensor of each of ``layout``'s parameters (every rank
     must consume the whole iterator)."""
     for p in _layout_params(model, layout):
-        yield (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+        yield _full(p)
 
 
 def _row_offset(p: DTensor, rank: int, world: int) -> int | None:
@@ -87,10 +144,12 @@ class BucketWriter:
         mapped = torch.tensor([int(seg is not None)])
         if world > 1:
             dist.all_reduce(mapped, op=dist.ReduceOp.MIN)
-        if mapped.item():
+        lora = _is_lora(model)
+        if mapped.item() and not lora:
             assert seg is not None
             return self._write_shards(model, layout, seg[offset:], t0)
-        return self._write_gathered(model, layout, seg[offset:] if rank == 0 and seg is not None else None, t0)
+        fulls = _merged_tensors(model, layout) if lora else _full_tensors(model, layout)
+        return self._write_gathered(fulls, layout, seg[offset:] if rank == 0 and seg is not None else None, t0)
 
     def _write_shards(self, model: nn.Module, layout: Layout, slot: torch.Tensor, t0: float) -> dict[str, Any]:
         """Every rank copies its rows of each parameter into ``slot``; parameters not sharded by rows are
@@ -120,14 +179,15 @@ class BucketWriter:
         return {"written": True, "bytes": layout_bytes(layout), "mode": "shards", "gather_ms": gathered_s * 1e3,
                 "write_ms": (t1 - t0 - gathered_s) * 1e3, "barrier_ms": (time.perf_counter() - t1) * 1e3}
 
-    def _write_gathered(self, model: nn.Module, layout: Layout, slot: torch.Tensor | None,
+    def _write_gathered(self, fulls: Iterator[torch.Tensor], layout: Layout, slot: torch.Tensor | None,
                         t0: float) -> dict[str, Any]:
-        """Gather each parameter; rank 0 writes it into ``slot`` (or a buffer whose bytes it returns)."""
+        """Gather each tensor (``fulls``: collective); rank 0 writes it into ``slot`` (or a buffer whose bytes it
+        returns)."""
         rank0 = dist.get_rank() == 0
         nbytes = layout_bytes(layout)
         buf = slot[:nbytes] if slot is not None else torch.zeros(nbytes if rank0 else 0, dtype=torch.uint8)
         write_s = 0.0
-        for (_, dtype, shape, off), full in zip(layout, _full_tensors(model, layout), strict=True):
+        for (_, dtype, shape, off), full in zip(layout, fulls, strict=True):
             if rank0:  # one copy: cast to the engine's dtype and move to the host in the same step
                 t = time.perf_counter()
                 dt = getattr(torch, dtype)

@@ -54,7 +54,8 @@ class Worker:
         self.optimizer = torch.optim.AdamW(
             params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
         )
-        self.step = TrainStep(self.model, self.optimizer, cfg, self.device)
+        self.step = TrainStep(self.model, self.optimizer, cfg, self.device,
+                              replay=model_io.routing_replay(self.model, cfg))
         self.num_trainable = sum(p.numel() for p in params)
         self.buckets = BucketWriter()
         self.nccl: Any = None  # agentrl.trainer.nccl_sync.NcclSender, on the first NCCL sync

@@ -68,9 +68,12 @@ class FullWeightsMixin:
                 count += 1
                 yield item
 
+        from agentrl.moe.checkpoint import to_checkpoint
+
+        model_type = str(getattr(self.vllm_config.model_config.hf_text_config, "model_type", ""))
         try:
-            with torch.inference_mode():
-                vllm_patches.load_weight_bucket(self, counted())
+            with torch.inference_mode():  # fused MoE experts (transformers' layout) split to checkpoint names
+                vllm_patches.load_weight_bucket(self, to_checkpoint(counted(), model_type))
         except (KeyError, ValueError, RuntimeError, AssertionError) as exc:
             return failure(LOAD_FAILED, f"load_weights failed after {count} tensors: "
                                            f"{type(exc).__name__}: {exc}")

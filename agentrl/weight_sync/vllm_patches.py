@@ -6,7 +6,8 @@ an error: :func:`install_patches` logs a one-line warning naming both versions w
 that version (it installs the patches all the same). Check each item below against the new vLLM's source
 before changing :data:`WRITTEN_FOR_VLLM`.
 
-Monkeypatches, installed once per worker process by :func:`install_patches` (:func:`patch_lora_worker_manager`):
+Monkeypatches, installed once per worker process by :func:`install_patches` (:func:`patch_lora_worker_manager`,
+:func:`patch_router_tap`, :func:`patch_moe_reload_prepack`):
 
 1. ``vllm.lora.worker_manager.WorkerLoRAManager._load_adapter`` (wrapped): records lora_name ->
    (lora_int_id, lora_path) of every adapter the worker loads, since a worker only sees int ids and the
@@ -40,6 +41,25 @@ Full-weight loading (:mod:`agentrl.weight_sync.vllm_full`), through vLLM's layer
    base weights (``model_runner.reset_lora_state``, as vLLM's ``finish_weight_update`` does), and redoes the
    processing of tied embeddings (:func:`refresh_tied_embeddings`: the trainer sends ``embed_tokens`` once, so
    vLLM never reprocesses ``lm_head``, whose CPU-packed GEMM weights would lag a version behind).
+8. :func:`patch_moe_reload_prepack`: wraps ``UnquantizedFusedMoEMethod._setup_kernel``
+   (``fused_moe/unquantized_fused_moe_method.py``). On a weight update (``self.moe_kernel`` already built)
+   vLLM copies the reloaded checkpoint-layout ``w13_weight`` / ``w2_weight`` into the parameters but skips
+   ``moe_kernel.fused_experts.process_weights_after_loading(layer)``, which on CPU
+   (``CPUUnquantizedExperts`` in ``fused_moe/experts/cpu_moe.py``) pads the intermediate dim and prepacks
+   both tensors into the grouped-GEMM layout (``cpu_prepack_moe_weight``, a permutation, not a no-op). The
+   reload thus left unpacked weights where the kernel reads packed ones: every expert wrong (attention
+   exact). The wrapper redoes that step on an update for the CPU experts; inside a layerwise reload it runs
+   on the layer's temporary tensors, and the packed result is then copied into the served storage.
+
+MoE routing capture (:mod:`agentrl.moe.capture`):
+
+7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
+   once the model is loaded and before vLLM compiles it, every MoE router's capture hook
+   (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
+   one tensor. Set after compilation, the hook would never run on CPU (the MoE layer is traced into the
+   graph there, with the hook's ``None`` check evaluated at trace time). The capture itself also wraps the
+   runner's private ``_prepare_inputs`` and ``execute_model`` (per instance, when enabled) and reads
+   ``input_batch.block_table`` and ``positions``.
 
 This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
 msgspec are imported inside the functions.
@@ -75,13 +95,71 @@ def check_vllm_version() -> str:
 
 
 def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
-    """Install the monkeypatches (1-3, idempotent) in a vLLM worker process, after the version check.
+    """Install the monkeypatches (1-3, 7, 8; idempotent) in a vLLM worker process, after the version check.
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
     ``last_file_load_ms``) are the extension's dicts, filled by the hooks. Raises when vLLM's layout changed
     (the caller reports it; updates by int id still work)."""
     check_vllm_version()
     patch_lora_worker_manager(registry, stats)
+    patch_router_tap()
+    patch_moe_reload_prepack()
+
+
+def patch_moe_reload_prepack() -> None:
+    """Patch 8: after vLLM sets up an unquantized MoE layer's weights on a weight update, redo the CPU
+    experts' padding and prepacking that vLLM only runs on the first load (see the module docstring).
+    Idempotent; nothing on a build without the CPU MoE experts."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # pragma: no cover - a build without the CPU experts
+        return
+    setup = UnquantizedFusedMoEMethod._setup_kernel
+    if getattr(setup, "_agentrl_hook", False):
+        return
+
+    @functools.wraps(setup)
+    def _setup_kernel(self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        update = self.moe_kernel is not None
+        out = setup(self, layer, *args, **kwargs)
+        experts = getattr(self.moe_kernel, "fused_experts", None)
+        if update and isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(layer)
+        return out
+
+    _setup_kernel._agentrl_hook = True  # type: ignore[attr-defined]
+    UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel  # type: ignore[method-assign]
+
+
+def patch_router_tap() -> None:
+    """Patch 7: after a model runner loads its model (and before vLLM compiles it), tap its MoE routers
+    (:class:`agentrl.moe.capture.RouterTap`; nothing for a dense model). Idempotent."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runners: list[Any] = [GPUModelRunner]
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+        runners.append(CPUModelRunner)
+    except ImportError:  # a GPU build
+        pass
+    for cls in runners:
+        load = cls.__dict__.get("load_model")
+        if load is None or getattr(load, "_agentrl_hook", False):
+            continue
+
+        def load_model(self: Any, *args: Any, _load: Any = load, **kwargs: Any) -> Any:
+            out = _load(self, *args, **kwargs)
+            if getattr(self, "_agentrl_router_tap", None) is None:
+                from agentrl.moe.capture import RouterTap
+
+                self._agentrl_router_tap = RouterTap.attach(self)
+            return out
+
+        load_model._agentrl_hook = True  # type: ignore[attr-defined]
+        cls.load_model = load_model  # type: ignore[method-assign]
 
 
 def patch_lora_worker_manager(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:

@@ -56,7 +56,7 @@ class FirstTurnScripted:
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
         if not self.calls and self.first:
             gen = Generation(token_ids=list(self.first), logprobs=[0.0] * len(self.first), finish_reason="stop",
-                             weight_versions=None, routed_experts=None, endpoint="scripted")
+                             weight_versions=None, endpoint="scripted")
         else:
             gen = await self.inner.generate(prompt_ids, **kw)
         self.calls.append((list(prompt_ids), gen))

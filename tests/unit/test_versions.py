@@ -11,7 +11,7 @@ from agentrl.versions import VersionLabelError, engine_label, parse_engine_label
 
 def gen(n: int, spans: list[tuple[str | None, int, int]] | None) -> Generation:
     return Generation(token_ids=list(range(n)), logprobs=[0.0] * n, finish_reason="stop", weight_versions=spans,
-                      routed_experts=None, endpoint="x")
+                      endpoint="x")
 
 
 def test_spans_tag_each_token_with_the_version_that_produced_it() -> None:

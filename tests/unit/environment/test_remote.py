@@ -55,7 +55,6 @@ class Scripted:
             logprobs=[-0.5] * len(ids),
             finish_reason="stop",
             weight_versions=None,
-            routed_experts=None,
             endpoint="fake",
         )
 

@@ -175,7 +175,7 @@ async def test_an_episode_ending_turns_on_either_stop_token_matches_the_template
             assert end_id in kw["stop_token_ids"] and chat.eos_token_id in kw["stop_token_ids"]
             ids = [*chat.encode(turns.pop(0)), end_id]
             return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop", weight_versions=None,
-                              routed_experts=None, endpoint="fake")
+                              endpoint="fake")
 
     traj = await run_episode(Add, {"id": "t"}, Scripted(), chat, SamplingConfig())
     assert not traj.failed and traj.num_tool_calls == 1, traj

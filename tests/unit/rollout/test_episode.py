@@ -44,7 +44,7 @@ class Scripted:
         await asyncio.sleep(self.delay)
         ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop", weight_versions=None,
-                          routed_experts=None, endpoint="fake")
+                          endpoint="fake")
 
 
 def call(name: str, **args: Any) -> str:

@@ -37,7 +37,7 @@ class Scripted:
         if not self.truncate:
             ids.append(self.chat.eos_token_id)
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="length" if self.truncate else "stop",
-                          weight_versions=[("3", 0, len(ids))], routed_experts=None, endpoint="fake")
+                          weight_versions=[("3", 0, len(ids))], endpoint="fake")
 
 
 class Adder(agentrl.Environment):

@@ -1,0 +1,193 @@
+"""MoE routing capture on the real CPU vLLM engine: what the engine records per request is the routing its
+own weights compute, for prompt, generated and prefix-cached positions alike."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+import agentrl
+from tests.conftest import require
+
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="session")
+def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3-MoE model (8 experts, top-2)."""
+    from tests.fixtures_model import build_random_tiny_model
+
+    return build_random_tiny_model(tmp_path_factory.mktemp("tiny-moe"), seed=3, moe=True)
+
+
+@pytest.fixture(scope="session")
+def moe_server(moe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One vLLM server of the MoE model for the session (no LoRA: the CPU build has no MoE LoRA path)."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.inference import VLLMServer, VLLMServerConfig
+
+    cfg = VLLMServerConfig(model=str(moe_model_dir), dtype="float32", max_model_len=1024, enable_lora=False,
+                           startup_timeout_s=600)
+    server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-moe-logs"))
+    server.start()
+    log.info("MoE vLLM server %s ready in %.1fs", server.url, server.startup_s or -1)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _reference_topk(model_dir: Path, ids: list[int], top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The routers' top-k of every position recomputed by transformers from the same weights, and whether
+    each (position, layer) decision is clear (the k-th and (k+1)-th router probabilities differ by > 1e-4)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), output_router_logits=True).router_logits
+    probs = torch.stack([x.float().softmax(-1) for x in logits], dim=1)  # [T, L, E]
+    top = probs.topk(top_k + 1, dim=-1)
+    clear = (top.values[..., top_k - 1] - top.values[..., top_k]) > 1e-4
+    return top.indices[..., :top_k].numpy(), clear.numpy()
+
+
+def test_capture_matches_a_reference_forward(moe_server, moe_model_dir: Path) -> None:
+    """Three requests: a first turn, its second turn (prefix from the cache, tool tokens appended) asking only
+    for the positions it lacks, and another request sharing the first prompt (cached blocks computed by the
+    first request). Every captured row equals the routing transformers computes from the same weights."""
+    from agentrl.inference import InferenceClient
+
+    async def run() -> tuple[list[int], np.ndarray, list[int], np.ndarray]:
+        async with InferenceClient([moe_server.url], timeout_s=120) as client:
+            enabled = await client.enable_routing_capture()
+            rec = enabled[moe_server.url]
+            assert rec["ok"], rec
+            assert (rec["layers"], rec["top_k"], rec["experts"], rec["dtype"]) == (2, 2, 8, "uint8")
+            prompt = [(7 * i) % 300 + 5 for i in range(70)]  # > 4 KV blocks, so the cache has whole blocks
+            g1 = await client.generate(prompt, max_tokens=12, temperature=1.0, ignore_eos=True, seed=1,
+                                       routing_from=0)
+            assert g1.routing is not None and g1.routing.start == 0
+            assert g1.routing.rows.shape == (len(prompt) + 12 - 1, 2, 2)  # the last token is never fed
+            turn2 = prompt + g1.token_ids + [11, 12, 13, 14, 15]
+            have = g1.routing.rows.shape[0]
+            g2 = await client.generate(turn2, max_tokens=6, temperature=1.0, ignore_eos=True, seed=2,
+                                       routing_from=have)
+            assert g2.routing is not None and g2.routing.start == have
+            episode = np.concatenate([g1.routing.rows, g2.routing.rows])
+            g3 = await client.generate(prompt, max_tokens=4, temperature=1.0, ignore_eos=True, seed=3,
+                                       routing_from=0)
+            assert g3.routing is not None
+            return turn2 + g2.token_ids, episode, prompt + g3.token_ids, g3.routing.rows
+
+    ids, rows, ids3, rows3 = asyncio.run(run())
+    for seq, got in ((ids, rows), (ids3, rows3)):
+        assert got.shape[0] == len(seq) - 1
+        ref, clear = _reference_topk(moe_model_dir, seq[:-1], 2)
+        same = (np.sort(got.astype(np.int64), -1) == np.sort(ref, -1)).all(-1)
+        assert clear.mean() > 0.9, "the random model's routing is too close to ties to compare"
+        assert same[clear].all(), f"{int((~same & clear).sum())} clear decisions differ from the reference"
+
+
+def test_routing_capture_is_refused_on_a_dense_engine(vllm_server) -> None:
+    """A dense model's engine says so instead of returning empty routing."""
+    from agentrl.inference import InferenceClient
+
+    async def run() -> dict:
+        async with InferenceClient([vllm_server.url], timeout_s=60) as client:
+            return (await client.enable_routing_capture())[vllm_server.url]
+
+    rec = asyncio.run(run())
+    assert not rec["ok"] and rec["code"] == "routing.unavailable"
+    assert "not a mixture-of-experts model" in rec["error"]
+
+
+class Parity(agentrl.Environment):
+    """One free-text turn, rewarded by the parity of its length: a random model earns varied rewards, so
+    every group carries signal and every step trains."""
+
+    name: ClassVar[str] = "parity"
+    max_turns: ClassVar[int] = 1
+    max_tokens_per_turn: ClassVar[int] = 48
+
+    @classmethod
+    def tasks(cls, split: str = "train") -> list[agentrl.Task]:
+        return [{"id": f"{split}-{i}", "prompt": f"Say something about {i}."} for i in range(16)]
+
+    async def reset(self, task: agentrl.Task) -> str:
+        return str(task["prompt"])
+
+    async def reward(self, messages: list[agentrl.Message]) -> float:
+        return float(len(messages[-1].content) % 2)
+
+
+@pytest.fixture(scope="session")
+def moe_tiny_tok_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3-MoE model on the embedded model's tokenizer and chat template (what a run's
+    model checks need)."""
+    import shutil
+
+    from tests.fixtures_model import build_random_tiny_model
+
+    out = build_random_tiny_model(tmp_path_factory.mktemp("tiny-moe-tok"), seed=5, moe=True)
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "generation_config")):
+            shutil.copy(f, out / f.name)
+    import json
+
+    cfg = json.loads((out / "config.json").read_text())
+    tok = json.loads((tiny_model_dir / "config.json").read_text())
+    cfg.update(vocab_size=tok["vocab_size"], eos_token_id=tok["eos_token_id"], pad_token_id=tok["pad_token_id"])
+    (out / "config.json").write_text(json.dumps(cfg))
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
+    model.save_pretrained(out)
+    return out
+
+
+def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_tiny_tok_dir: Path,
+                                                                       tmp_path: Path) -> None:
+    """A LoRA run of a MoE model on the CPU build: the engines run without LoRA and get the merged weights
+    (the run says so), every trajectory carries the engine's routing, and the trainer replays it (on-policy
+    right after each merged sync, the trainer's logprobs match the engine's); then asynchronously, with
+    updates landing while episodes run."""
+    from agentrl.config.run import load_config
+    from agentrl.orchestrator.metrics import read_jsonl
+    from agentrl.orchestrator.run import TrainingRun
+
+    base = {
+        "env": f"{Path(__file__).resolve()}:Parity", "output_dir": str(tmp_path), "model": str(moe_tiny_tok_dir),
+        "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0, "time_limit_min": None,
+        "engine_warmup": False, "inference": {"max_model_len": 512},
+        "trainer": {"lr": 5e-3, "micro_batch_tokens": 2048},
+    }
+    run = TrainingRun(load_config(None, {**base, "name": "moe-sync", "steps": 2}), progress=False)
+    assert run.cfg.pipeline.lora_sync == "merged" and not run.cfg.inference.enable_lora
+    asyncio.run(run.run())
+    train = [r for r in read_jsonl(tmp_path / "moe-sync" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["version"] for r in train] == [1, 2]
+    for r in train:
+        assert r["num_failed"] == 0 and r["weight_bytes"] > 0
+        assert r["routing_coverage"] == 1.0
+        assert r["train_routing_replayed_frac"] > 0.99  # the hook forced the recorded experts
+        assert 0.0 <= r["train_routing_mismatch_frac"] <= 1.0
+        # on-policy after each merged sync: the trainer, replaying the engine's routing, agrees with it
+        assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
+    assert (tmp_path / "moe-sync" / "final_adapter" / "adapter_config.json").is_file()
+
+    asyncio.run(TrainingRun(load_config(None, {**base, "name": "moe-async", "steps": 4, "mode": "async",
+                                                "pipeline": {"max_staleness": 1}}), progress=False).run())
+    train = [r for r in read_jsonl(tmp_path / "moe-async" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["version"] for r in train] == [1, 2, 3, 4]
+    assert all(r["routing_coverage"] == 1.0 and r["train_routing_replayed_frac"] > 0.99 for r in train)
+    assert sum(r["staleness_mean"] for r in train[1:]) > 0, "no episode overlapped a weight update"
