@@ -20,15 +20,33 @@ log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="session")
-def moe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny Qwen3-MoE model (8 experts, top-2)."""
+def moe_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny Qwen3-MoE model (4 layers of 8 experts, top-2) on the embedded model's tokenizer and
+    chat template (what a run's model checks need)."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from tests.fixtures_model import build_random_tiny_model
 
-    return build_random_tiny_model(tmp_path_factory.mktemp("tiny-moe"), seed=3, moe=True)
+    out = build_random_tiny_model(tmp_path_factory.mktemp("tiny-moe"), seed=5, moe=True)
+    for f in tiny_model_dir.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "generation_config")):
+            shutil.copy(f, out / f.name)
+    cfg = json.loads((out / "config.json").read_text())
+    tok = json.loads((tiny_model_dir / "config.json").read_text())
+    cfg.update(vocab_size=tok["vocab_size"], eos_token_id=tok["eos_token_id"], pad_token_id=tok["pad_token_id"],
+               num_hidden_layers=4)
+    (out / "config.json").write_text(json.dumps(cfg))
+    torch.manual_seed(5)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).save_pretrained(out)
+    return out
 
 
 @pytest.fixture(scope="session")
-def moe_server(moe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+def moe_engine(moe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """One vLLM server of the MoE model for the session (no LoRA: the CPU build has no MoE LoRA path)."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from agentrl.inference import VLLMServer, VLLMServerConfig
@@ -42,6 +60,23 @@ def moe_server(moe_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture()
+def moe_server(moe_engine, moe_model_dir: Path) -> Iterator:
+    """The session's MoE engine, with the model's own weights restored after a test that trained it."""
+    yield moe_engine
+    from agentrl.inference import InferenceClient
+
+    async def restore() -> None:
+        async with InferenceClient([moe_engine.url], timeout_s=300) as client:
+            out = (await client.collective_rpc("agentrl_load_weights_from_path",
+                                               kwargs={"path": str(moe_model_dir)}, timeout=300))[0]
+            assert all(w.get("ok") for w in out), out
+            await client.reset_prefix_cache()
+            await client.set_weight_version("0")
+
+    asyncio.run(restore())
 
 
 def _reference_topk(model_dir: Path, ids: list[int], top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,12 +105,12 @@ def test_capture_matches_a_reference_forward(moe_server, moe_model_dir: Path) ->
             enabled = await client.enable_routing_capture()
             rec = enabled[moe_server.url]
             assert rec["ok"], rec
-            assert (rec["layers"], rec["top_k"], rec["experts"], rec["dtype"]) == (2, 2, 8, "uint8")
-            prompt = [(7 * i) % 300 + 5 for i in range(70)]  # > 4 KV blocks, so the cache has whole blocks
+            assert (rec["layers"], rec["top_k"], rec["experts"], rec["dtype"]) == (4, 2, 8, "uint8")
+            prompt = [(7 * i) % 900 + 5 for i in range(70)]  # > 4 KV blocks, so the cache has whole blocks
             g1 = await client.generate(prompt, max_tokens=12, temperature=1.0, ignore_eos=True, seed=1,
                                        routing_from=0)
             assert g1.routing is not None and g1.routing.start == 0
-            assert g1.routing.rows.shape == (len(prompt) + 12 - 1, 2, 2)  # the last token is never fed
+            assert g1.routing.rows.shape == (len(prompt) + 12 - 1, 4, 2)  # the last token is never fed
             turn2 = prompt + g1.token_ids + [11, 12, 13, 14, 15]
             have = g1.routing.rows.shape[0]
             g2 = await client.generate(turn2, max_tokens=6, temperature=1.0, ignore_eos=True, seed=2,
@@ -128,34 +163,7 @@ class Parity(agentrl.Environment):
         return float(len(messages[-1].content) % 2)
 
 
-@pytest.fixture(scope="session")
-def moe_tiny_tok_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random tiny Qwen3-MoE model on the embedded model's tokenizer and chat template (what a run's
-    model checks need)."""
-    import shutil
-
-    from tests.fixtures_model import build_random_tiny_model
-
-    out = build_random_tiny_model(tmp_path_factory.mktemp("tiny-moe-tok"), seed=5, moe=True)
-    for f in tiny_model_dir.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template", "special_tokens", "generation_config")):
-            shutil.copy(f, out / f.name)
-    import json
-
-    cfg = json.loads((out / "config.json").read_text())
-    tok = json.loads((tiny_model_dir / "config.json").read_text())
-    cfg.update(vocab_size=tok["vocab_size"], eos_token_id=tok["eos_token_id"], pad_token_id=tok["pad_token_id"])
-    (out / "config.json").write_text(json.dumps(cfg))
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(5)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out))
-    model.save_pretrained(out)
-    return out
-
-
-def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_tiny_tok_dir: Path,
+def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_server, moe_model_dir: Path,
                                                                        tmp_path: Path) -> None:
     """A LoRA run of a MoE model on the CPU build: the engines run without LoRA and get the merged weights
     (the run says so), every trajectory carries the engine's routing, and the trainer replays it (on-policy
@@ -166,7 +174,7 @@ def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_tiny_t
     from agentrl.orchestrator.run import TrainingRun
 
     base = {
-        "env": f"{Path(__file__).resolve()}:Parity", "output_dir": str(tmp_path), "model": str(moe_tiny_tok_dir),
+        "env": f"{Path(__file__).resolve()}:Parity", "output_dir": str(tmp_path), "model": str(moe_model_dir), "endpoints": [moe_server.url],
         "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0, "time_limit_min": None,
         "engine_warmup": False, "inference": {"max_model_len": 512},
         "trainer": {"lr": 5e-3, "micro_batch_tokens": 2048},
@@ -179,7 +187,7 @@ def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_tiny_t
     for r in train:
         assert r["num_failed"] == 0 and r["weight_bytes"] > 0
         assert r["routing_coverage"] == 1.0
-        assert r["train_routing_replayed_frac"] > 0.99  # the hook forced the recorded experts
+        assert r["train_routing_replayed_frac"] == 1.0  # the hook forced every recorded decision
         assert 0.0 <= r["train_routing_mismatch_frac"] <= 1.0
         # on-policy after each merged sync: the trainer, replaying the engine's routing, agrees with it
         assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
@@ -189,5 +197,53 @@ def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_tiny_t
                                                 "pipeline": {"max_staleness": 1}}), progress=False).run())
     train = [r for r in read_jsonl(tmp_path / "moe-async" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["version"] for r in train] == [1, 2, 3, 4]
-    assert all(r["routing_coverage"] == 1.0 and r["train_routing_replayed_frac"] > 0.99 for r in train)
+    assert all(r["routing_coverage"] == 1.0 and r["train_routing_replayed_frac"] == 1.0 for r in train)
     assert sum(r["staleness_mean"] for r in train[1:]) > 0, "no episode overlapped a weight update"
+
+
+def test_moe_full_weight_training_async_replays_routing(moe_server, moe_model_dir: Path, tmp_path: Path) -> None:
+    """Full fine-tuning of a MoE model, asynchronously: every weight (the fused experts split back to the
+    checkpoint's per-expert tensors) reaches the engine while episodes run; routing recorded under the old
+    weights is replayed, and the first step, on-policy, agrees with the engine."""
+    from agentrl.config.run import load_config
+    from agentrl.orchestrator.metrics import read_jsonl
+    from agentrl.orchestrator.run import TrainingRun
+
+    cfg = {
+        "env": f"{Path(__file__).resolve()}:Parity", "output_dir": str(tmp_path), "model": str(moe_model_dir), "endpoints": [moe_server.url],
+        "name": "moe-full", "steps": 3, "mode": "async", "pipeline": {"max_staleness": 1},
+        "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0, "time_limit_min": None,
+        "engine_warmup": False, "inference": {"max_model_len": 512},
+        "trainer": {"lora": False, "lr": 1e-4, "micro_batch_tokens": 2048},
+    }
+    asyncio.run(TrainingRun(load_config(None, cfg), progress=False).run())
+    train = [r for r in read_jsonl(tmp_path / "moe-full" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["version"] for r in train] == [1, 2, 3]
+    assert all(r["routing_coverage"] == 1.0 and r["train_routing_replayed_frac"] == 1.0 for r in train)
+    assert train[0]["staleness_max"] == 0 and train[0]["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
+    assert sum(r["staleness_mean"] for r in train[1:]) > 0, "no episode overlapped a weight update"
+    assert (tmp_path / "moe-full" / "final_model" / "config.json").is_file()
+
+
+def test_env_server_rollouts_return_routing(moe_server, moe_model_dir: Path, vllm_server, tmp_path: Path) -> None:
+    """``POST /v1/rollouts`` with ``return_routing``: the trajectory carries the engine's routing of every fed
+    position; an engine that cannot capture routing gets a 422, not a trajectory without it."""
+    import httpx
+
+    from agentrl.bench.env_server import ServerProcess
+    from agentrl.types import Trajectory
+
+    with ServerProcess(["calc"], extra=["--tokenizer", str(moe_model_dir)], log_path=tmp_path / "s.log") as server:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        body = {"env": "calc", "task_id": "calc-test-0", "base_url": moe_server.url, "model": "base",
+                "sampling": {"temperature": 1.0, "max_context_tokens": 512}, "return_routing": True}
+        r = httpx.post(server.url + "/v1/rollouts", json=body, headers=headers, timeout=300)
+        assert r.status_code == 200, r.text
+        traj = Trajectory.model_validate(r.json()["trajectory"])
+        traj.check()
+        assert not traj.failed, traj.error
+        assert traj.routing is not None and (traj.routing.layers, traj.routing.top_k) == (4, 2)
+        assert traj.routing.n == len(traj.prompt_ids) + len(traj.completion_ids) - 1
+        r = httpx.post(server.url + "/v1/rollouts", json={**body, "base_url": vllm_server.url}, headers=headers,
+                       timeout=300)
+        assert r.status_code == 422 and "cannot capture MoE routing" in r.text
