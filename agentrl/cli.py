@@ -278,20 +278,25 @@ def doctor(
 
 @model_app.command("tiny")
 def model_tiny(
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("models/tiny"),
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: models/tiny, or models/tiny-moe with --moe).")] = None,
+    moe: Annotated[bool, typer.Option("--moe", help="Build the Mixture-of-Experts variant (Qwen3-MoE architecture: 8 experts, top-2, in every layer) instead of the dense Qwen2 model.")] = False,
     seed: Annotated[int | None, typer.Option(help="Seed (the build is deterministic; default: the built-in seed).")] = None,
     warmup_steps: Annotated[int | None, typer.Option(help="Maximum supervised warm-up steps (it stops earlier once a probe of full calc episodes reaches its target success).")] = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
 ) -> None:
-    """Build the embedded tiny model (Qwen2 architecture, own tokenizer, short warm-up on calc)."""
+    """Build the embedded tiny model (Qwen2 architecture, or Qwen3-MoE with --moe; own tokenizer, short
+    warm-up on calc)."""
     _setup(False)
-    from agentrl.modelgen import build_tiny_model
+    from agentrl.modelgen import DEFAULT_TINY_DIR, DEFAULT_TINY_MOE_DIR, MOE_SHAPE, build_tiny_model
 
     kwargs: dict[str, Any] = {"force": force}
+    if moe:
+        kwargs["shape"] = MOE_SHAPE
     if seed is not None:
         kwargs["seed"] = seed
     if warmup_steps is not None:
         kwargs["warmup_steps"] = warmup_steps
+    out = out or (DEFAULT_TINY_MOE_DIR if moe else DEFAULT_TINY_DIR)
     typer.echo(str(build_tiny_model(out, **kwargs)))
 
 

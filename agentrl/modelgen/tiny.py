@@ -1,4 +1,4 @@
-"""Build the embedded tiny Qwen2 model: tokenizer, random init from a seed, short warm-up, save.
+"""Build the embedded tiny model (Qwen2 or Qwen3-MoE): tokenizer, seeded random init, short warm-up, save.
 
 The output directory is a plain Hugging Face model directory (``config.json``, ``model.safetensors`` in
 float32, tokenizer files with the chat template, ``generation_config.json``) that vLLM can serve and
@@ -23,6 +23,31 @@ near zero, and came out sharp (greedy 0.27, sampled 0.29), which leaves RL littl
 seed 1 (the default) jumps from 0.21 to 0.47 between steps 375 and 400 and stops there (100 unseen
 tasks: sampled 0.53, greedy 0.74). The result is a policy that solves some held-out tasks but clearly
 not all, with room for RL.
+
+The MoE variant (`MOE_SHAPE`, ``agentrl model tiny --moe``, ``models/tiny-moe``) is the same build with
+another `ModelShape`: a ``Qwen3MoeForCausalLM`` with the dense model's embedding (tied), attention sizes
+(hidden 128, 4 layers, 2 heads of 64, 2 KV heads; Qwen3 adds q/k norms and drops the q/k/v biases) and
+tokenizer, and in every layer (``decoder_sparse_step`` 1, no ``mlp_only_layers``) 8 experts of width 64,
+top-2 with renormalised weights (``norm_topk_prob``). Width 64 gives the dense model's size: 8 x 64 is the
+dense MLP width 512, so 1,176,320 parameters against 1,173,248 (router and q/k norms), of which about
+590k are active per token. The dense shape hashes as it did before MoE shapes existed (`ModelShape.to_json`),
+and the MoE fields enter the hash, so the two never share a marker.
+
+The router's load-balancing loss is off (``output_router_logits`` False, in the warm-up and in the saved
+config): the warm-up optimises exactly the dense model's loss, and the warm-up runs the shared prompt
+prefix once (`agentrl.modelgen.sft.batch_loss`), so an auxiliary loss would have seen only part of each
+sequence anyway. Without it no expert collapsed: after the warm-up, on 20 train-split transcripts, every
+expert of every layer still takes a share of the top-2 slots (layers 0-2: 3-25% each, layer 3: 1-40%).
+
+The stopping rule is the dense one, unchanged. With seed 1 the MoE build learns the copy skill in an even
+sharper transition, probing 0.00-0.03 at steps 100-225, 0.07 at 250, 0.26 at 275 and 0.69 at 300 (a run that
+probed from step 100 for this measurement), so the default build stops at its first probe: 300 steps,
+probe success 0.69, final loss 0.016. On the first 100 test tasks (measured once, for this note; never
+part of the rule) it scores 0.72 sampled and 0.91 greedy, against 0.34 and 0.74 for ``models/tiny`` on
+the same machine: stronger than the dense model, still short of solving everything. The build took 12
+minutes (725 s wall, 514 s of CPU) on a 2-core machine that other processes were loading at the same time
+(load average 3-5). vLLM's CPU build serves it (without LoRA, which its MoE layers support only with
+Triton), and its greedy completion of a calc prompt matched transformers' token for token.
 """
 
 from __future__ import annotations
@@ -48,7 +73,12 @@ DEFAULT_SEED = 1
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Architecture of the tiny model. ``head_dim`` must stay 64 (vLLM's CPU attention needs it)."""
+    """Architecture of the tiny model. ``head_dim`` must stay 64 (vLLM's CPU attention needs it).
+
+    ``num_experts`` 0 (the default) is the dense Qwen2 model; more makes it a Qwen3-MoE model whose every
+    layer routes each token to ``experts_per_token`` of ``num_experts`` experts of width
+    ``moe_intermediate_size`` (``intermediate_size`` is then unused). See `MOE_SHAPE`.
+    """
 
     hidden_size: int = 128
     num_layers: int = 4
@@ -57,6 +87,29 @@ class ModelShape:
     num_kv_heads: int = 2
     vocab_target: int = 1024
     tokenizer_transcripts: int = 2000
+    num_experts: int = 0
+    experts_per_token: int = 2
+    moe_intermediate_size: int = 64
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether this is a Mixture-of-Experts (Qwen3-MoE) shape."""
+        return self.num_experts > 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape as hashed into the build config. A dense shape leaves out the MoE fields, so the
+        digest of the dense model is the one it had before MoE shapes existed."""
+        data = asdict(self)
+        if not self.is_moe:
+            for name in _MOE_FIELDS:
+                del data[name]
+        return data
+
+
+_MOE_FIELDS = ("num_experts", "experts_per_token", "moe_intermediate_size")
+
+MOE_SHAPE = ModelShape(num_experts=8, experts_per_token=2, moe_intermediate_size=64)
+"""The tiny MoE model (``agentrl model tiny --moe``): the dense model's attention, 8 experts, top-2."""
 
 
 @dataclass(frozen=True)
@@ -69,17 +122,15 @@ class BuildConfig:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "shape": self.shape.to_json()}
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def qwen2_config(vocab_size: int, shape: ModelShape, eos_id: int, pad_id: int) -> Any:
-    """The `Qwen2Config` of the tiny model."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
+def model_config(vocab_size: int, shape: ModelShape, eos_id: int, pad_id: int) -> Any:
+    """The transformers config of the tiny model: `Qwen2Config`, or `Qwen3MoeConfig` for an MoE shape."""
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -97,6 +148,23 @@ def qwen2_config(vocab_size: int, shape: ModelShape, eos_id: int, pad_id: int) -
         pad_token_id=pad_id,
         dtype="float32",
     )
+    if not shape.is_moe:
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common)
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **common,
+        num_experts=shape.num_experts,
+        num_experts_per_tok=shape.experts_per_token,
+        moe_intermediate_size=shape.moe_intermediate_size,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        output_router_logits=False,  # no router aux loss, in the warm-up or later (see the module docstring)
+    )
+
 
 
 def read_marker(out_dir: Path) -> dict[str, Any] | None:
@@ -170,7 +238,7 @@ class _Probe:
 
 def _build_into(tmp: Path, config: BuildConfig, progress: bool) -> dict[str, Any]:
     import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM, Qwen3MoeForCausalLM
 
     from agentrl.modelgen.data import tokenizer_corpus
     from agentrl.modelgen.sft import WarmupConfig, warmup
@@ -182,7 +250,8 @@ def _build_into(tmp: Path, config: BuildConfig, progress: bool) -> dict[str, Any
     )
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     torch.manual_seed(config.seed)
-    model = Qwen2ForCausalLM(qwen2_config(len(tokenizer), shape, eos_id, tokenizer.pad_token_id))
+    model_class = Qwen3MoeForCausalLM if shape.is_moe else Qwen2ForCausalLM
+    model = model_class(model_config(len(tokenizer), shape, eos_id, tokenizer.pad_token_id))
     model.float()
     wcfg = WarmupConfig(**config.warmup)
     probe = _Probe(model, tokenizer, wcfg, config.seed, progress)
@@ -194,6 +263,7 @@ def _build_into(tmp: Path, config: BuildConfig, progress: bool) -> dict[str, Any
         "final_loss": losses[-1] if losses else None,
         "warmup_steps_run": len(losses),
         "probe_success": probe.history,
+        "architecture": model_class.__name__,
         "num_params": sum(p.numel() for p in model.parameters()),
     }
 

@@ -26,9 +26,9 @@ from agentrl.launch.placement import plan_run
 
 def tiny_config() -> dict[str, Any]:
     """The embedded tiny model's config.json (Qwen2, tied embeddings, q/k/v biases)."""
-    from agentrl.modelgen.tiny import ModelShape, qwen2_config
+    from agentrl.modelgen.tiny import ModelShape, model_config
 
-    return qwen2_config(953, ModelShape(), 2, 0).to_dict()
+    return model_config(953, ModelShape(), 2, 0).to_dict()
 
 
 def _meta_numel(config: dict[str, Any]) -> int:
