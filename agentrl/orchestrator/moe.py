@@ -25,7 +25,12 @@ def model_moe(model: str) -> MoEInfo | None:
 
 def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     """``cfg`` with ``pipeline.lora_sync`` settled: ``merged`` for a LoRA run of a MoE model on an engine build
-    that cannot serve LoRA on MoE layers (vLLM's CPU build), else ``adapter``. Logs the path taken."""
+    that cannot serve LoRA on MoE layers (vLLM's CPU build), else ``adapter``. Logs the path taken. A black-box
+    agent of a MoE model is refused while replay is on: the policy endpoint's recorded rows carry no routing."""
+    if info is not None and cfg.agent.command and cfg.trainer.routing_replay:
+        raise ValueError("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
+                         "no expert routing yet, so the trainer could not replay it; set "
+                         "trainer.routing_replay = false to train without routing replay")
     if cfg.pipeline.lora_sync != "auto":
         return cfg
     from agentrl.inference.server import _is_cpu_build

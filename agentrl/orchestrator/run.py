@@ -55,10 +55,6 @@ class TrainingRun:
         cfg.check_trainable()
         self.moe = model_moe(cfg.model)
         """The model's MoE shape (None: dense): its runs capture and replay expert routing."""
-        if self.moe is not None and cfg.agent.command and cfg.trainer.routing_replay:
-            raise ValueError("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
-                             "no expert routing yet, so the trainer could not replay it; set "
-                             "trainer.routing_replay = false to train without routing replay")
         cfg = plan_moe(cfg, self.moe).resolved()
         self.resume = resume
         self.progress = progress

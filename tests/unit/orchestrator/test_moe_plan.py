@@ -41,6 +41,14 @@ def test_lora_on_moe_merges_on_the_cpu_build(monkeypatch: pytest.MonkeyPatch) ->
     assert plan_moe(forced, None).pipeline.lora_sync == "merged"  # any engine without LoRA, by choice
 
 
+def test_black_box_agents_of_moe_models_are_refused_while_replay_is_on() -> None:
+    agent = {"command": ["python", "agent.py"]}
+    with pytest.raises(ValueError, match="black-box agent"):
+        plan_moe(_cfg(agent=agent), INFO)
+    plan_moe(_cfg(agent=agent, trainer={"model_path": "m", "routing_replay": False}), INFO)
+    plan_moe(_cfg(agent=agent), None)  # dense
+
+
 class _Engines:
     def __init__(self, recs: dict) -> None:
         self.recs, self.resets = recs, 0
