@@ -448,6 +448,12 @@ def bench_logprobs(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.logprobs", ctx)
 
 
+@bench_app.command("routing", context_settings=_PASSTHROUGH)
+def bench_routing(ctx: typer.Context) -> None:
+    """MoE routing capture and replay on a real engine, and across a mid-episode weight update (--episodes, --json)."""
+    _passthrough("agentrl.bench.routing", ctx)
+
+
 @bench_app.command("loop", context_settings=_PASSTHROUGH)
 def bench_loop(ctx: typer.Context) -> None:
     """Agent loop vs raw requests on the same vLLM server: tokens/s of each (--episodes, --concurrency, --json)."""
