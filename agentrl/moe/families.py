@@ -107,6 +107,17 @@ def _qwen_moe_layers(config: Any) -> tuple[int, ...]:
     )
 
 
+def _check_olmoe(cfg: Any) -> None:
+    """OLMoE settings vLLM 0.32 serves differently from transformers (checked on its CPU engine): the
+    engine would sample from another network than the trainer scores, silently."""
+    if getattr(cfg, "tie_word_embeddings", False):
+        raise _unsupported("olmoe", "tied embeddings: vLLM's OLMoE builds an untied lm_head that a tied "
+                                    "checkpoint never fills, so the engine serves garbage logits")
+    if getattr(cfg, "norm_topk_prob", False):
+        raise _unsupported("olmoe", "norm_topk_prob = true: vLLM's OLMoE never renormalises its top-k "
+                                    "weights, transformers does")
+
+
 def moe_info(config: Any) -> MoEInfo | None:
     """The routing shape of the model of ``config`` (a transformers config or its dict), or None for a
     dense model.
@@ -130,6 +141,7 @@ def moe_info(config: Any) -> MoEInfo | None:
         moe_layers = tuple(range(cfg.num_hidden_layers))
         norm = True  # MixtralTopKRouter always renormalises its top-k weights
     elif model_type == "olmoe":
+        _check_olmoe(cfg)
         experts = cfg.num_experts
         moe_layers = tuple(range(cfg.num_hidden_layers))
         norm = bool(cfg.norm_topk_prob)

@@ -431,3 +431,12 @@ def _replayed_logits(model: nn.Module, info: MoEInfo, ids: torch.Tensor, routing
         logits = model(input_ids=ids).logits
     replay.remove()
     return logits
+
+
+@pytest.mark.parametrize("setting, why", [({"tie_word_embeddings": True}, "tied embeddings"),
+                                          ({"norm_topk_prob": True}, "norm_topk_prob")])
+def test_olmoe_settings_vllm_serves_differently_are_refused(setting: dict[str, Any], why: str) -> None:
+    from transformers import AutoConfig
+
+    with pytest.raises(UnsupportedMoE, match=why):
+        moe_info(AutoConfig.for_model("olmoe", num_hidden_layers=2, **setting))
