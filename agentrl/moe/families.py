@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.errors import ConfigError
+
 SUPPORTED = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 """Model types whose routers :class:`agentrl.moe.replay.RoutingReplay` can replay."""
 
@@ -30,8 +32,10 @@ EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "
 """Config fields that, when positive, say a model has routed experts."""
 
 
-class UnsupportedMoE(ValueError):
+class UnsupportedMoE(ConfigError, ValueError):
     """A mixture-of-experts model whose router routing replay does not support."""
+
+    code = "config.unsupported_moe"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import json
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -282,11 +282,29 @@ def validate(task: dict[str, Any]) -> None:
     assert _oracle_ok(base, spec.patch, clean_parts), "the reference edits do not apply one by one"
 
 
-def build(cfg: BuildConfig, log: Any = print) -> list[dict[str, Any]]:
-    """All bundled tasks (validated), sorted by instance id."""
+DIGEST_OUT = DEFAULT_OUT.with_name("tasks.inputs.sha256")
+"""The digest of what the bundled tasks were built from (:func:`inputs_digest`), written beside them."""
+
+
+def inputs_digest(cfg: BuildConfig | None = None) -> str:
+    """A digest of everything the tasks are built from: the bundled repositories' files, this package's
+    sources and the build config. The same digest means a rebuild would give the same tasks (the builder is
+    deterministic: every repository's choices are seeded by the config's seed and the repository's name)."""
+    h = hashlib.sha256(json.dumps(asdict(cfg or BuildConfig()), sort_keys=True).encode())
+    package = Path(__file__).resolve().parent
+    files = sorted(package.glob("*.py")) + sorted(
+        f for repo in REPOS for f in (REPOS_DIR / repo).rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    for f in files:
+        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def build(cfg: BuildConfig, log: Any = print, repos: tuple[str, ...] = REPOS) -> list[dict[str, Any]]:
+    """The bundled tasks of ``repos`` (validated), sorted by instance id; each repository's tasks do not
+    depend on which others are built."""
     tasks: list[dict[str, Any]] = []
     with concurrent.futures.ThreadPoolExecutor(cfg.workers) as pool:
-        for repo in REPOS:
+        for repo in repos:
             clean = read_tree(REPOS_DIR / repo)
             clean_status = run_tests(clean)
             if clean_status is None or failing(clean_status) or not clean_status:
@@ -328,12 +346,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = (f"{len(tasks)} tasks ({dict(Counter(t['split'] for t in tasks))}, "
                f"{dict(Counter(t['difficulty'] for t in tasks))}), kinds {dict(sorted(kinds.items()))}, "
                f"{len(text) / 1024:.0f} KiB, {time.perf_counter() - t0:.0f}s")
+    digest_out = args.out.with_name(DIGEST_OUT.name)
     if args.check:
         same = args.out.is_file() and args.out.read_text() == text
         print(f"{'identical' if same else 'DIFFERENT'}: {summary}")
         return 0 if same else 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    digest_out.write_text(inputs_digest(BuildConfig(seed=args.seed)) + "\n")
     print(f"wrote {args.out}: {summary}")
     return 0
 
