@@ -291,11 +291,11 @@ def inputs_digest(cfg: BuildConfig | None = None) -> str:
     sources and the build config. The same digest means a rebuild would give the same tasks (the builder is
     deterministic: every repository's choices are seeded by the config's seed and the repository's name)."""
     h = hashlib.sha256(json.dumps(asdict(cfg or BuildConfig()), sort_keys=True).encode())
-    package = Path(__file__).resolve().parent
-    files = sorted(package.glob("*.py")) + sorted(
-        f for repo in REPOS for f in (REPOS_DIR / repo).rglob("*") if f.is_file() and "__pycache__" not in f.parts)
-    for f in files:
-        h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for repo in REPOS:  # the files the build reads (caches skipped)
+        for path, text in read_tree(REPOS_DIR / repo).items():
+            h.update(f"{repo}/{path}".encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()
 
 
