@@ -3,19 +3,18 @@ whose fake engine returns the routing of the positions it is asked for."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-import agentrl
 from agentrl.config.run import SamplingConfig
 from agentrl.inference.wire import Generation, RoutingRows
 from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import _extend_routing, run_episode
 from agentrl.types import Routing, StopReason, Trajectory
+from tests.unit.rollout.test_loop import Adder, call
 
 L, K = 2, 2
 
@@ -96,26 +95,6 @@ class RoutedEngine:
         return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
                           weight_versions=[(version, 0, len(ids))], endpoint="fake",
                           routing=RoutingRows(routing_from, rows_for(range(routing_from, end))))
-
-
-class Adder(agentrl.Environment):
-    name = "adder"
-    max_turns = 3
-
-    async def reset(self, task: agentrl.Task) -> str:
-        return "What is 3 + 4?"
-
-    @agentrl.tool
-    def add(self, a: int, b: int) -> str:
-        """Add two integers."""
-        return str(a + b)
-
-    async def reward(self, messages: list[agentrl.Message]) -> float:
-        return float("7" in messages[-1].content)
-
-
-def call(name: str, **args: Any) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
 
 
 async def test_episode_records_routing_of_every_fed_position(chat: ChatFormat) -> None:
