@@ -19,6 +19,7 @@ from agentrl.config.inference import VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import preset_for
+from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig
 
 if sys.version_info >= (3, 11):
@@ -141,10 +142,24 @@ class RunConfig(BaseModel):
     """Base URL of an ``agentrl serve-env`` server: ``env`` then runs there, through ``RemoteEnvironment``."""
     env_token: str | None = Field(None, exclude=True, repr=False)
     """Bearer token for ``env_url`` (default: ``$AGENTRL_ENV_TOKEN``); never written to the run directory."""
-    tasks: Path | None = None
-    """JSONL file of training tasks; default: the environment's own train split."""
-    eval_tasks: Path | None = None
-    """JSONL file of held-out tasks; default: the environment's own test split."""
+    tasks: str | None = None
+    """Training tasks: a JSONL, parquet or CSV file, a saved dataset directory (``save_to_disk``), or a
+    Hugging Face hub dataset name (``princeton-nlp/SWE-bench_Lite``); parquet and datasets need ``pip install
+    'agentrl[data]'``. Default: the environment's own train split."""
+    tasks_split: str | None = None
+    """Split of ``tasks`` to train on: for a saved ``DatasetDict`` or a hub dataset, the split to load
+    (default: ``train``); for a file or a saved single dataset, the rows whose ``split`` column equals it (a
+    source without that column is an error); without ``tasks``, the environment's own split of that name.
+    Default: the whole file, or a dataset's ``train`` split."""
+    eval_tasks: str | None = None
+    """Held-out tasks: a JSONL, parquet or CSV file, a saved dataset directory, or a Hugging Face hub dataset
+    name (as ``tasks``). Default: the environment's own test split."""
+    eval_tasks_split: str | None = None
+    """Split of ``eval_tasks`` (as ``tasks_split``; a dataset's default split here is ``test``)."""
+    task_columns: dict[str, str] = Field(default_factory=dict)
+    """Task field -> column of the task source, for sources whose columns are named otherwise than the fields
+    the environment needs (``task_columns = {question = "prompt"}``; ``--task-column question=prompt``). The
+    field gets the column's value; the other columns are kept. Applies to ``tasks`` and ``eval_tasks``."""
     model: str = DEFAULT_MODEL
     """Hugging Face model directory (or hub id where a hub is reachable). The default is built if missing.
     ``agentrl doctor --model DIR`` checks a directory before a run (``agentrl train`` runs the same checks)."""
@@ -203,6 +218,8 @@ class RunConfig(BaseModel):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     """Black-box training: an agent program to launch per episode through the policy endpoint (empty
     command: agentrl's own agent loop runs the environment's tools)."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment trackers (``--report-to``) and rollout tables, besides ``metrics.jsonl``."""
 
     @model_validator(mode="after")
     def _resolve_mode(self) -> RunConfig:

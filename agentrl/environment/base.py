@@ -203,6 +203,10 @@ class Environment:
     """Wall-clock limit for ``reward``, e.g. a test suite (not charged to the agent; past it: ``env_error``)."""
     max_tokens_per_turn: ClassVar[int] = 256
     """Token budget of one model turn."""
+    task_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields every task must have (``id`` aside), checked when tasks are read from a file or dataset
+    (``--tasks``): a source whose columns are named otherwise maps them (``task_columns = {field = "column"}``
+    in the run config, ``--task-column FIELD=COLUMN``). Empty: nothing is required."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -223,9 +227,10 @@ class Environment:
     @classmethod
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The environment's own dataset for ``split`` ("train" or "test"). Optional: tasks may come
-        from a JSONL file instead (``--tasks file.jsonl``)."""
+        from a file or a dataset instead (``--tasks``: JSONL, parquet, CSV, a saved or a hub dataset)."""
         raise NotImplementedError(
-            f"{cls.__name__} has no built-in dataset; pass a JSONL task file (--tasks) instead"
+            f"{cls.__name__} has no built-in dataset; pass tasks with --tasks (a JSONL, parquet or CSV file, "
+            "or a dataset) instead"
         )
 
     async def reset(self, task: Task) -> str | list[dict[str, Any]]:
@@ -263,6 +268,13 @@ class Environment:
         """Called by the run with the tasks it is about to start, in order (evaluation: all of them;
         training: each batch), so that the environment can prepare for them (e.g. warm sandboxes of the
         tasks' images). Must be fast and never fail the run. Default: nothing."""
+
+    @classmethod
+    def check_tasks(cls, tasks: Sequence[Task]) -> None:
+        """Called by ``load_tasks`` with every task a run will use (from ``--tasks`` or ``tasks()``) before
+        anything starts: raise ``ValueError`` (naming the task and what to do) for tasks this environment
+        cannot run, e.g. a repository or an image that is not here. Must not fetch anything. Default:
+        nothing."""
 
     @classmethod
     def reference_solution(cls, task: Task) -> list[tuple[str, dict[str, Any]]]:

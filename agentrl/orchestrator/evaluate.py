@@ -43,7 +43,8 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     if adapter is not None:  # a full-weight run's config resolves to engines without LoRA
         cfg.inference.enable_lora = True
     env_cls = load_env(cfg.env)
-    tasks = load_tasks(env_cls, "test", cfg.eval_tasks)[:n]
+    tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
+                       columns=cfg.task_columns)[:n]
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:
         model = None
         if adapter is not None:

@@ -153,7 +153,8 @@ async def run_scripted_eval(cfg: Any, policy: str, *, n: int = 200, split: str =
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; expected model or one of {sorted(POLICIES)}")
     env_cls = load_env(cfg.env)
-    tasks = load_tasks(env_cls, split, cfg.eval_tasks)[:n]
+    tasks = load_tasks(env_cls, split, cfg.eval_tasks, source_split=cfg.eval_tasks_split,
+                       columns=cfg.task_columns)[:n]
     t0 = time.perf_counter()
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"):
         trajs = await run_scripted(env_cls, tasks, POLICIES[policy](), max_concurrency=cfg.max_concurrency)

@@ -61,6 +61,7 @@ class CalcEnv(Environment):
     )
     max_turns: ClassVar[int] = 4
     max_tokens_per_turn: ClassVar[int] = 64
+    task_fields: ClassVar[tuple[str, ...]] = ("question", "answer")
     # Only the agent's tool time counts (the calculator answers in microseconds); time waiting for a busy
     # engine does not, so the limit stays tight however many episodes share one engine.
     agent_time_limit_s: ClassVar[float] = 10.0

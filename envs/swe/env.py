@@ -16,10 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from agentrl.environment.base import Environment, Task, ToolError, tool
+from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.swe.config import REPO_DIR, SweConfig
 from agentrl.envs.swe.grading import GradeResult, extract_patch, grade, prepare_agent_repo
 from agentrl.envs.swe.patches import patch_to_edits, replace_unique
+from agentrl.envs.swe.repo import REPOS_DIR, bundled_dir
 from agentrl.envs.swe.sandboxes import SandboxRun
 from agentrl.envs.swe.task import SweTask, load_jsonl
 from agentrl.envs.swe.text import exec_observation, numbered, truncate_middle, view_range
@@ -51,6 +55,10 @@ class SweEnv(Environment):
     reward_timeout_s: ClassVar[float] = 600.0  # grading: a fresh sandbox and the hidden tests (test_timeout_s)
     tool_timeout_s: ClassVar[float] = 90.0
     max_tokens_per_turn: ClassVar[int] = 384
+    task_fields: ClassVar[tuple[str, ...]] = tuple(
+        name for name, field in SweTask.model_fields.items() if field.is_required())
+    """The required fields of `SweTask` (instance_id, repo, base_commit, problem_statement, patch,
+    test_patch, FAIL_TO_PASS)."""
     config: ClassVar[SweConfig] = SweConfig()
     """Sandboxes, limits and grading; subclass to change (``config = SweConfig(...)``)."""
 
@@ -77,6 +85,78 @@ class SweEnv(Environment):
             raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
         rows = _rows(Path(cls.config.tasks_file or BUNDLED_TASKS))
         return [dict(r) for r in rows if split == "all" or r.get("split") in (None, split)]
+
+    @classmethod
+    def check_tasks(cls, tasks: Sequence[Task]) -> None:
+        """Refuse, before anything starts, tasks that cannot run here: rows that are not valid `SweTask`s,
+        rows without an ``image`` whose ``repo`` is not a bundled repository, and rows whose ``image`` is not
+        in the Docker engine of ``config.sandbox`` (each distinct image is looked up once). Nothing is
+        fetched or pulled."""
+        unbundled: list[SweTask] = []
+        images: dict[str, list[str]] = {}
+        for task in tasks:
+            try:
+                spec = SweTask.model_validate(task)
+            except ValidationError as e:
+                problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'row'}: {err['msg']}"
+                                     for err in e.errors(include_url=False))
+                name = task.get("instance_id", task.get("id"))
+                raise TaskSourceError(f"task {name!r} is not a valid SWE task: {problems}") from None
+            if spec.image:
+                images.setdefault(spec.image, []).append(spec.instance_id)
+            elif bundled_dir(spec.repo) is None:
+                unbundled.append(spec)
+        if unbundled:
+            first, bundled = unbundled[0], sorted(p.name for p in REPOS_DIR.iterdir() if p.is_dir())
+            more = f" (and {len(unbundled) - 1} more tasks like it)" if len(unbundled) > 1 else ""
+            raise TaskSourceError(
+                f"task {first.instance_id!r}{more} names no `image`, and its repo {first.repo!r} is not a bundled "
+                f"repository ({', '.join(bundled)}, under {REPOS_DIR}). Nothing is fetched or pulled here: build "
+                "or pull a Docker image that holds the repository at base_commit with its dependencies (for "
+                "SWE-bench, the harness's instance image) and set the row's `image` to it, or point `repo` at a "
+                "bundled repository")
+        if images:
+            cls._check_images(images)
+
+    @classmethod
+    def _check_images(cls, images: dict[str, list[str]]) -> None:
+        """Raise unless every image (-> the instance ids naming it) is in the local Docker engine."""
+        from agentrl.sandbox import SandboxUnavailable
+        from agentrl.sandbox._engine import docker_host, make_client
+
+        host = cls.config.sandbox.docker_host
+        image, ids = next(iter(images.items()))
+        try:
+            client = make_client(host, timeout=30)
+        except SandboxUnavailable as e:
+            raise TaskSourceError(
+                f"tasks name Docker images (e.g. {image!r}, task {ids[0]!r}), but no Docker engine can be reached "
+                f"to check that they are here: {e}") from None
+        import docker.errors
+
+        missing: list[tuple[str, list[str]]] = []
+        try:
+            for image, ids in images.items():
+                try:
+                    client.images.get(image)
+                except docker.errors.ImageNotFound:
+                    missing.append((image, ids))
+                except Exception as e:
+                    text = str(e).strip().splitlines()
+                    raise TaskSourceError(f"the Docker engine at {docker_host(host)} could not look up image "
+                                          f"{image!r} (task {ids[0]!r}): {text[0] if text else type(e).__name__}"
+                                          ) from None
+        finally:
+            client.close()
+        if missing:
+            shown = ", ".join(f"{img!r} (task {ids[0]!r}{f' and {len(ids) - 1} more' if len(ids) > 1 else ''})"
+                              for img, ids in missing[:5])
+            more = f", and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise TaskSourceError(
+                f"{len(missing)} task image(s) are not in the Docker engine at {docker_host(host)}: {shown}{more}. "
+                "Nothing is pulled here: pull or build each image into this engine (docker pull IMAGE; for "
+                "SWE-bench, build its instance images with the harness) and keep the row's `image` naming it, or "
+                "drop `image` and point `repo` at a bundled repository")
 
     @classmethod
     def reference_solution(cls, task: Task) -> list[tuple[str, dict[str, Any]]]:

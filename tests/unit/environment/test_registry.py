@@ -60,12 +60,14 @@ def test_cli_flag_set_is_pinned() -> None:
     }
     assert flags["train"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
+         "--tasks-split", "--eval-tasks", "--eval-tasks-split", "--task-column",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
-         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--full",
+         "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--full", "--report-to",
          "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--adapter", "--n", "--temperature", "--tasks",
+         "--tasks-split", "--task-column",
          "--endpoint", "--policy", "--verbose", "-v"]
     )
     assert flags["doctor"] == sorted(["--model", "--tool-parser", "--json"])
