@@ -97,17 +97,38 @@ ToolParserOpt = Annotated[str | None, typer.Option(
 EndpointOpt = Annotated[
     list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
 ]
+_TASKS_HELP = ("{} tasks: a JSONL, parquet or CSV file, a saved dataset directory, or a Hugging Face hub dataset "
+               "name (parquet and datasets: pip install 'agentrl[data]').")
+TaskColumnOpt = Annotated[list[str] | None, typer.Option(
+    "--task-column", metavar="FIELD=COLUMN",
+    help="Take task field FIELD from the source's column COLUMN (repeatable; run config: task_columns).")]
+
+
+def _task_columns(values: list[str] | None) -> dict[str, str] | None:
+    """``--task-column FIELD=COLUMN`` values as ``task_columns`` (None: none given); a malformed one exits 2."""
+    if not values:
+        return None
+    out: dict[str, str] = {}
+    for value in values:
+        field, sep, column = value.partition("=")
+        if not sep or not field.strip() or not column.strip():
+            _fail(f"--task-column {value!r}: expected FIELD=COLUMN (the task field, then the source's column), "
+                  "e.g. --task-column question=prompt")
+        out[field.strip()] = column.strip()
+    return out
 
 # The flag that sets each dotted config setting, so a config error can name the one to fix.
 _EVAL_FLAGS = {"env": "--env", "model": "--model", "tool_parser": "--tool-parser", "eval_tasks": "--tasks",
-               "endpoints": "--endpoint"}
+               "endpoints": "--endpoint", "eval_tasks_split": "--tasks-split", "task_columns": "--task-column"}
 _TRAIN_FLAGS = {
     "env": "--env", "model": "--model", "tool_parser": "--tool-parser", "endpoints": "--endpoint",
     "tasks": "--tasks", "name": "--name", "steps": "--steps", "nproc": "--nproc",
+    "tasks_split": "--tasks-split", "eval_tasks": "--eval-tasks", "eval_tasks_split": "--eval-tasks-split",
+    "task_columns": "--task-column",
     "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
     "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
     "agent.command": "--agent", "agent.reward": "--agent-reward", "placement.inference_gpus": "--inference-gpus",
-    "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full",
+    "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full", "tracking.report_to": "--report-to",
 }
 _SERVE_ENV_FLAGS = {
     "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
@@ -124,7 +145,13 @@ def train(
     tool_parser: ToolParserOpt = None,
     name: Annotated[str | None, typer.Option(help="Run name (outputs in runs/NAME).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    tasks: Annotated[Path | None, typer.Option(help="JSONL file of training tasks.")] = None,
+    tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Training"))] = None,
+    tasks_split: Annotated[str | None, typer.Option(
+        help="Split of --tasks: a dataset's split (default train), or a file's rows with this split column.")] = None,
+    eval_tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Held-out"))] = None,
+    eval_tasks_split: Annotated[str | None, typer.Option(
+        help="Split of --eval-tasks: a dataset's split (default test), or a file's rows with this split column.")] = None,
+    task_column: TaskColumnOpt = None,
     nproc: Annotated[int | None, typer.Option(help="Trainer processes (torchrun).")] = None,
     endpoint: EndpointOpt = None,
     env_url: Annotated[str | None, typer.Option(
@@ -148,6 +175,9 @@ def train(
         help="GPUs for the trainer, e.g. 4-7 (one torchrun rank per GPU).")] = None,
     full: Annotated[bool, typer.Option(
         "--full", help="Fine-tune every weight (trainer.lora = false) instead of a LoRA adapter.")] = False,
+    report_to: Annotated[str | None, typer.Option(
+        help="Experiment trackers besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio, mlflow "
+             "(pip install 'agentrl[trackers]'), or package.module:Class.")] = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the fully resolved config as TOML and exit.")] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -163,6 +193,8 @@ def train(
         "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "name": name, "steps": steps,
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
         "env_url": env_url, "mode": mode,
+        "tasks_split": tasks_split, "eval_tasks": eval_tasks, "eval_tasks_split": eval_tasks_split,
+        "task_columns": _task_columns(task_column),
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
         "sampling": {"temperature": temperature} if temperature is not None else None,
         "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward))
@@ -170,6 +202,7 @@ def train(
         "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
                       if v is not None} or None,
         "trainer": {"lora": False} if full else None,
+        "tracking": {"report_to": report_to} if report_to is not None else None,
     }
     try:
         cfg = load_config(config, overrides, flags=_TRAIN_FLAGS)
@@ -210,7 +243,10 @@ def eval_(
         help="LoRA adapter directory to evaluate (a full-weight run's final_model: pass it as --model).")] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    tasks: Annotated[Path | None, typer.Option(help="JSONL file of held-out tasks.")] = None,
+    tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Held-out"))] = None,
+    tasks_split: Annotated[str | None, typer.Option(
+        help="Split of --tasks: a dataset's split (default test), or a file's rows with this split column.")] = None,
+    task_column: TaskColumnOpt = None,
     endpoint: EndpointOpt = None,
     policy: Annotated[str, typer.Option(
         help="model (the LLM), or a scripted check of tools and reward: oracle (the reference solution) "
@@ -227,7 +263,8 @@ def eval_(
     try:
         load_env(env)
         cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser, "eval_tasks": tasks,
-                                   "endpoints": endpoint or None}, flags=_EVAL_FLAGS)
+                                   "endpoints": endpoint or None, "eval_tasks_split": tasks_split,
+                                   "task_columns": _task_columns(task_column)}, flags=_EVAL_FLAGS)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(e)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
@@ -249,6 +286,26 @@ def eval_(
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         _fail(f"{type(e).__name__}: {e}")
     typer.echo(json.dumps(result))
+
+
+@app.command()
+def show(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/NAME).")],
+    step: Annotated[int | None, typer.Option(help="The step whose sample to show (default: the latest).")] = None,
+    n: Annotated[int, typer.Option("-n", help="Episodes to show.")] = 3,
+) -> None:
+    """Print a run's sample episodes: messages, tool calls and results, reward, stop reason, policy versions."""
+    from rich.console import Console
+
+    from agentrl.tracking.show import NoSamples, render
+
+    try:
+        parts = render(run_dir, step, n)
+    except NoSamples as e:
+        _fail(e)
+    console = Console()
+    for part in parts:
+        console.print(part)
 
 
 @app.command()

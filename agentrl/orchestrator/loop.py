@@ -34,6 +34,7 @@ from agentrl.environment.base import Task
 from agentrl.orchestrator.buffer import RolloutBuffer
 from agentrl.orchestrator.metrics import step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
+from agentrl.types import Trajectory
 from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.base import Publisher
 
@@ -122,6 +123,8 @@ class Orchestrator:
         self._last_step_end = time.perf_counter()
         self._last_busy = 0.0
         self._tokens_total = 0
+        self.last_batch: list[list[Trajectory]] = []
+        """The groups the last :meth:`step` trained on (for sample tables)."""
 
     @property
     def version(self) -> int:
@@ -187,6 +190,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         batch = await self.buffer.get_batch(self.version)
         t1 = time.perf_counter()
+        self.last_batch = batch
         samples, stats = to_samples(batch, normalize_std=self.normalize_std, keep_failed=self.keep_failed)
         self.training.enter()
         try:

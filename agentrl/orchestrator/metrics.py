@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,17 +25,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
 class MetricsWriter:
     """Appends metric records to a JSONL file (one flush per record, so a crash loses nothing); with
-    ``run_id``, every record carries it."""
+    ``run_id``, every record carries it. ``sink`` (the run's trackers, ``TrackerHub.log_record``) gets each
+    record once it is in the file, so a tracker never sees what the file lacks."""
 
-    def __init__(self, path: Path, run_id: str | None = None) -> None:
+    def __init__(self, path: Path, run_id: str | None = None,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = Path(path)
         self.run_id = run_id
+        self.sink = sink
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
         rec = {"time": time.time(), **({"run_id": self.run_id} if self.run_id else {}), **record}
+        line = json.dumps(rec, default=_jsonable)
         with self.path.open("a") as f:
-            f.write(json.dumps(rec, default=_jsonable) + "\n")
+            f.write(line + "\n")
+        if self.sink is not None:
+            self.sink(json.loads(line))  # plain JSON types, as a reader of the file sees them
 
 
 def _jsonable(x: Any) -> Any:

@@ -27,10 +27,21 @@ from agentrl.launch.placement import plan_run
 from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
 from agentrl.orchestrator.evaluate import evaluate
 from agentrl.orchestrator.loop import Orchestrator
-from agentrl.orchestrator.metrics import MetricsWriter, plot_pipeline, plot_run, supersede_after, train_record
+from agentrl.orchestrator.metrics import (
+    MetricsWriter,
+    plot_pipeline,
+    plot_run,
+    read_jsonl,
+    supersede_after,
+    train_record,
+)
 from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout.groups import RolloutWorkers
+from agentrl.tracking.base import TrackerContext
+from agentrl.tracking.card import write_model_card
+from agentrl.tracking.hub import TrackerHub
+from agentrl.tracking.samples import TABLE_COLUMNS, sample_rows, table_rows, write_samples
 from agentrl.utils import heap
 from agentrl.utils.atomic import write_atomic
 from agentrl.versions import PolicyVersion
@@ -43,6 +54,12 @@ def _latest_checkpoint(run_dir: Path) -> Path | None:
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     done = [c for c in ckpts if (c / "state.json").is_file()]
     return done[-1] if done else None
+
+
+def _resume_step(run_dir: Path) -> int:
+    """The step a ``--resume`` continues from: its latest complete checkpoint's (0: none, from scratch)."""
+    ckpt = _latest_checkpoint(run_dir)
+    return int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt is not None else 0
 
 
 class TrainingRun:
@@ -61,12 +78,21 @@ class TrainingRun:
         self.plan = plan_run(cfg)
         """Where every process goes, decided before anything starts (raises for an impossible plan)."""
         self.env_cls: type[Environment] = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
-        self.train_tasks: list[Task] = load_tasks(self.env_cls, "train", cfg.tasks)
-        self.eval_tasks: list[Task] = load_tasks(self.env_cls, "test", cfg.eval_tasks)[: cfg.eval_size]
+        self.train_tasks: list[Task] = load_tasks(
+            self.env_cls, "train", cfg.tasks, source_split=cfg.tasks_split, columns=cfg.task_columns)
+        self.eval_tasks: list[Task] = load_tasks(
+            self.env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split, columns=cfg.task_columns
+        )[: cfg.eval_size]
         # the run directory: a fresh one claimed for this run, or the checked one being resumed
         self.cfg, self.run_id = open_run(cfg, resume=resume)
         self.run_dir = self.cfg.run_dir
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id)
+        tracking = self.cfg.tracking
+        self.trackers = TrackerHub(tracking.report_to, TrackerContext(
+            run_dir=self.run_dir, run_name=self.run_dir.name, run_id=self.run_id, project=tracking.project,
+            config=self.cfg.model_dump(mode="json"), resume_step=_resume_step(self.run_dir) if resume else None),
+            close_timeout_s=tracking.close_timeout_s)
+        """The run's experiment trackers (``tracking.report_to``), fed every ``metrics.jsonl`` record."""
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id, sink=self.trackers.log_record)
         self.version = PolicyVersion(0)
         """The policy version's one owner, for the whole run: restored on resume, bumped by the
         orchestrator after each update, read by everything else (through :meth:`policy_version`)."""
@@ -74,7 +100,18 @@ class TrainingRun:
         self.step = 0
 
     async def run(self) -> dict[str, Any]:
-        """Train for ``cfg.steps`` steps (or the time limit); returns a summary."""
+        """Train for ``cfg.steps`` steps (or the time limit); returns a summary (also ``summary.json``). The
+        trackers run from the start to the end, and are closed however the run ends."""
+        self.trackers.start()
+        try:
+            summary = await self._run()
+        finally:
+            status = await asyncio.to_thread(self.trackers.close)
+        summary["trackers"] = status
+        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        return summary
+
+    async def _run(self) -> dict[str, Any]:
         from agentrl.trainer.client import TrainerProcess
 
         cfg = self.cfg
@@ -129,15 +166,29 @@ class TrainingRun:
             finally:
                 await asyncio.to_thread(trainer.close)
         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+        evals = sorted((r for r in read_jsonl(self.metrics.path) if r.get("kind") == "eval"
+                        and r.get("run_id", self.run_id) == self.run_id), key=lambda r: r["step"])
         summary = {
             "run_dir": str(self.run_dir),
             "steps": self.step,
-            "success_before": first["success"] if first else None,
+            "success_before": first["success"] if first else (evals[0]["success"] if evals else None),
             "success_after": last["success"],
             "wall_s": time.perf_counter() - t_start,
         }
-        write_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_model_card(cfg.final_policy_dir, cfg, first_eval=evals[0] if evals else None,
+                         last_eval=evals[-1] if evals else None, steps=self.step, wall_s=summary["wall_s"],
+                         run_id=self.run_id)
         return summary
+
+    def _maybe_sample(self, batch: list[Any]) -> None:
+        """After the first step, every ``tracking.samples_every`` steps and the last: a sample of the step's
+        episodes to ``samples/step_N.jsonl`` and to the trackers' tables."""
+        every, step = self.cfg.tracking.samples_every, self.step
+        if not every or not batch or not (step == 1 or step % every == 0 or step == self.cfg.steps):
+            return
+        rows = sample_rows(batch, step=step, k=self.cfg.tracking.samples_per_step, seed=self.cfg.seed)
+        write_samples(self.run_dir, step, rows)
+        self.trackers.log_table(step, "samples/train", TABLE_COLUMNS, table_rows(rows))
 
     def policy_version(self) -> int:
         """The current policy version."""
@@ -253,6 +304,7 @@ class TrainingRun:
                         rec, step=self.step, version=orch.version, mode=cfg.mode, engines_rejoined=rejoined,
                         engines_live=live, wall_s=wall, wall_train_s=time.perf_counter() - loop_t0 - eval_s))
                     bar.update(1)
+                    self._maybe_sample(orch.last_batch)
                     bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", wait=f"{rec['wait_s']:.1f}s",
                                     train=f"{rec['train_s']:.1f}s")
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
