@@ -77,6 +77,35 @@ async def test_oracle_solves_and_null_fails_every_bundled_task(swe_image: str) -
     print(f"oracle+null on {len(tasks)} tasks: {wall:.1f}s")
 
 
+async def test_swe_bench_rows_from_a_saved_dataset(swe_image: str, tmp_path: Path) -> None:
+    """Bundled tasks in SWE-bench's published shape (test ids as JSON strings, its extra columns, no ``split``
+    field), saved as a DatasetDict: `agentrl eval --tasks DIR --tasks-split test` solves them with the oracle;
+    a row of a repository that is neither bundled nor in an image here is refused before anything starts."""
+    import datasets
+
+    from agentrl.config.run import load_config
+    from agentrl.environment.tasks import TaskSourceError
+    from agentrl.rollout.scripted import run_scripted_eval
+
+    def published(t: dict[str, Any]) -> dict[str, Any]:
+        row = {k: v for k, v in t.items() if k not in ("split", "id")}
+        row.update(FAIL_TO_PASS=json.dumps(t["FAIL_TO_PASS"]), PASS_TO_PASS=json.dumps(t["PASS_TO_PASS"]),
+                   hints_text="", created_at="2024-01-01T00:00:00Z", version="1.0",
+                   environment_setup_commit=t["base_commit"])
+        return row
+
+    rows = [published(t) for t in SweEnv.tasks("test")[:2]]
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(tmp_path / "swe-bench")
+    cfg = load_config(None, {"env": "swe", "eval_tasks": str(tmp_path / "swe-bench"), "eval_tasks_split": "test"})
+    result = await run_scripted_eval(cfg, "oracle", n=2)
+    assert result["num_tasks"] == 2 and result["success"] == 1.0, result
+    foreign = {**rows[0], "instance_id": "django__django-11099", "repo": "django/django"}
+    datasets.Dataset.from_list([foreign]).save_to_disk(tmp_path / "foreign")
+    cfg = load_config(None, {"env": "swe", "eval_tasks": str(tmp_path / "foreign")})
+    with pytest.raises(TaskSourceError, match=r"django__django-11099.*not a bundled repository.*Nothing is fetched"):
+        await run_scripted_eval(cfg, "oracle", n=1)
+
+
 async def test_tool_errors_and_limits(swe_image: str) -> None:
     env = SmallSwe()
     await env.reset(TASK)
