@@ -1,6 +1,6 @@
 """MLflow, through its client (no global active run). ``MLFLOW_TRACKING_URI`` says where runs go; unset,
-a SQLite store beside the run directories (``sqlite:///<output_dir>/mlflow.db``; ``mlflow ui
---backend-store-uri`` that URI shows it). ``MLFLOW_EXPERIMENT_NAME`` overrides the experiment
+a SQLite store beside the run directories (``sqlite:///<output_dir>/mlflow.db``, artifacts in
+``<output_dir>/mlflow-artifacts``; ``mlflow ui --backend-store-uri`` that URI shows it). ``MLFLOW_EXPERIMENT_NAME`` overrides the experiment
 (``tracking.project``). The MLflow run id is kept in the run directory, so ``--resume`` continues that run.
 MLflow has no histograms: their bins go to ``metrics.jsonl`` only."""
 
@@ -32,7 +32,11 @@ class MlflowTracker(Tracker):
         from mlflow.tracking import MlflowClient
 
         self._metric_cls = Metric
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(ctx.run_dir.parent / 'mlflow.db').resolve()}"
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        artifacts = None
+        if not uri:  # agentrl's default store: the database and the artifacts beside the run directories
+            root = ctx.run_dir.parent.resolve()
+            uri, artifacts = f"sqlite:///{root / 'mlflow.db'}", (root / "mlflow-artifacts").as_uri()
         self.client = MlflowClient(tracking_uri=uri)
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or ctx.project
         saved = ctx.load_state(self.name)
@@ -41,7 +45,8 @@ class MlflowTracker(Tracker):
             self.client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             return
         found = self.client.get_experiment_by_name(experiment)
-        exp_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+        exp_id = (found.experiment_id if found is not None
+                  else self.client.create_experiment(experiment, artifact_location=artifacts))
         run = self.client.create_run(exp_id, run_name=ctx.run_name, tags={"agentrl.run_id": ctx.run_id})
         self.run_id = run.info.run_id
         ctx.save_state(self.name, {"run_id": self.run_id, "tracking_uri": uri, "experiment": experiment})

@@ -46,3 +46,6 @@ class WandbTracker(Tracker):
 
     def finish(self) -> None:
         self.run.finish()
+        # finish() returns before wandb's service has written the run's last records (offline: its .wandb
+        # file); teardown waits for the service to exit, so the files are complete when the run ends.
+        self.wandb.teardown()

@@ -117,3 +117,19 @@ def test_trackio_local(tmp_path: Path) -> None:
     assert any(isinstance(r.get("samples/train"), dict) for r in logs)
     _run("trackio", tmp_path, range(3, 5), resume_step=2, offset=1.0)
     assert _same(read.trackio_series("agentrl-test", "run", "train/reward_mean")[-1:], [(4, 1.4)])
+
+
+def test_mlflow_default_store_stays_beside_the_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without MLFLOW_TRACKING_URI: a SQLite database and the artifacts next to the run directories, nothing
+    in the working directory."""
+    _need("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    _run("mlflow", tmp_path, range(1, 3))
+    state = json.loads((tmp_path / "run" / "trackers.json").read_text())["mlflow"]
+    assert state["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert _same(read.mlflow_series(state["tracking_uri"], state["run_id"], "train/reward_mean"), [(1, 0.1), (2, 0.2)])
+    assert list((tmp_path / "mlflow-artifacts").rglob("step_2.json")), "the sample table is an artifact beside the runs"
+    assert not any(cwd.iterdir())
