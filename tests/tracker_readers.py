@@ -53,12 +53,19 @@ def _wandb_log_records(path: Path):
             buf = b""
 
 
+def _wandb_logs(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The transaction logs of every start of offline run ``run_id``, oldest first: directories are
+    ``offline-run-<time>-<id>``, with ``-1``, ``-2``, ... added when two starts fall in the same second."""
+    logs = Path(wandb_dir).glob(f"**/offline-run-*-{run_id}*/run-{run_id}.wandb")
+    return sorted(logs, key=lambda p: (p.parent.name.split("-")[2], len(p.parent.name), p.parent.name))
+
+
 def wandb_history(wandb_dir: Path, run_id: str) -> list[dict[str, Any]]:
     """The history rows (``run.log`` calls) of every offline run ``run_id`` under ``wandb_dir``, in order."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     rows = []
-    for log in sorted(Path(wandb_dir).glob(f"**/offline-run-*-{run_id}/run-{run_id}.wandb")):
+    for log in _wandb_logs(wandb_dir, run_id):
         for raw in _wandb_log_records(log):
             rec = pb.Record()
             rec.ParseFromString(raw)
@@ -72,7 +79,7 @@ def wandb_config(wandb_dir: Path, run_id: str) -> dict[str, Any]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     config: dict[str, Any] = {}
-    for log in sorted(Path(wandb_dir).glob(f"**/offline-run-*-{run_id}/run-{run_id}.wandb")):
+    for log in _wandb_logs(wandb_dir, run_id):
         for raw in _wandb_log_records(log):
             rec = pb.Record()
             rec.ParseFromString(raw)

@@ -133,3 +133,13 @@ def test_mlflow_default_store_stays_beside_the_runs(tmp_path: Path, monkeypatch:
     assert _same(read.mlflow_series(state["tracking_uri"], state["run_id"], "train/reward_mean"), [(1, 0.1), (2, 0.2)])
     assert list((tmp_path / "mlflow-artifacts").rglob("step_2.json")), "the sample table is an artifact beside the runs"
     assert not any(cwd.iterdir())
+
+
+def test_wandb_reader_finds_every_start_of_a_run(tmp_path: Path) -> None:
+    """Two starts of one run within a second: wandb names the second directory ``...-<id>-1``."""
+    names = ["offline-run-20261126_005137-abc-1", "offline-run-20261126_005136-abc", "offline-run-20261126_005137-abc",
+             "offline-run-20261126_005137-abcd"]
+    for n in names:
+        (tmp_path / n).mkdir()
+        (tmp_path / n / f"run-{n.split('-')[3]}.wandb").write_bytes(b"")
+    assert [p.parent.name for p in read._wandb_logs(tmp_path, "abc")] == [names[1], names[2], names[0]]
