@@ -31,7 +31,14 @@ This module imports nothing: anything may import it (the vLLM worker extension i
 
 from __future__ import annotations
 
-__all__ = ["AgentRLError", "ConfigError", "EngineError", "EnvError", "WeightSyncError"]
+__all__ = ["AgentRLError", "ConfigError", "EngineError", "EnvError", "WeightSyncError", "first_line"]
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of ``e``'s message, or its type's name when it has none: how an error that is reported
+    inside a longer message is quoted."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 class AgentRLError(Exception):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.environment.base import Environment, Task
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, first_line
 
 DATA_EXTRA = "pip install 'agentrl[data]'"
 """How to install the optional packages that parquet files and datasets need."""
@@ -172,7 +172,7 @@ def _read_parquet(path: Path, name: str) -> _Table:
     try:
         table = pq.read_table(path)
     except Exception as e:
-        raise TaskSourceError(f"{name}: not a readable parquet file: {_first_line(e)}") from e
+        raise TaskSourceError(f"{name}: not a readable parquet file: {first_line(e)}") from e
     return _table(name, path.stem, list(table.column_names), table.to_pylist())
 
 
@@ -197,7 +197,7 @@ def _read_saved_dataset(path: Path, name: str, split: str, source_split: str | N
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as e:
-        raise TaskSourceError(f"{name}: the saved dataset cannot be read: {_first_line(e)}") from e
+        raise TaskSourceError(f"{name}: the saved dataset cannot be read: {first_line(e)}") from e
     stem = path.resolve().name
     if isinstance(loaded, datasets.DatasetDict):
         wanted = source_split or split
@@ -219,7 +219,7 @@ def _read_hub(name: str, split: str) -> _Table:
     except Exception as e:
         raise TaskSourceError(
             f"task source {name!r} does not exist locally (no such file or directory), and loading it as a "
-            f"Hugging Face hub dataset (split {split!r}) failed: {type(e).__name__}: {_first_line(e)}. Nothing "
+            f"Hugging Face hub dataset (split {split!r}) failed: {type(e).__name__}: {first_line(e)}. Nothing "
             "else was tried: give a JSONL, parquet or CSV file, a directory written by save_to_disk, or a hub "
             "dataset name that loads here (network access, or the datasets cache)") from e
     return _table(name, name.rstrip("/").rsplit("/", 1)[-1], list(ds.column_names), ds.to_list(), single=False)
@@ -305,14 +305,10 @@ def _require(module: str, package: str, what: str) -> Any:
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingDataExtra(f"{what} needs the optional package {package!r}, which is not installed "
-                               f"({_first_line(e)}): {DATA_EXTRA}") from e
+                               f"({first_line(e)}): {DATA_EXTRA}") from e
 
 
 def _union_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Every key of ``rows``, in order of first appearance."""
     return list(dict.fromkeys(k for row in rows for k in row))
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -50,16 +50,11 @@ from agentrl.weight_sync.route import weight_publisher
 log = logging.getLogger(__name__)
 
 
-def _latest_checkpoint(run_dir: Path) -> Path | None:
+def _latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The run's latest complete checkpoint and its ``state.json`` (step, version); None: there is none."""
     ckpts = sorted((run_dir / "checkpoints").glob("step_*"))
     done = [c for c in ckpts if (c / "state.json").is_file()]
-    return done[-1] if done else None
-
-
-def _resume_step(run_dir: Path) -> int:
-    """The step a ``--resume`` continues from: its latest complete checkpoint's (0: none, from scratch)."""
-    ckpt = _latest_checkpoint(run_dir)
-    return int(json.loads((ckpt / "state.json").read_text())["step"]) if ckpt is not None else 0
+    return (done[-1], json.loads((done[-1] / "state.json").read_text())) if done else None
 
 
 class TrainingRun:
@@ -86,13 +81,16 @@ class TrainingRun:
         # the run directory: a fresh one claimed for this run, or the checked one being resumed
         self.cfg, self.run_id = open_run(cfg, resume=resume)
         self.run_dir = self.cfg.run_dir
+        self.resume_from = _latest_checkpoint(self.run_dir) if resume else None
+        """``--resume``: the checkpoint this run continues from and its state (None: a new run, or none yet)."""
+        resume_step = (int(self.resume_from[1]["step"]) if self.resume_from else 0) if resume else None
         tracking = self.cfg.tracking
         self.trackers = TrackerHub(tracking.report_to, TrackerContext(
             run_dir=self.run_dir, run_name=self.run_dir.name, run_id=self.run_id, project=tracking.project,
-            config=self.cfg.model_dump(mode="json"), resume_step=_resume_step(self.run_dir) if resume else None),
-            close_timeout_s=tracking.close_timeout_s)
+            config=self.cfg.model_dump(mode="json"), resume_step=resume_step), close_timeout_s=tracking.close_timeout_s)
         """The run's experiment trackers (``tracking.report_to``), fed every ``metrics.jsonl`` record."""
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id, sink=self.trackers.log_record)
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id,
+                                     sink=self.trackers.log_record if self.trackers else None)
         self.version = PolicyVersion(0)
         """The policy version's one owner, for the whole run: restored on resume, bumped by the
         orchestrator after each update, read by everything else (through :meth:`policy_version`)."""
@@ -150,11 +148,10 @@ class TrainingRun:
                     workers = await stack_ctx.enter_async_context(blackbox_runner(
                         cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id))
                 log.info("start-up heap frozen: %d objects kept out of garbage collections", heap.freeze_heap())
-                first = None
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
                     if cfg.engine_warmup:
                         await self._warm_up(stack)
-                    first = await self._evaluate(workers)
+                    await self._evaluate(workers)
                 try:
                     await self._loop(trainer, publisher, stack.client, workers, t_start, watch)
                 except EnginesLost as e:
@@ -166,12 +163,13 @@ class TrainingRun:
             finally:
                 await asyncio.to_thread(trainer.close)
         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+        # every evaluation of this run, a resumed run's earlier starts included: the first is its step 0
         evals = sorted((r for r in read_jsonl(self.metrics.path) if r.get("kind") == "eval"
                         and r.get("run_id", self.run_id) == self.run_id), key=lambda r: r["step"])
         summary = {
             "run_dir": str(self.run_dir),
             "steps": self.step,
-            "success_before": first["success"] if first else (evals[0]["success"] if evals else None),
+            "success_before": evals[0]["success"] if evals else None,
             "success_after": last["success"],
             "wall_s": time.perf_counter() - t_start,
         }
@@ -197,13 +195,12 @@ class TrainingRun:
     async def _maybe_resume(self, trainer: Any) -> None:
         if not self.resume:
             return
-        ckpt = _latest_checkpoint(self.run_dir)
-        if ckpt is None:
+        if self.resume_from is None:
             log.warning("--resume: no checkpoint in %s, starting from scratch", self.run_dir)
             moved = supersede_after(self.metrics.path, -1)
         else:
+            ckpt, state = self.resume_from
             await trainer.load_checkpoint(ckpt)
-            state = json.loads((ckpt / "state.json").read_text())
             self.step = int(state["step"])
             self.version.advance(int(state["version"]))
             moved = supersede_after(self.metrics.path, self.step)

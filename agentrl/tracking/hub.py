@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any
 
+from agentrl.errors import first_line
 from agentrl.tracking.base import Tracker, TrackerContext
 from agentrl.tracking.records import split_record
 from agentrl.tracking.registry import tracker_class
@@ -77,7 +78,7 @@ class TrackerHub:
 
     def _fail(self, name: str, e: BaseException, doing: str) -> None:
         self._trackers.pop(name, None)
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}".rstrip(": ")
+        reason = f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__
         self.status[name] = f"failed: {reason}"
         log.warning("tracker %s failed while %s and is switched off for the rest of this run "
                     "(training goes on; metrics.jsonl keeps every record): %s", name, doing, reason)

@@ -24,11 +24,13 @@ TABLE_COLUMNS = ["step", "task_id", "reward", "group_reward_mean", "stop_reason"
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 
 
-def pick_episodes(batch: Sequence[Sequence[Trajectory]], k: int, rng: random.Random) -> list[Trajectory]:
-    """One episode from each of ``k`` groups of ``batch`` (all groups when there are fewer), in batch order."""
+def pick_episodes(batch: Sequence[Sequence[Trajectory]], k: int, rng: random.Random
+                  ) -> list[tuple[Trajectory, Sequence[Trajectory]]]:
+    """One episode from each of ``k`` groups of ``batch`` (all groups when there are fewer), in batch order,
+    each with its group."""
     groups = [i for i, g in enumerate(batch) if g]
     chosen = sorted(rng.sample(groups, min(k, len(groups))))
-    return [batch[i][rng.randrange(len(batch[i]))] for i in chosen]
+    return [(batch[i][rng.randrange(len(batch[i]))], batch[i]) for i in chosen]
 
 
 def version_spans(versions: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
@@ -91,9 +93,8 @@ def sample_rows(batch: Sequence[Sequence[Trajectory]], *, step: int, k: int, see
                 ) -> list[dict[str, Any]]:
     """The sample of ``step``: rows of one episode from each of ``k`` groups (seeded by ``seed`` and ``step``)."""
     rng = random.Random(seed * 1_000_003 + step)
-    means = {id(t): sum(x.reward for x in g) / len(g) for g in batch if g for t in g}
-    return [episode_row(t, step=step, kind=kind, group_reward_mean=means[id(t)])
-            for t in pick_episodes(batch, k, rng)]
+    return [episode_row(t, step=step, kind=kind, group_reward_mean=sum(x.reward for x in g) / len(g))
+            for t, g in pick_episodes(batch, k, rng)]
 
 
 def write_samples(run_dir: Path, step: int, rows: Sequence[dict[str, Any]]) -> Path:
