@@ -129,6 +129,7 @@ _TRAIN_FLAGS = {
     "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
     "agent.command": "--agent", "agent.reward": "--agent-reward", "placement.inference_gpus": "--inference-gpus",
     "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full", "tracking.report_to": "--report-to",
+    "seed": "--seed",
 }
 _SERVE_ENV_FLAGS = {
     "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
@@ -163,6 +164,8 @@ def train(
         help="Most versions a trained rollout may lag the trainer (eta); eta >= 1 is async mode.")] = None,
     temperature: Annotated[float | None, typer.Option(
         help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
+    seed: Annotated[int | None, typer.Option(
+        help="The run's seed: task sampling and the trainer's seed (the engine's sampling is not seeded).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
     agent: Annotated[str | None, typer.Option(
         help="Train a black-box agent program (a command line, launched per episode with OPENAI_BASE_URL, "
@@ -192,7 +195,7 @@ def train(
     overrides = {
         "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "name": name, "steps": steps,
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
-        "env_url": env_url, "mode": mode,
+        "env_url": env_url, "mode": mode, "seed": seed,
         "tasks_split": tasks_split, "eval_tasks": eval_tasks, "eval_tasks_split": eval_tasks_split,
         "task_columns": _task_columns(task_column),
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,

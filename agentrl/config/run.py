@@ -182,7 +182,8 @@ class RunConfig(BaseModel):
     max_concurrency: int = Field(128, ge=1)
     """Episodes in flight at once, across all groups."""
     seed: int = 0
-    """Seed for task sampling (the trainer and engine have their own seeds)."""
+    """The run's seed (``--seed``): task sampling and rollout-table picks, and the trainer's seed (LoRA
+    initialisation, its RNGs) unless ``trainer.seed`` is set itself. The engine's sampling is not seeded by it."""
     time_limit_min: float | None = Field(None, gt=0)
     """Stop training after this many minutes of wall time (checked between steps)."""
     eval_every: int = Field(10, ge=0)
@@ -289,9 +290,12 @@ class RunConfig(BaseModel):
     def resolved(self) -> RunConfig:
         """A copy where the trainer and server point at ``model`` and the context lengths agree; a full-weight
         run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly, and start vLLM's
-        NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``."""
+        NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``; the trainer takes the run's ``seed``
+        unless ``trainer.seed`` is set."""
         cfg = self.model_copy(deep=True)
         cfg.trainer.model_path = cfg.model
+        if "seed" not in cfg.trainer.model_fields_set:
+            cfg.trainer.seed = cfg.seed
         cfg.inference.model = cfg.model
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False

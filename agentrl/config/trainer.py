@@ -104,7 +104,8 @@ class TrainerConfig(BaseModel):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of forward/backward; parameters, gradients reduction and optimizer stay float32."""
     seed: int = 0
-    """Seed for LoRA initialisation (identical on every rank) and the RNGs."""
+    """Seed for LoRA initialisation (identical on every rank) and the RNGs. In a run config, unset means the
+    run's ``seed``."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto``: CUDA when available (one GPU per local rank), else CPU with the gloo backend."""
     gradient_checkpointing: bool = False
