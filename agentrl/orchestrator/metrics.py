@@ -176,19 +176,102 @@ def supersede_after(metrics_path: Path, step: int) -> int:
     return len(later)
 
 
+def rolling_window(n: int) -> int:
+    """The rolling-mean window for ``n`` train points: about a tenth of them, at least 3 and at most 10,
+    and never more than ``n`` (at least 1), so that a short run still gets a well-defined window."""
+    return max(1, min(n, 10, max(3, round(0.1 * n))))
+
+
+def rolling_mean(values: Sequence[float | None], window: int) -> list[float]:
+    """The trailing mean of ``values`` over the last ``window`` points at each position (fewer at the start).
+
+    ``None`` and NaN are left out of the windows they fall in; a window with no finite value is NaN.
+    The result has one entry per input value."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out: list[float] = []
+    for i in range(len(values)):
+        seen = [v for v in values[max(0, i - window + 1): i + 1] if v is not None and math.isfinite(v)]
+        out.append(sum(seen) / len(seen) if seen else math.nan)
+    return out
+
+
+def binomial_stderr(p: float, n: float | None) -> float | None:
+    """The standard error ``sqrt(p (1 - p) / n)`` of a rate ``p`` (a success rate, or the mean of a 0/1
+    reward) measured over ``n`` episodes; ``None`` when ``n`` is missing or not positive, or ``p`` is not
+    a finite value in [0, 1]."""
+    if n is None or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
+        return None
+    if not math.isfinite(p) or not 0.0 <= p <= 1.0:
+        return None
+    return math.sqrt(p * (1.0 - p) / n)
+
+
+def eval_stderrs(values: Sequence[float], episodes: Sequence[float | None]) -> list[float | None]:
+    """Error bars for held-out points: :func:`binomial_stderr` of each value over its ``num_episodes``
+    when every finite value lies in [0, 1] (a rate), else none at all (``None`` each)."""
+    if not all(0.0 <= v <= 1.0 for v in values if math.isfinite(v)):
+        return [None] * len(values)
+    return [binomial_stderr(v, n) for v, n in zip(values, episodes, strict=True)]
+
+
+def format_estimate(value: float, stderr: float | None) -> str:
+    """``"0.35 ± 0.03"``, or ``"0.35"`` without a standard error."""
+    return f"{value:.2f}" if stderr is None else f"{value:.2f} ± {stderr:.2f}"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def plot_run(metrics_path: Path, out: Path, run_id: str | None = None) -> Path:
-    """The reward curve of a training run: train reward per step and held-out success per eval (of the
-    records of ``run_id`` when given)."""
+    """The reward curve of a training run (of the records of ``run_id`` when given): the train reward of
+    each step as faint points under a bold rolling mean (:func:`rolling_window`, :func:`rolling_mean`),
+    and held-out success per eval with standard-error bars (:func:`eval_stderrs`), its first and last
+    values written beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     recs = [r for r in read_jsonl(metrics_path) if run_id is None or r.get("run_id", run_id) == run_id]
-    train = [(r["step"], r["reward_mean"]) for r in recs if r.get("kind") == "train"]
-    evals = [(r["step"], r["success"]) for r in recs if r.get("kind") == "eval"]
-    return plot_curves(
-        {"train reward (mean)": train, "held-out success": evals},
-        out,
-        title=f"agentrl: {metrics_path.parent.name}",
-        xlabel="step",
-        ylabel="reward / success",
-    )
+    train = sorted((r["step"], float(r["reward_mean"])) for r in recs if r.get("kind") == "train"
+                   and _finite(r.get("step")) and _finite(r.get("reward_mean")))
+    eval_recs = [r for r in recs if r.get("kind") == "eval" and _finite(r.get("step"))]
+    key = "success" if any(_finite(r.get("success")) for r in eval_recs) else "reward_mean"
+    evals = sorted(((r["step"], float(r[key]), r.get("num_episodes")) for r in eval_recs if _finite(r.get(key))),
+                   key=lambda e: e[0])
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        xs, ys = zip(*train, strict=True)
+        window = rolling_window(len(ys))
+        ax.plot(xs, ys, color="C0", alpha=0.3, linewidth=0.8, marker="o", markersize=2.5,
+                label="train reward (per step)")
+        ax.plot(xs, rolling_mean(ys, window), color="C0", linewidth=2.2,
+                label=f"train reward, rolling mean (window {window})")
+    if evals:
+        xs, ys, ns = zip(*evals, strict=True)
+        errs = eval_stderrs(ys, [n if _finite(n) else None for n in ns])
+        has_err = any(e is not None for e in errs)
+        ax.errorbar(xs, ys, yerr=[0.0 if e is None else e for e in errs] if has_err else None,
+                    color="C1", marker="o", markersize=4, linewidth=1.5, capsize=3,
+                    label=f"held-out {key.replace('_', ' ')}" + (" (± s.e.)" if has_err else ""))
+        for i in sorted({0, len(ys) - 1}):
+            ax.annotate(format_estimate(ys[i], errs[i]), (xs[i], ys[i]), textcoords="offset points",
+                        xytext=(0, 9), ha="center", fontsize=8, color="C1", fontweight="bold",
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
+    ax.set_title(f"agentrl: {metrics_path.parent.name}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / success")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
 
 
 def plot_pipeline(metrics_path: Path, out: Path) -> Path:

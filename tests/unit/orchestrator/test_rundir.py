@@ -1,15 +1,27 @@
-"""Run directories: a new run never writes into another's, a resume is checked, metrics read as one run."""
+"""Run directories: a new run never writes into another's, a resume is checked, metrics read as one run;
+the reward curve's rolling mean and error bars."""
 
 from __future__ import annotations
 
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from agentrl.config.run import load_config
-from agentrl.orchestrator.metrics import MetricsWriter, plot_run, read_jsonl, supersede_after
+from agentrl.orchestrator.metrics import (
+    MetricsWriter,
+    binomial_stderr,
+    eval_stderrs,
+    format_estimate,
+    plot_run,
+    read_jsonl,
+    rolling_mean,
+    rolling_window,
+    supersede_after,
+)
 from agentrl.orchestrator.rundir import RUN_FILE, RunDirError, open_run
 
 
@@ -83,3 +95,52 @@ def test_resume_moves_the_interrupted_steps_aside_and_metrics_read_as_one_run(tm
     assert [r["step"] for r in recs] == [0, 1, 2, 3] and {r["run_id"] for r in recs} == {"r1"}
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.superseded.jsonl")] == [3]
     assert plot_run(path, tmp_path / "curve.png", "r1").stat().st_size > 1000
+
+
+def test_rolling_window_is_a_tenth_of_the_steps_between_3_and_10_and_never_more_than_the_points() -> None:
+    assert [rolling_window(n) for n in (0, 1, 2, 3, 5, 30, 44, 50, 76, 100, 500)] == [1, 1, 2, 3, 3, 3, 4, 5, 8, 10, 10]
+
+
+def test_rolling_mean_is_trailing_uses_partial_windows_at_the_start_and_skips_nans() -> None:
+    assert rolling_mean([1.0, 2.0, 3.0, 4.0, 5.0], 3) == [1.0, 1.5, 2.0, 3.0, 4.0]
+    assert rolling_mean([0.5], 3) == [0.5] and rolling_mean([], 3) == []
+    got = rolling_mean([math.nan, 1.0, None, 3.0, math.nan, math.nan, math.nan], 2)
+    assert math.isnan(got[0]) and got[1:5] == [1.0, 1.0, 3.0, 3.0] and math.isnan(got[5]) and math.isnan(got[6])
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean([1.0], 0)
+
+
+def test_binomial_stderr_of_a_rate_and_none_without_a_usable_count_or_rate() -> None:
+    assert binomial_stderr(0.35, 200) == pytest.approx(math.sqrt(0.35 * 0.65 / 200))  # 0.03373
+    assert binomial_stderr(0.5, 100.0) == pytest.approx(0.05) and binomial_stderr(1.0, 50) == 0.0
+    assert [binomial_stderr(0.5, n) for n in (None, 0, -3, math.nan)] == [None] * 4
+    assert binomial_stderr(1.5, 100) is None and binomial_stderr(math.nan, 100) is None
+
+
+def test_eval_error_bars_only_for_rates_and_the_annotation_text() -> None:
+    assert eval_stderrs([0.5, 0.19], [100, None]) == [pytest.approx(0.05), None]
+    assert eval_stderrs([0.5, 2.5], [100, 100]) == [None, None]  # a reward beyond [0, 1] is no rate
+    assert format_estimate(0.35, binomial_stderr(0.35, 200)) == "0.35 ± 0.03" and format_estimate(0.35, None) == "0.35"
+
+
+def test_the_reward_curve_renders_train_and_eval_records_and_degenerate_metrics(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "metrics.jsonl"
+    writer = MetricsWriter(path, "r1")
+    writer.write({"kind": "eval", "step": 0, "success": 0.35, "reward_mean": 0.4, "num_episodes": 200.0})
+    writer.write({"kind": "warmup", "step": 0, "warmup_s": 1.0})
+    for step in range(1, 21):
+        writer.write({"kind": "train", "step": step, "reward_mean": 0.3 + 0.02 * step + (0.1 if step % 2 else -0.1)})
+    writer.write({"kind": "train", "step": 21, "reward_mean": math.nan})
+    writer.write({"kind": "eval", "step": 10, "success": 0.5})  # no num_episodes: no error bar
+    writer.write({"kind": "eval", "step": 20, "success": 0.62, "num_episodes": 200.0})
+    writer.write({"kind": "groups", "step": 20, "n": 3})
+    png = plot_run(path, tmp_path / "run" / "reward_curve.png", "r1")
+    sizes = {}
+    for name, lines in {"empty": [], "one": ['{"kind": "train", "step": 1, "reward_mean": 0.5}'],
+                        "no_reward": ['{"kind": "train", "step": 1}', '{"kind": "eval", "step": 1}']}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+        sizes[name] = plot_run(tmp_path / name / "metrics.jsonl", tmp_path / name / "c.png").stat().st_size
+        assert sizes[name] > 1000
+    # the curves, bars and labels add far more to the PNG than an empty frame holds (~17 kB vs ~68 kB)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 2 * sizes["empty"]
