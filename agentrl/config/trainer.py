@@ -36,6 +36,11 @@ class LossConfig(BaseModel):
     the paper. Steadier than token ratios where single-token likelihoods are noisy (MoE routing)."""
     adv_std_normalize: bool = True
     """Divide group-centred rewards by the group's standard deviation (GRPO); else only centre them."""
+    negative_weight: float = Field(1.0, ge=0.0, le=1.0)
+    """Multiplier of negative advantages (1: symmetric GRPO; 0: only episodes that beat their group's mean are
+    trained, reinforced by their advantage). Below 1, successes are reinforced more than failures are
+    penalised, which sharpens the policy towards its own successes at the cost of exploration. On the
+    embedded ``calc`` job, 0.25 and 0 did not learn measurably faster than 1 (docs/training.md)."""
 
 
 class DistributedConfig(BaseModel):

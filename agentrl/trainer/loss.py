@@ -97,7 +97,10 @@ def policy_loss(
     (``clip_frac``: the share of loss tokens whose sequence was clipped).
     """
     mask_B_T = loss_mask_B_T.to(logprobs_B_T.dtype)
-    adv_B_1 = advantages_B.to(logprobs_B_T.dtype).unsqueeze(-1)
+    adv_B = advantages_B.to(logprobs_B_T.dtype)
+    if cfg.negative_weight != 1.0:
+        adv_B = torch.where(adv_B < 0, adv_B * cfg.negative_weight, adv_B)
+    adv_B_1 = adv_B.unsqueeze(-1)
     behav_B_T = behav_logprobs_B_T.to(logprobs_B_T.dtype)
     if cfg.is_correction == "none":
         base_B_T = behav_B_T

@@ -32,6 +32,8 @@ def reference_loss(logp, behav, adv, mask, cfg, prox=None, ref=None, n_tok=None,
                 continue
             lp = logp[b, t]
             a = float(adv[b])
+            if a < 0:
+                a *= cfg.negative_weight
             if cfg.is_correction == "none":
                 ratio = torch.exp(lp - float(behav[b, t]))
                 w = 1.0
@@ -121,6 +123,33 @@ def test_missing_prox_means_current_policy(correction: str) -> None:
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
     torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.25])
+def test_negative_weight_scales_only_the_negative_advantages(weight: float) -> None:
+    cfg = LossConfig(negative_weight=weight)
+    logp, behav, adv, mask, _, _ = make_batch(seed=4)
+    assert (adv < 0).any() and (adv > 0).any()
+    x = logp.clone().requires_grad_(True)
+    loss, _ = policy_loss(x, behav, adv, mask, cfg)
+    loss.backward()
+    y = logp.clone().requires_grad_(True)
+    expected = reference_loss(y, behav, adv, mask, cfg)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+    # the same as symmetric GRPO on advantages scaled by hand
+    scaled = torch.where(adv < 0, adv * weight, adv)
+    z = logp.clone().requires_grad_(True)
+    plain, _ = policy_loss(z, behav, scaled, mask, LossConfig())
+    plain.backward()
+    torch.testing.assert_close(x.grad, z.grad)
+    # each term is linear in a positive multiple of its advantage: the negative rows shrink by the weight
+    neg = adv < 0
+    symmetric = logp.clone().requires_grad_(True)
+    policy_loss(symmetric, behav, adv, mask, LossConfig())[0].backward()
+    torch.testing.assert_close(x.grad[neg], symmetric.grad[neg] * weight)
+    torch.testing.assert_close(x.grad[~neg], symmetric.grad[~neg])
 
 
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
