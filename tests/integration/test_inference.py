@@ -64,7 +64,8 @@ def _differs(x, y) -> bool:
 async def test_generate_tokens_logprobs_versions(vllm_server) -> None:
     async with InferenceClient([vllm_server.url]) as c:
         assert c.pool.endpoints[0].mode is None
-        g = await c.generate(PROMPT, max_tokens=8, temperature=1.0)
+        # ignore_eos: the lengths below are asserted, and at temperature 1 the model may sample its end token first
+        g = await c.generate(PROMPT, max_tokens=8, temperature=1.0, ignore_eos=True)
         assert c.pool.endpoints[0].mode == "generate"  # token-in/token-out route is served
         assert len(g.token_ids) == len(g.logprobs) == 8 and g.finish_reason == "length"
         assert all(isinstance(t, int) for t in g.token_ids) and all(lp <= 0.0 for lp in g.logprobs)
@@ -74,7 +75,7 @@ async def test_generate_tokens_logprobs_versions(vllm_server) -> None:
         assert g1.token_ids == g2.token_ids and g1.logprobs == pytest.approx(g2.logprobs, abs=1e-4)
         try:
             await c.set_weight_version("42")
-            assert (await c.generate(PROMPT, max_tokens=3)).weight_versions == [("42", 0, 3)]
+            assert (await c.generate(PROMPT, max_tokens=3, ignore_eos=True)).weight_versions == [("42", 0, 3)]
         finally:
             await c.set_weight_version(DEFAULT_VERSION)  # the server is shared by the whole session
         assert await c.health() == {vllm_server.url: True}
