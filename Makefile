@@ -40,7 +40,7 @@ test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 train: install
-	$(VENV)/bin/agentrl train --env calc $(TRAIN_ARGS)
+	$(VENV)/bin/agentrl train --env calc --full $(TRAIN_ARGS)
 
 model: install
 	$(VENV)/bin/agentrl model tiny --out models/tiny

@@ -19,7 +19,12 @@ FULL_WEIGHTS_LR = 1e-5
 
 
 def calc_tiny() -> dict[str, Any]:
-    """``calc`` with the embedded tiny model on CPU: 80 steps, about 20 minutes on 2 cores (capped there)."""
+    """``calc`` with the embedded tiny model on CPU: 80 steps, capped at 20 minutes on 2 cores.
+
+    ``make train`` runs it with full weights (``--full``) at ``full_lr`` 3e-4. The LoRA adapter (lr 2e-3, on
+    q/k/v/o) gained +0.065 held-out success on average over three seeds: its best learning rate is also its
+    stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 2x slower on vLLM's CPU
+    build. Full weights at 3e-4 gained +0.24 in 24 steps in half the time per step (docs/training.md)."""
     return {
         "steps": 80,
         "tasks_per_step": 16,
@@ -29,7 +34,7 @@ def calc_tiny() -> dict[str, Any]:
         "checkpoint_every": 10,
         "time_limit_min": 20.0,
         "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
-        "full_lr": 2e-5,
+        "full_lr": 3e-4,
         "inference": {"max_model_len": 1024},
         "sampling": {"max_context_tokens": 1024},
     }
