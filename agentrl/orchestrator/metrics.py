@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.rollout.stats import metric_means
 from agentrl.utils.atomic import write_atomic
+from agentrl.utils.stats import binomial_stderr
 from agentrl.versions import group_oldest_version, staleness, staleness_stats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -194,17 +195,6 @@ def rolling_mean(values: Sequence[float | None], window: int) -> list[float]:
         seen = [v for v in values[max(0, i - window + 1): i + 1] if v is not None and math.isfinite(v)]
         out.append(sum(seen) / len(seen) if seen else math.nan)
     return out
-
-
-def binomial_stderr(p: float, n: float | None) -> float | None:
-    """The standard error ``sqrt(p (1 - p) / n)`` of a rate ``p`` (a success rate, or the mean of a 0/1
-    reward) measured over ``n`` episodes; ``None`` when ``n`` is missing or not positive, or ``p`` is not
-    a finite value in [0, 1]."""
-    if n is None or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0:
-        return None
-    if not math.isfinite(p) or not 0.0 <= p <= 1.0:
-        return None
-    return math.sqrt(p * (1.0 - p) / n)
 
 
 def eval_stderrs(values: Sequence[float], episodes: Sequence[float | None]) -> list[float | None]:

@@ -4,9 +4,10 @@ Nothing is uploaded: the directory is ready for ``huggingface-cli upload`` or ``
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from agentrl.utils.stats import binomial_stderr
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.config.run import RunConfig
@@ -24,7 +25,8 @@ def _success(rec: dict[str, Any] | None) -> str:
     if rec is None or rec.get("success") is None:
         return "n/a"
     p, n = float(rec["success"]), int(rec.get("num_episodes") or 0)
-    err = f" ± {math.sqrt(p * (1 - p) / n):.3f}" if n else ""
+    se = binomial_stderr(p, n)
+    err = f" ± {se:.3f}" if se is not None else ""
     return f"{p:.3f}{err} (n = {n})"
 
 

@@ -1,2 +1,3 @@
 """Small helpers with no agentrl dependencies: atomic file writes, a bounded LRU lookup, garbage-collection
-tuning for long-running processes, and the one retry policy of every network client."""
+tuning for long-running processes, the one retry policy of every network client, and the standard error
+of a rate."""

@@ -13,7 +13,6 @@ import pytest
 from agentrl.config.run import load_config
 from agentrl.orchestrator.metrics import (
     MetricsWriter,
-    binomial_stderr,
     eval_stderrs,
     format_estimate,
     plot_run,
@@ -23,6 +22,7 @@ from agentrl.orchestrator.metrics import (
     supersede_after,
 )
 from agentrl.orchestrator.rundir import RUN_FILE, RunDirError, open_run
+from agentrl.utils.stats import binomial_stderr
 
 
 def cfg(tmp_path: Path, **over):

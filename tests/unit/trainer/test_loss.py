@@ -111,10 +111,9 @@ def test_loss_and_grad_match_reference(correction: str, aggregation: str, kl_coe
     assert (metrics["kl"] > 0) == (kl_coef > 0)
 
 
-@pytest.mark.parametrize("correction", ["tis", "decoupled"])
-def test_missing_prox_means_current_policy(correction: str) -> None:
-    cfg = LossConfig(is_correction=correction)
-    logp, behav, adv, mask, _, _ = make_batch(seed=1)
+def _grad_matching_reference(logp, behav, adv, mask, cfg):
+    """``logp`` as a leaf after backward through :func:`policy_loss` (no proximal logprobs), once its loss and
+    gradient are checked against :func:`reference_loss`."""
     x = logp.clone().requires_grad_(True)
     loss, _ = policy_loss(x, behav, adv, mask, cfg)
     loss.backward()
@@ -123,6 +122,14 @@ def test_missing_prox_means_current_policy(correction: str) -> None:
     expected.backward()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
     torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+    return x
+
+
+@pytest.mark.parametrize("correction", ["tis", "decoupled"])
+def test_missing_prox_means_current_policy(correction: str) -> None:
+    cfg = LossConfig(is_correction=correction)
+    logp, behav, adv, mask, _, _ = make_batch(seed=1)
+    _grad_matching_reference(logp, behav, adv, mask, cfg)
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.25])
@@ -130,14 +137,7 @@ def test_negative_weight_scales_only_the_negative_advantages(weight: float) -> N
     cfg = LossConfig(negative_weight=weight)
     logp, behav, adv, mask, _, _ = make_batch(seed=4)
     assert (adv < 0).any() and (adv > 0).any()
-    x = logp.clone().requires_grad_(True)
-    loss, _ = policy_loss(x, behav, adv, mask, cfg)
-    loss.backward()
-    y = logp.clone().requires_grad_(True)
-    expected = reference_loss(y, behav, adv, mask, cfg)
-    expected.backward()
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
-    torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
+    x = _grad_matching_reference(logp, behav, adv, mask, cfg)
     # the same as symmetric GRPO on advantages scaled by hand
     scaled = torch.where(adv < 0, adv * weight, adv)
     z = logp.clone().requires_grad_(True)
