@@ -23,7 +23,7 @@ def calc_tiny() -> dict[str, Any]:
 
     ``make train`` runs it with full weights (``--full``) at ``full_lr`` 3e-4. The LoRA adapter (lr 2e-3, on
     q/k/v/o) gained +0.065 held-out success on average over three seeds: its best learning rate is also its
-    stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 2x slower on vLLM's CPU
+    stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 3.4x slower on vLLM's CPU
     build. Full weights at 3e-4 gained +0.24 in 24 steps in half the time per step (docs/training.md)."""
     return {
         "steps": 80,
