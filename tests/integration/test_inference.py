@@ -223,7 +223,15 @@ def _orphan(seconds: int) -> tuple[int, int]:
     engine processes): returns (pid, pgid). The orphan is reparented, so it is not our child."""
     out = subprocess.run(["bash", "-c", f"sleep {seconds} >/dev/null 2>&1 & echo $! $$"], capture_output=True,
                          text=True, check=True, start_new_session=True, timeout=10).stdout.split()
-    return int(out[0]), int(out[1])
+    pid, pgid = int(out[0]), int(out[1])
+    # bash reports the child's pid right after fork; until the child has exec'd, its command line is still
+    # bash's, and reap_stale rightly takes a mismatched command for a recycled pid. Wait for the exec.
+    want = f"sleep\0{seconds}\0".encode()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/cmdline").read_bytes() != want:
+        assert time.monotonic() < deadline, f"sleep {seconds} (pid {pid}) never started"
+        time.sleep(0.01)
+    return pid, pgid
 
 
 def _alive(pid: int) -> bool:
