@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,12 +26,15 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """One vLLM server (LoRA enabled, dev RL routes, token-in/token-out route) shared by the session."""
+    """One vLLM server (LoRA enabled, dev RL routes, token-in/token-out route) shared by the session; its steps
+    can be slowed for a test that pauses it mid-generation (``vllm_metrics.slowed_engine``)."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from agentrl.inference import VLLMServer, VLLMServerConfig
+    from tests.integration.vllm_metrics import STEP_DELAY_ARGS, STEP_DELAY_FLAG_ENV
 
+    os.environ[STEP_DELAY_FLAG_ENV] = str(tmp_path_factory.getbasetemp() / "engine-step-delay")
     cfg = VLLMServerConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, enable_lora=True,
-                           max_lora_rank=16, max_loras=4, startup_timeout_s=300)
+                           max_lora_rank=16, max_loras=4, startup_timeout_s=300, extra_args=STEP_DELAY_ARGS)
     server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
     server.start()
     log.info("vLLM server %s ready in %.1fs", server.url, server.startup_s or -1)

@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from agentrl.inference import InferenceClient
+
+STEP_DELAY_FLAG_ENV = "AGENTRL_TEST_STEP_DELAY_FLAG"
+"""Names the flag file that slows the test engines' steps (``tests/integration/step_delay.py``); the integration
+conftest sets it for the session, and the engines inherit it."""
+STEP_DELAY_S = 0.02
+"""The least duration of one engine step while the flag file exists."""
+STEP_DELAY_ARGS = ["--logits-processors", "tests.integration.step_delay:StepDelay"]
+"""vLLM server arguments that load the step-delay processor: every engine a test pauses mid-generation has them."""
+
+
+@contextlib.contextmanager
+def slowed_engine() -> Iterator[None]:
+    """Every engine step started with ``STEP_DELAY_ARGS`` lasts at least ``STEP_DELAY_S`` inside the block."""
+    flag = Path(os.environ[STEP_DELAY_FLAG_ENV])
+    flag.touch()
+    try:
+        yield
+    finally:
+        flag.unlink(missing_ok=True)
 
 
 async def generated_tokens(url: str) -> float:
@@ -24,7 +46,8 @@ async def generated_tokens(url: str) -> float:
 
 
 class EngineOutran(AssertionError):
-    """The generation finished within one resume -> pause round trip (a loaded machine stalled the pause)."""
+    """The generation finished within one resume -> pause round trip: was the engine started without
+    ``STEP_DELAY_ARGS``?"""
 
 
 async def pause_mid_generation(client: InferenceClient, url: str, running: asyncio.Task, start: float, *, first: int, total: int,
@@ -45,8 +68,8 @@ async def pause_mid_generation(client: InferenceClient, url: str, running: async
         while (again := await generated_tokens(url) - start) != produced:
             produced = again
         if running.done() or produced >= total:
-            raise EngineOutran(f"the generation finished ({produced:.0f} of {total} tokens) in one "
-                                 "resume -> pause round trip; the engine outran the test")
+            raise EngineOutran(f"the generation finished ({produced:.0f} of {total} tokens) in one resume -> "
+                               "pause round trip; the engine outran the test (is it slowed: STEP_DELAY_ARGS?)")
         if produced >= first:
             return produced
         assert time.monotonic() < deadline, f"only {produced:.0f} tokens after {timeout_s:.0f} s"
@@ -54,22 +77,21 @@ async def pause_mid_generation(client: InferenceClient, url: str, running: async
 
 
 async def start_paused_mid_generation(client: InferenceClient, url: str, request: Callable[[], Awaitable[Any]], *,
-                                      first: int, total: int, attempts: int = 5) -> asyncio.Task:
+                                      first: int, total: int) -> asyncio.Task:
     """Start ``request()`` (a generation of ``total`` tokens) and return its task with the engine paused
-    ("keep") after it produced at least ``first`` tokens and before it finished. A generation that ran to
-    its end inside one resume -> pause round trip did not test anything: it is started again,
-    ``attempts`` times at most. (The engine core can run far ahead of the API server, which counts the
-    tokens and answers the pause; on a loaded machine one round trip can outlast a whole generation.)
-    The caller resumes the engine."""
-    for attempt in range(1, attempts + 1):
+    ("keep") after it produced at least ``first`` tokens and before it finished. The engine (started with
+    ``STEP_DELAY_ARGS``) is slowed until the pause has landed, so the generation lasts at least
+    ``total * STEP_DELAY_S`` seconds, far longer than a pause round trip even on a loaded machine; at full
+    speed the engine core can finish a whole generation within one round trip. The caller resumes the engine.
+    """
+    with slowed_engine():
         start = await generated_tokens(url)
         running = asyncio.ensure_future(request())
         try:
             await pause_mid_generation(client, url, running, start, first=first, total=total)
-            return running
-        except EngineOutran:
+        except BaseException:
             await client.resume()
-            await running
-            if attempt == attempts:
-                raise
-    raise AssertionError("unreachable")
+            with contextlib.suppress(Exception):
+                await running
+            raise
+    return running
