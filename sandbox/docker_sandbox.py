@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.utils.lifeline import own_containers
+
 from ._engine import (
     SandboxError,
     SandboxUnavailable,
@@ -92,6 +94,9 @@ class DockerSandbox:
         else:
             self.image = cfg.image
         self.labels = build_labels(cfg.owner or default_owner(), cfg.lifetime_s, extra=cfg.labels)
+        # this process's containers are removed when it ends, however it ends (before one exists: no window)
+        own_containers(docker_host(cfg.docker_host),
+                       {k: self.labels[k] for k in ("agentrl.pid", "agentrl.pidstart", "agentrl.host")})
         kwargs = container_kwargs(cfg, self.image, self.labels)
         try:
             container = retry(lambda: self._client.containers.create(**kwargs), cfg.retries, cfg.backoff_s, "create")

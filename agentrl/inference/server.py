@@ -26,6 +26,7 @@ import httpx
 
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.errors import EngineError
+from agentrl.utils.lifeline import own_process, release_process
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 
@@ -234,6 +235,7 @@ class VLLMServer:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self._env(), start_new_session=True)
+        own_process(self.proc.pid)  # ends with this process, engine core and workers included, however it dies
         self.pgid = os.getpgid(self.proc.pid)
         me = _proc(os.getpid())
         self.log_path.with_suffix(".pid").write_text(json.dumps({
@@ -271,6 +273,7 @@ class VLLMServer:
         if self.proc is None or self.pgid is None:
             return
         _kill_group(self.pgid, self.proc, timeout_s)
+        release_process(self.proc.pid)
         with contextlib.suppress(OSError):
             self.log_path.with_suffix(".pid").unlink()
         _RUNNING.discard(self)

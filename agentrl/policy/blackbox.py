@@ -30,6 +30,7 @@ from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.service import PolicyService
 from agentrl.rollout.episode import EnvFailure, Episode, error_text
 from agentrl.types import Message, StopReason, Trajectory
+from agentrl.utils.lifeline import own_process, release_process
 
 log = logging.getLogger("agentrl.policy")
 
@@ -133,6 +134,7 @@ class BlackBoxRunner:
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
         except OSError as e:
             return StopReason.ENV_ERROR, f"the agent program could not start: {error_text(e)}"
+        own_process(proc.pid)  # ends with the run, however the run ends
         try:
             _, err = await asyncio.wait_for(proc.communicate(data.encode()), timeout=self.agent.timeout_s)
         except asyncio.TimeoutError:
@@ -143,6 +145,7 @@ class BlackBoxRunner:
             if proc.returncode is None:  # cancelled: the run is stopping
                 _kill(proc)
         _kill(proc)  # whatever it left running in its process group
+        release_process(proc.pid)
         if proc.returncode != 0:
             tail = (err or b"").decode("utf-8", "replace").strip()[-1500:]
             return StopReason.ENV_ERROR, f"the agent program exited with status {proc.returncode}: {tail}"

@@ -21,6 +21,7 @@ from agentrl.config.trainer import TrainerConfig
 from agentrl.errors import AgentRLError
 from agentrl.trainer.launch import JOIN_FILE, _free_port, count_cores, torchrun_command, worker_env
 from agentrl.types import TrainSample
+from agentrl.utils.lifeline import own_process, release_process
 
 
 class TrainerError(AgentRLError, RuntimeError):
@@ -117,6 +118,7 @@ class TrainerProcess:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,
             )  # fmt: skip
+        own_process(self.proc.pid)  # torchrun and its ranks end with this process, however it dies
         (self.run_dir / "trainer.pid").write_text(f"{self.proc.pid}\n")
         try:
             self._conn = self._accept(listener, (host, port), authkey)
@@ -213,6 +215,7 @@ class TrainerProcess:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self._kill()
+        release_process(self.proc.pid)
         return self.proc.returncode
 
     def _kill(self) -> None:
@@ -230,6 +233,7 @@ class TrainerProcess:
                 self.proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
                 continue
+        release_process(self.proc.pid)
 
     def __enter__(self) -> TrainerProcess:
         self.start()

@@ -13,6 +13,7 @@ from typing import Any
 
 import agentrl
 from agentrl.config.trainer import DistributedConfig, TrainerConfig
+from agentrl.utils.lifeline import own_process, release_process
 
 JOIN_FILE = "trainer_join.json"
 """Written into the run directory when the trainer spans several nodes: what ``agentrl trainer-node``
@@ -38,6 +39,7 @@ def run_node(join: dict[str, Any], work_dir: Path, nproc: int | None = None) -> 
                            int(join["master_port"]), str(join["rdzv_id"]))
     env = worker_env(str(join["orchestrator"]), bytes.fromhex(join["authkey"]))
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    own_process(proc.pid)  # torchrun and its ranks end with this node's agentrl process, however it dies
 
     def stop(signum: int, _frame: Any) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -52,6 +54,7 @@ def run_node(join: dict[str, Any], work_dir: Path, nproc: int | None = None) -> 
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        release_process(proc.pid)
 
 
 def count_cores(cores: str) -> int:

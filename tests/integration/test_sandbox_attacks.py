@@ -1,6 +1,6 @@
 """Attacks from inside a sandbox, under runc and under gVisor (runsc): each must be contained, and the sandbox
-must stay usable (`echo ok`). Finally: no container survives ``gc``, including those of a driver killed
-with SIGKILL."""
+must stay usable (`echo ok`). Finally: a driver killed with SIGKILL takes its containers with it (its
+warden), and no container survives ``gc`` (the second line, for a warden killed too)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -157,32 +158,54 @@ async def test_privilege_escalation_fails(sb: DockerSandbox) -> None:
     assert (await sb.exec("id -u")).output == "1000\n"
 
 
-def test_no_container_survives_gc(image: str, tmp_path) -> None:
-    """A driver killed with SIGKILL leaves containers behind; gc removes them (and the attack set's)."""
-    driver_owner = f"killed-{uuid.uuid4().hex[:8]}"
-    script = tmp_path / "driver.py"
+def _killed_driver(image: str, tmp_path: Path, owner: str, *, warden_too: bool) -> list[str]:
+    """Start a driver with two sandboxes of ``owner``, SIGKILL it (its warden first if ``warden_too``);
+    returns the container ids."""
+    script = tmp_path / f"driver-{owner}.py"
     script.write_text(
         "import asyncio, sys, time\n"
         "from agentrl.sandbox import DockerSandbox, SandboxConfig\n"
+        "from agentrl.utils.lifeline import warden_pid\n"
         "async def main():\n"
-        f"    boxes = [await DockerSandbox(SandboxConfig(image={image!r}, owner={driver_owner!r})).start()"
+        f"    boxes = [await DockerSandbox(SandboxConfig(image={image!r}, owner={owner!r})).start()"
         " for _ in range(2)]\n"
-        "    print(' '.join(b.id for b in boxes), flush=True)\n"
+        "    print(warden_pid(), ' '.join(b.id for b in boxes), flush=True)\n"
         "    time.sleep(600)\n"
         "asyncio.run(main())\n")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
-        ids = proc.stdout.readline().split()
+        warden, *ids = proc.stdout.readline().split()
+        if warden_too:
+            os.kill(int(warden), signal.SIGKILL)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     assert len(ids) == 2
-    removed = gc()  # default: dead drivers (this host) and expired sandboxes
-    assert set(ids) <= set(removed)
-    gc(owner=OWNER)
+    return ids
+
+
+def _labelled(owner: str) -> list:
     import docker
 
-    client = docker.from_env(timeout=30)
+    with docker.from_env(timeout=30) as client:
+        return client.api.containers(all=True, filters={"label": f"agentrl.owner={owner}"})
+
+
+def test_a_killed_drivers_containers_go_with_it_and_gc_is_the_second_line(image: str, tmp_path: Path) -> None:
+    """SIGKILL of a driver: its warden removes its containers within seconds. SIGKILL of the driver and its
+    warden too: the containers stay until gc (default: dead drivers on this host, and expired sandboxes)."""
+    owner = f"killed-{uuid.uuid4().hex[:8]}"
+    _killed_driver(image, tmp_path, owner, warden_too=False)
+    t0 = time.monotonic()
+    while _labelled(owner):
+        assert time.monotonic() - t0 < 10, "a killed driver's containers outlived it by 10 s"
+        time.sleep(0.2)
+    driver_owner = f"killed-both-{uuid.uuid4().hex[:8]}"
+    ids = _killed_driver(image, tmp_path, driver_owner, warden_too=True)
+    assert len(_labelled(driver_owner)) == 2, "with its warden killed first, nothing removes them but gc"
+    removed = gc()
+    assert set(ids) <= set(removed)
+    gc(owner=OWNER)
     for o in (OWNER, driver_owner):
-        assert client.api.containers(all=True, filters={"label": f"agentrl.owner={o}"}) == []
+        assert _labelled(o) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -249,27 +250,31 @@ DRIVER = """
 import asyncio, sys
 from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweEnv
+from agentrl.utils.lifeline import warden_pid
 
 async def main():
     await SweEnv.setup_run(sys.argv[1])
     env = SweEnv()
     await env.reset(SweEnv.tasks("all")[0])
     await SweEnv._run.pool.wait_ready(120)
-    print("READY", SweEnv._run.owner, flush=True)
+    print("READY", SweEnv._run.owner, warden_pid(), flush=True)
     await asyncio.sleep(600)
 
 asyncio.run(main())
 """
 
 
-async def test_kill_dash_9_of_a_driver_then_next_start_cleans_up(swe_image: str) -> None:
+async def test_kill_dash_9_of_a_driver_and_its_warden_then_next_start_cleans_up(swe_image: str) -> None:
+    """The second line: with the warden killed as well (it would remove them within seconds), the next
+    start removes a dead driver's containers."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", DRIVER, f"test-kill9-{uuid.uuid4().hex[:6]}",
                                                 stdout=asyncio.subprocess.PIPE, cwd=REPO_ROOT)
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 180)).decode()  # type: ignore[union-attr]
         assert line.startswith("READY"), line
-        owner = line.split()[1]
+        owner, warden = line.split()[1], int(line.split()[2])
         assert len(containers_of(owner)) >= 2  # the episode's sandbox and the warm pool
+        os.kill(warden, signal.SIGKILL)
     finally:
         proc.kill()  # SIGKILL: no cleanup code runs in the driver
         await proc.wait()
