@@ -1,12 +1,12 @@
 """``agentrl bench faults``: a real training run that loses an engine mid-step and gets it back.
 
-Starts two vLLM servers on the embedded tiny model and trains on ``calc`` against both (``--endpoint`` x2,
+Starts two vLLM servers on the embedded tiny model (or uses a running one as A: ``--engine-a``) and trains on ``calc`` against both (``--endpoint`` x2,
 small steps, sync mode). Once step ``--kill-after-step`` is recorded, engine B is killed with SIGKILL
 while the next step generates; ``--restart-after-s`` later it is started again on the same port. The run
 must go on with engine A alone, take B back between two steps only after republishing the current
 adapter and version to it, and finish every step: it is asked for ``--steps-after-rejoin`` more steps once
 B is back (at most ``--max-steps`` in all). Afterwards the bench asks B directly which policy version it
-serves. The last line is one JSON object:
+serves, and compares B's greedy answer with A's. The last line is one JSON object:
 
 - ``steps_requested`` (the steps the run was finally asked for), ``steps_completed``;
 - ``groups_lost_unrecorded``: groups admitted but neither trained on, dropped, released nor buffered when
@@ -14,7 +14,9 @@ serves. The last line is one JSON object:
 - ``episodes_failed_by_fault``: episodes recorded as ``inference_error`` (requests in flight on B are
   retried on A from their token prefix, so this is usually 0);
 - ``engine_rejoined``: B came back into rotation during the run;
-- ``version_after_rejoin_ok``: B serves the run's final policy version.
+- ``version_after_rejoin_ok``: B serves the run's final policy version;
+- ``weights_after_rejoin_match``: B's greedy tokens for a fixed prompt are A's, logprobs within 1e-4 (B got
+  the trained adapter itself, not only its version label).
 
     agentrl bench faults --json
 """
@@ -71,7 +73,9 @@ async def _fault(run: Any, metrics: Path, server: Any, kill_after_step: int, res
 
 
 async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: float, steps_after_rejoin: int,
-                     work: Path) -> dict[str, Any]:
+                     work: Path, engine_a: str | None = None) -> dict[str, Any]:
+    """Run the benchmark in ``work``; ``engine_a`` is the URL of a running engine on the embedded model (with
+    LoRA) to use as A, which is then neither started nor stopped here. B is always the bench's own."""
     from agentrl.config.run import DEFAULT_MODEL, load_config
     from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
     from agentrl.launch.stack import ensure_model
@@ -80,15 +84,18 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
     model = str(Path(ensure_model(DEFAULT_MODEL)).resolve())
     scfg = VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,
                             startup_timeout_s=600)
-    a, b = VLLMServer(scfg, work / "engine-a"), VLLMServer(scfg, work / "engine-b")
+    a = None if engine_a else VLLMServer(scfg, work / "engine-a")
+    b = VLLMServer(scfg, work / "engine-b")
     events: dict[str, Any] = {}
     try:
         for server in (a, b):
-            await asyncio.to_thread(server.start)
+            if server is not None:
+                await asyncio.to_thread(server.start)
+        url_a = engine_a or a.url
         cfg = load_config(None, {
             "env": "calc", "name": "faults", "output_dir": str(work / "runs"), "model": model, "steps": max_steps,
             "tasks_per_step": 4, "group_size": 4, "max_concurrency": 16, "eval_every": 0, "eval_size": 8,
-            "checkpoint_every": 0, "engine_warmup": False, "endpoints": [a.url, b.url],
+            "checkpoint_every": 0, "engine_warmup": False, "endpoints": [url_a, b.url],
             "inference": {"max_model_len": 1024}, "sampling": {"max_context_tokens": 1024},
         })
         run = TrainingRun(cfg, progress=False)
@@ -110,11 +117,16 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
         admitted = groups["groups_admitted"]
         accounted = sum(groups[f"groups_{k}"] for k in ("consumed", "released", "dropped_stale",
                                                          "dropped_capacity", "buffered"))
-        served = None
+        served, weights_match = None, False
         if events.get("restarted") is not None:
-            async with InferenceClient([b.url], timeout_s=60) as direct:
-                gen = await direct.generate([5, 6, 7, 8], max_tokens=2, temperature=0.0, model=cfg.adapter_name)
-            served = gen.weight_versions[-1][0] if gen.weight_versions else None
+            gens = []
+            for url in (url_a, b.url):
+                async with InferenceClient([url], timeout_s=60) as direct:
+                    gens.append(await direct.generate(list(range(5, 45)), max_tokens=8, temperature=0.0,
+                                                      model=cfg.adapter_name, ignore_eos=True))
+            served = gens[1].weight_versions[-1][0] if gens[1].weight_versions else None
+            weights_match = gens[0].token_ids == gens[1].token_ids and max(
+                abs(x - y) for x, y in zip(gens[0].logprobs, gens[1].logprobs, strict=True)) < 1e-4
         return {
             "steps_requested": run.cfg.steps,
             "steps_completed": len(train),
@@ -129,6 +141,7 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
             "final_version": summary["steps"],
             "version_served_after_rejoin": served,
             "version_after_rejoin_ok": served == str(summary["steps"]),
+            "weights_after_rejoin_match": weights_match,
             "wall_s": wall,
             "fault_task_error": repr(fault_error) if fault_error else None,
         }
@@ -148,18 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restart-after-s", type=float, default=5.0, help="restart engine B this long after")
     ap.add_argument("--steps-after-rejoin", type=int, default=2, help="steps the run takes after B is back")
     ap.add_argument("--work-dir", type=Path, default=None, help="engines' logs and the run (default: temp dir)")
+    ap.add_argument("--engine-a", default=None,
+                    help="URL of a running engine on the embedded model (LoRA enabled) to use as A")
     args = ap.parse_args(argv)
     if not 1 <= args.kill_after_step < args.max_steps:
         ap.error("--kill-after-step must be at least 1 and less than --max-steps")
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-faults-") as tmp:
         res = asyncio.run(run_faults(args.max_steps, args.kill_after_step, args.restart_after_s,
-                                     args.steps_after_rejoin, Path(args.work_dir or tmp)))
+                                     args.steps_after_rejoin, Path(args.work_dir or tmp), args.engine_a))
     if not args.json:
         for k, v in res.items():
             print(f"{k:<30} {v}")
     print(json.dumps(res))
     ok = (res["steps_completed"] == res["steps_requested"] and res["groups_lost_unrecorded"] == 0
-          and res["engine_rejoined"] and res["version_after_rejoin_ok"])
+          and res["engine_rejoined"] and res["version_after_rejoin_ok"] and res["weights_after_rejoin_match"])
     return 0 if ok else 1
 
 

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=None, help="directory for the timeline PNG")
     ap.add_argument("--real", action="store_true",
                     help="replay the trace on a real vLLM server and torchrun trainer instead (see "
-                         "`agentrl bench pipeline --real --help` for its options: --model, --max-len, "
+                         "`agentrl bench pipeline --real --help` for its options: --model, --endpoint, --max-len, "
                          "--token-scale, --time-scale, --inference-cores, --trainer-cores)")
     args = ap.parse_args(argv)
     overrides: dict[str, Any] = {"engines": args.engines, "kv_tokens_per_gpu": args.kv_tokens_per_gpu}

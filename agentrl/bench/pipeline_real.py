@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.engine import add_engine_args, engine_url
 from agentrl.bench.traces import MIXES, Episode, make_trace, mix_spec
 from agentrl.config.run import PipelineConfig
 from agentrl.orchestrator.loop import Orchestrator
@@ -133,38 +134,37 @@ async def run_real(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
     from agentrl.config.trainer import TrainerConfig
-    from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
+    from agentrl.inference import InferenceClient
     from agentrl.trainer.client import TrainerProcess
     from agentrl.weight_sync.file import FileAdapterSync
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     spec = mix_spec(args.mix)
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)
-    server = VLLMServer(VLLMServerConfig(model=model, dtype="float32", max_model_len=args.max_len + 64,
-                                         max_lora_rank=16, max_loras=2, cpu_cores=args.inference_cores), work)
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=1e-4, cpu_cores=args.trainer_cores), work)
     out: dict[str, Any] = {"mix": args.mix, "eta": args.eta, "steps": args.steps, "seed": args.seed,
                            "drop_policy": args.policy, "staleness_from": args.staleness_from,
                            "inference_cores": args.inference_cores, "trainer_cores": args.trainer_cores,
                            "groups_per_step": args.groups_per_step, "group_size": args.group_size,
                            "token_scale": args.token_scale, "time_scale": args.time_scale, "real": True}
-    await asyncio.to_thread(server.start)
-    try:
+    async with engine_url(args.endpoint, work, model=model, dtype="float32", max_model_len=args.max_len + 64,
+                          max_lora_rank=16, max_loras=2, cpu_cores=args.inference_cores) as url:
         await asyncio.to_thread(trainer.start)
-        async with InferenceClient([server.url], timeout_s=600) as client:
-            file_sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
-            await file_sync.publish(0)
-            with SharedMemoryAdapterSync(trainer, client, ADAPTER, fallback=file_sync, reset="") as shm:
-                # warm-up: compile paths, fill caches, so neither mode pays first-call costs
-                await _run_mode("sync", client=client, trainer=trainer, publisher=shm, groups=trace.groups[-4:],
-                                args=argparse.Namespace(**{**vars(args), "steps": 1}), version0=0)
-                res_sync = await _run_mode("sync", client=client, trainer=trainer, publisher=shm,
-                                           groups=trace.groups, args=args, version0=1)
-                res_async = await _run_mode("async", client=client, trainer=trainer, publisher=shm,
-                                            groups=trace.groups, args=args, version0=res_sync["version_end"])
-    finally:
-        await asyncio.to_thread(trainer.close)
-        await asyncio.to_thread(server.stop)
+        try:
+            async with InferenceClient([url], timeout_s=600) as client:
+                file_sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
+                await file_sync.publish(0)
+                with SharedMemoryAdapterSync(trainer, client, ADAPTER, fallback=file_sync, reset="") as shm:
+                    # warm-up: compile paths, fill caches, so neither mode pays first-call costs
+                    await _run_mode("sync", client=client, trainer=trainer, publisher=shm,
+                                    groups=trace.groups[-4:],
+                                    args=argparse.Namespace(**{**vars(args), "steps": 1}), version0=0)
+                    res_sync = await _run_mode("sync", client=client, trainer=trainer, publisher=shm,
+                                               groups=trace.groups, args=args, version0=1)
+                    res_async = await _run_mode("async", client=client, trainer=trainer, publisher=shm,
+                                                groups=trace.groups, args=args, version0=res_sync["version_end"])
+        finally:
+            await asyncio.to_thread(trainer.close)
     out.update({
         "async_over_sync": res_async["tokens_per_s"] / max(res_sync["tokens_per_s"], 1e-12),
         "trainer_idle_sync": res_sync["trainer_idle"], "trainer_idle_async": res_async["trainer_idle"],
@@ -181,7 +181,8 @@ async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Options of the real mode (``--real``)."""
-    ap.add_argument("--model", type=Path, default=None, help="model directory (default: the embedded tiny model)")
+    add_engine_args(ap, needs="LoRA enabled, max model length at least --max-len + 64; on this machine, for the "
+                    "shared-memory adapter sync")
     ap.add_argument("--max-len", type=int, default=960, help="longest episode in tokens (fits the engine)")
     ap.add_argument("--token-scale", type=float, default=0.1, help="trace token counts are multiplied by this")
     ap.add_argument("--time-scale", type=float, default=0.5, help="trace tool latencies are multiplied by this")

@@ -14,13 +14,13 @@ from tests.conftest import require
 pytestmark = pytest.mark.integration
 
 
-def test_bench_pipeline_real_mode(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_pipeline_real_mode(vllm_server, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from agentrl.bench.pipeline_real import main
 
     eta = 1
     r = main(["--real", "--mix", "tool", "--steps", "3", "--eta", str(eta), "--groups-per-step", "2",
-              "--group-size", "2", "--model", str(tiny_model_dir), "--token-scale", "0.05",
+              "--group-size", "2", "--model", str(tiny_model_dir), "--endpoint", vllm_server.url, "--token-scale", "0.05",
               "--time-scale", "0.2", "--max-len", "512"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last) == r, "the last printed line is the JSON report"
