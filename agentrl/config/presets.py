@@ -3,9 +3,10 @@
 A preset is chosen by environment name. It tunes the embedded defaults so that ``agentrl train --env NAME``
 with no other flags does something useful on a CPU machine.
 
-Its ``trainer.lr`` is for a LoRA adapter. A full-weight run (``trainer.lora = false``) that sets no
-``trainer.lr`` itself gets the preset's ``full_lr`` instead, or :data:`FULL_WEIGHTS_LR` when the preset has
-none (or there is no preset): see :func:`preset_for`, the one place this rule lives.
+Its values are for a LoRA adapter. A full-weight run (``trainer.lora = false``) gets the preset's ``full``
+values over them (say a full-weight learning rate, and more steps where a step costs less), and a
+``trainer.lr`` of :data:`FULL_WEIGHTS_LR` when neither the preset's ``full`` values nor the run set one
+(there may be no preset): see :func:`preset_for`, the one place this rule lives.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 FULL_WEIGHTS_LR = 1e-5
-"""AdamW learning rate of a full-weight run that sets no ``trainer.lr`` and whose preset has no ``full_lr``
-(``trainer.lr``'s own default, 2e-4, is a LoRA rate: far too high for every weight)."""
+"""AdamW learning rate of a full-weight run that sets no ``trainer.lr`` and whose preset's ``full`` values
+set none (``trainer.lr``'s own default, 2e-4, is a LoRA rate: far too high for every weight)."""
 
 
 def calc_tiny() -> dict[str, Any]:
-    """``calc`` with the embedded tiny model on CPU: 80 steps, capped at 20 minutes on 2 cores.
+    """``calc`` with the embedded tiny model on CPU, capped at 20 minutes on 2 cores.
 
-    ``make train`` runs it with full weights (``--full``) at ``full_lr`` 3e-4. The LoRA adapter (lr 2e-3, on
-    q/k/v/o) gained +0.065 held-out success on average over three seeds: its best learning rate is also its
-    stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 3.4x slower on vLLM's CPU
-    build. Full weights at 3e-4 gained +0.24 in 24 steps in half the time per step (docs/training.md)."""
+    ``make train`` runs it with full weights (``--full``) at lr 3e-4 (the ``full`` values). The LoRA adapter
+    (lr 2e-3, on q/k/v/o) gained +0.065 held-out success on average over three seeds: its best learning rate
+    is also its stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 3.4x slower on
+    vLLM's CPU build. Full weights at 3e-4 gained +0.24 in 24 steps in half the time per step. 100 steps
+    did no better on held-out tasks than 80, nor did lr 5e-4 or 8 tasks x 16 rollouts (docs/training.md)."""
     return {
         "steps": 80,
         "tasks_per_step": 16,
@@ -34,7 +36,7 @@ def calc_tiny() -> dict[str, Any]:
         "checkpoint_every": 10,
         "time_limit_min": 20.0,
         "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
-        "full_lr": 3e-4,
+        "full": {"trainer": {"lr": 3e-4}},
         "inference": {"max_model_len": 1024},
         "sampling": {"max_context_tokens": 1024},
     }
@@ -66,12 +68,21 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {"calc": calc_tiny, "swe": sw
 
 
 def preset_for(env: str, *, full_weights: bool = False) -> dict[str, Any]:
-    """The preset values for ``env`` (empty when it has none), as config settings. A preset's ``full_lr`` is
-    not a setting: for a full-weight run (``full_weights``) it becomes ``trainer.lr`` (default
-    :data:`FULL_WEIGHTS_LR`), otherwise it is dropped. Values set in a TOML file or by a flag override these."""
+    """The preset values for ``env`` (empty when it has none), as config settings. A preset's ``full``
+    values are not settings: for a full-weight run (``full_weights``) they go over the others, with
+    ``trainer.lr`` defaulting to :data:`FULL_WEIGHTS_LR`; otherwise they are dropped. Values set in a TOML
+    file or by a flag override these."""
     fn = PRESETS.get(env)
     values = fn() if fn else {}
-    full_lr = values.pop("full_lr", FULL_WEIGHTS_LR)
+    full = values.pop("full", {})
     if full_weights:
-        values["trainer"] = {**values.get("trainer", {}), "lr": full_lr}
+        values = _merged(_merged(values, {"trainer": {"lr": FULL_WEIGHTS_LR}}), full)
     return values
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` on top, tables merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -188,8 +188,11 @@ def _killed_driver(image: str, tmp_path: Path, owner: str, *, warden_too: bool) 
 def _labelled(owner: str) -> list:
     import docker
 
-    with docker.from_env(timeout=30) as client:
+    client = docker.from_env(timeout=30)
+    try:
         return client.api.containers(all=True, filters={"label": f"agentrl.owner={owner}"})
+    finally:
+        client.close()
 
 
 def test_a_killed_drivers_containers_go_with_it_and_gc_is_the_second_line(image: str, tmp_path: Path) -> None:
