@@ -236,6 +236,8 @@ def warden_main() -> int:
             table = process_table()
             known = {p: s for p, s in known.items() if p in table and table[p][2] == s}
             known.update(owned_processes(roots, table))
+    if roots:  # one last look: children started since the last scan count too
+        known.update(owned_processes(roots, process_table()))
     n = end_processes(known) if known else 0
     removed = 0
     for host, labels in containers:
