@@ -1,10 +1,14 @@
 """The environment server as a real process: load on loopback (calc, and sandbox-backed sessions), and
-``kill -9`` mid-session: clients get clear errors, and the next start removes the crashed server's
-containers."""
+``kill -9`` mid-session: clients get clear errors, the server's warden removes its containers, and the
+next start removes those of a server whose warden died with it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from agentrl.bench.env_server import ServerProcess, containers_of_pid, run_load
 from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
 from tests.conftest import require
+from tests.procs import command_line, descendants
 
 pytestmark = pytest.mark.integration
 
@@ -81,35 +86,52 @@ async def test_kill_9_mid_session_gives_clear_errors(tmp_path: Path) -> None:
             second.stop()
 
 
-async def test_restart_after_kill_9_removes_the_crashed_servers_containers(
-    sandbox_image: str, tmp_path: Path
-) -> None:
+async def _two_sessions(server: ServerProcess) -> tuple[list, list[str]]:
+    remote = RemoteEnvironment.bind(server.url, server.token, env="shell", max_retries=1)
+    envs = [remote(), remote()]
+    for env in envs:
+        await env.reset(remote.tasks("test")[0])
+        assert (await env.call_tool("run", {"command": "echo hi > a.txt && cat a.txt"})).endswith("hi\n")
+    left = containers_of_pid(server.pid)
+    assert len(left) == 2, "one sandbox per session"
+    return envs, left
+
+
+async def test_a_killed_servers_containers_go_with_it_or_at_the_next_start(sandbox_image: str, tmp_path: Path) -> None:
+    """``kill -9`` of the server: its warden removes its containers within seconds. ``kill -9`` of its warden
+    too (the second line): the containers stay, and the next start removes them."""
     first = ServerProcess([SHELL], log_path=tmp_path / "first.log").start()
-    second = None
+    second = third = None
     try:
-        remote = RemoteEnvironment.bind(first.url, first.token, env="shell", max_retries=1)
-        envs = [remote(), remote()]
-        for env in envs:
-            await env.reset(remote.tasks("test")[0])
-            assert (await env.call_tool("run", {"command": "echo hi > a.txt && cat a.txt"})).endswith("hi\n")
-        left = containers_of_pid(first.pid)
-        assert len(left) == 2, "one sandbox per session"
+        envs, _ = await _two_sessions(first)
         first.kill()
         with pytest.raises(RemoteEnvError, match="is it running and reachable"):
             await envs[0].call_tool("run", {"command": "true"})
-        assert sorted(containers_of_pid(first.pid)) == sorted(left), "a crash leaves its containers behind"
+        t0 = time.monotonic()
+        while containers_of_pid(first.pid):
+            assert time.monotonic() - t0 < 10, "a killed server's containers outlived it by 10 s"
+            await asyncio.sleep(0.2)
 
         second = ServerProcess([SHELL], log_path=tmp_path / "second.log").start()
-        assert containers_of_pid(first.pid) == [], "the next start must remove a dead server's containers"
+        more, left = await _two_sessions(second)
+        wardens = [p for p in descendants(second.pid) if "agentrl.utils.lifeline" in command_line(p)]
+        assert len(wardens) == 1, [command_line(p) for p in descendants(second.pid)]
+        os.kill(wardens[0], signal.SIGKILL)
+        second.kill()
+        assert sorted(containers_of_pid(second.pid)) == sorted(left), "with its warden dead, they stay"
+        third = ServerProcess([SHELL], log_path=tmp_path / "third.log").start()
+        assert containers_of_pid(second.pid) == [], "the next start must remove a dead server's containers"
         # A graceful stop with a session still open removes that session's sandbox too.
-        other = RemoteEnvironment.bind(second.url, second.token, env="shell", max_retries=1)()
+        other = RemoteEnvironment.bind(third.url, third.token, env="shell", max_retries=1)()
         await other.reset({"id": "x", "file": "x.txt", "content": "x"})
-        assert len(containers_of_pid(second.pid)) == 1
-        assert second.stop() == 0, second.log_tail()
-        assert containers_of_pid(second.pid) == []
-        for env in [*envs, other]:
+        assert len(containers_of_pid(third.pid)) == 1
+        assert third.stop() == 0, third.log_tail()
+        assert containers_of_pid(third.pid) == []
+        for env in [*envs, *more, other]:
             await env.close()
     finally:
-        first.kill()
-        if second is not None:
-            second.stop()
+        for server in (first, second):
+            if server is not None:
+                server.kill()
+        if third is not None:
+            third.stop()
