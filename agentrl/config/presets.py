@@ -76,13 +76,13 @@ def preset_for(env: str, *, full_weights: bool = False) -> dict[str, Any]:
     values = fn() if fn else {}
     full = values.pop("full", {})
     if full_weights:
-        values = _merged(_merged(values, {"trainer": {"lr": FULL_WEIGHTS_LR}}), full)
+        values = deep_update(deep_update(values, {"trainer": {"lr": FULL_WEIGHTS_LR}}), full)
     return values
 
 
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over`` on top, tables merged key by key."""
+def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` on top, tables merged key by key (the one merge of config layers)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out

@@ -18,7 +18,7 @@ from agentrl.config.errors import ConfigValidationError, validate
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
-from agentrl.config.presets import preset_for
+from agentrl.config.presets import deep_update, preset_for
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig
 
@@ -348,13 +348,6 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(lines).strip("\n")
 
 
-def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in new.items():
-        out[k] = _deep_update(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def default_run_name(env: str) -> str:
     """The run name used when none is given: the environment's registered name, else its class name in
     lower case (``my_env.py:Weather`` -> ``weather``); ``openenv`` for an OpenEnv server (``openenv:<url>``)."""
@@ -392,9 +385,9 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         data = read_toml(path)
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
-    trainer = _deep_update(data, clean).get("trainer")
+    trainer = deep_update(data, clean).get("trainer")
     full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
-    merged = _deep_update(_deep_update(preset_for(env, full_weights=full_weights), data), clean)
+    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights), data), clean)
     model = merged.get("model", DEFAULT_MODEL)
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):
