@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from agentrl.utils.procs import stat_fields
+
 from .runtime import guest_ulimits, host_pids_limit
 
 if TYPE_CHECKING:
@@ -31,11 +33,8 @@ REAP_SCRIPT = "kill -STOP -1 2>/dev/null; kill -STOP -1 2>/dev/null; kill -9 -1 
 def proc_start_time(pid: int) -> str:
     """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat), or "" if unknown.
     Stored next to the pid so that ``gc`` is not fooled by pid reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat_fields(pid)
+    return fields[19] if fields is not None else ""
 
 
 def build_labels(owner: str, lifetime_s: float, *, pid: int | None = None, host: str | None = None,

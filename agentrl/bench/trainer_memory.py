@@ -19,18 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.models import SIZES, build_random_qwen2
+from agentrl.utils.procs import process_table
 
 
 def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
+    return [child for child, (parent, _, _) in process_table().items() if parent == pid]
 
 
 def _rank_peaks(torchrun_pid: int) -> dict[int, float]:

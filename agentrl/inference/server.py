@@ -27,6 +27,7 @@ import httpx
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.errors import EngineError
 from agentrl.utils.lifeline import own_process, release_process
+from agentrl.utils.procs import stat_fields
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 
@@ -105,10 +106,11 @@ def _proc(pid: int) -> tuple[list[str], str] | None:
     """(command line, start time in clock ticks) of a live process, or None."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        start = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22: starttime
-    except (OSError, IndexError):
+    except OSError:
         return None
-    return [p.decode(errors="replace") for p in raw.split(b"\0") if p], start
+    if (fields := stat_fields(pid)) is None:
+        return None
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p], fields[19]
 
 
 def _kill_group(pgid: int, proc: subprocess.Popen | None, timeout_s: float) -> None:

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
+
+from agentrl.utils.procs import process_table, stat_fields
 
 SCAN_S = 0.5
 """How often the warden rereads the process table (seconds)."""
@@ -53,22 +54,16 @@ _containers_sent: set[str] = set()
 
 def _stat(pid: int) -> tuple[int, int, str] | None:
     """(parent pid, process group, start time in clock ticks) of a live, non-zombie process, or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    f = stat_fields(pid)
+    if f is None or f[0] in ("Z", "X"):
         return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[2]), fields[19]
+    return int(f[1]), int(f[2]), f[19]
 
 
-def process_table() -> dict[int, tuple[int, int, str]]:
-    """Every live process: pid -> (parent pid, process group, start time)."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
-            table[int(entry.name)] = st
-    return table
+def _same(pid: int, start: str) -> bool:
+    """Whether ``pid`` is alive and is still the process that started at ``start``."""
+    st = _stat(pid)
+    return st is not None and st[2] == start
 
 
 def owned_processes(roots: dict[int, str], table: dict[int, tuple[int, int, str]]) -> dict[int, str]:
@@ -156,8 +151,7 @@ def warden_pid() -> int | None:
 
 def _signal_all(procs: dict[int, str], sig: int) -> None:
     for pid, start in procs.items():
-        st = _stat(pid)
-        if st is not None and st[2] == start:
+        if _same(pid, start):
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
@@ -167,11 +161,11 @@ def _signal_all(procs: dict[int, str], sig: int) -> None:
 def end_processes(procs: dict[int, str], grace_s: float = GRACE_S) -> int:
     """SIGTERM each of ``procs`` (pid -> start time) that is still that process, SIGKILL what is left after
     ``grace_s``; returns how many had to be signalled."""
-    alive = {pid: s for pid, s in procs.items() if (st := _stat(pid)) is not None and st[2] == s}
+    alive = {pid: s for pid, s in procs.items() if _same(pid, s)}
     _signal_all(alive, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not any((st := _stat(pid)) is not None and st[2] == s for pid, s in alive.items()):
+        if not any(_same(pid, s) for pid, s in alive.items()):
             return len(alive)
         time.sleep(0.05)
     _signal_all(alive, signal.SIGKILL)
