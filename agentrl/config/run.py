@@ -291,11 +291,14 @@ class RunConfig(BaseModel):
         """A copy where the trainer and server point at ``model`` and the context lengths agree; a full-weight
         run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly, and start vLLM's
         NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``; the trainer takes the run's ``seed``
-        unless ``trainer.seed`` is set."""
+        unless ``trainer.seed`` is set, and a learning-rate decay that names no end ends at the run's last
+        optimizer step."""
         cfg = self.model_copy(deep=True)
         cfg.trainer.model_path = cfg.model
         if "seed" not in cfg.trainer.model_fields_set:
             cfg.trainer.seed = cfg.seed
+        if cfg.trainer.lr_decay_steps == 0:
+            cfg.trainer.lr_decay_steps = cfg.steps * cfg.trainer.ppo_epochs * cfg.trainer.num_minibatches
         cfg.inference.model = cfg.model
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
@@ -307,6 +310,11 @@ class RunConfig(BaseModel):
     def training_problems(self) -> list[str]:
         """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
         out = self.sampling.training_problems()
+        context = min(self.sampling.max_context_tokens, self.inference.max_model_len)
+        if context > self.trainer.micro_batch_tokens:
+            out.append(f"sampling.max_context_tokens = {context} is more than trainer.micro_batch_tokens = "
+                       f"{self.trainer.micro_batch_tokens}: an episode of that length would not fit one "
+                       "forward/backward's token budget; lower the context or raise the budget")
         if self.endpoints == [] and self.inference.logprobs_mode != "processed_logprobs" and (
                 self.sampling.temperature != 1.0):
             out.append(f"inference.logprobs_mode = {self.inference.logprobs_mode!r} reports logprobs at "

@@ -90,6 +90,16 @@ class TrainerConfig(BaseModel):
     lr: float = Field(2e-4, gt=0.0)
     """AdamW learning rate. 2e-4 suits LoRA; full fine-tuning wants 1e-6 to 1e-5 (a run config that sets no
     lr gets one: see ``agentrl.config.presets``)."""
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """How the learning rate moves after the warm-up: held at ``lr`` (``constant``), or decayed to
+    ``lr * lr_min_ratio`` by optimizer step ``lr_decay_steps`` along a half cosine or a line."""
+    lr_warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up from ``lr / lr_warmup_steps`` to ``lr`` (0: none)."""
+    lr_decay_steps: int = Field(0, ge=0)
+    """The optimizer step at which a decaying schedule reaches its floor. 0 in a run config means the run's
+    last step (``steps x ppo_epochs x num_minibatches``)."""
+    lr_min_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    """The floor of a decaying schedule, as a fraction of ``lr``."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -99,7 +109,16 @@ class TrainerConfig(BaseModel):
     grad_clip: float = Field(1.0, ge=0.0)
     """Clip the global gradient norm to this value; 0 disables clipping (the norm is still reported)."""
     micro_batch_tokens: int = Field(4096, ge=1)
-    """Token budget of one forward/backward: padded ``batch * max_len`` per micro-batch."""
+    """Token budget of one forward/backward, which bounds its activation memory: the length of one packed
+    row (``packing``), or padded ``batch * max_len``. A sample longer than this is refused (a run checks
+    ``sampling.max_context_tokens`` against it before it starts)."""
+    packing: bool = True
+    """Pack several samples into each micro-batch's single row, with position ids restarting per sample and
+    attention kept inside each sample (no padding). False pads each micro-batch to its longest sample."""
+    balance_ranks: bool = True
+    """Deal each minibatch to the ranks by compute cost (tokens, plus their attention's quadratic share),
+    largest first to the least loaded rank, so the slowest rank is not the one with the longest samples.
+    False deals ``samples[rank::world]``."""
     ppo_epochs: int = Field(1, ge=1)
     """Passes over each ``train`` batch."""
     num_minibatches: int = Field(1, ge=1)

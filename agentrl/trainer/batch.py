@@ -80,11 +80,6 @@ def micro_batches(samples: Sequence[TrainSample], max_tokens: int) -> list[list[
     return groups
 
 
-def shard(samples: Sequence[TrainSample], rank: int, world: int) -> list[TrainSample]:
-    """This rank's share of a batch: ``samples[rank::world]``."""
-    return list(samples[rank::world])
-
-
 def split_minibatches(samples: Sequence[TrainSample], n: int) -> list[list[TrainSample]]:
     """Split a batch into ``n`` contiguous, near-equal minibatches (one optimizer step each); empty ones
     are left out."""

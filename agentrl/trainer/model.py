@@ -61,6 +61,17 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def attn_implementation(cfg: TrainerConfig) -> str:
+    """The attention implementation the model is built with: ``cfg.attn_implementation``, except that packed
+    rows under ``sdpa`` use :data:`agentrl.trainer.attention.VARLEN_SDPA` (SDPA per sample rather than over
+    a dense block-diagonal mask)."""
+    if cfg.packing and cfg.attn_implementation == "sdpa":
+        from agentrl.trainer.attention import register
+
+        return register()
+    return cfg.attn_implementation
+
+
 def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
     """The HF model with LoRA added (seeded): its weights loaded from ``cfg.model_path``, or on the meta
     device (shapes only, no memory)."""
@@ -70,11 +81,11 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
         config = AutoConfig.from_pretrained(cfg.model_path)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
-                config, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+                config, dtype=torch.float32, attn_implementation=attn_implementation(cfg)
             )
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model_path, dtype=torch.float32, attn_implementation=cfg.attn_implementation
+            cfg.model_path, dtype=torch.float32, attn_implementation=attn_implementation(cfg)
         )
     model.config.use_cache = False
     if cfg.gradient_checkpointing:

@@ -1,7 +1,9 @@
 """One ``train`` request on one FSDP2 rank: micro-batched forward/backward, global normalisation, step.
 
-Every rank runs the same number of forward/backward passes (ranks with fewer micro-batches run
-zero-loss dummy ones), because each FSDP2 forward and backward is a collective.
+Each minibatch is dealt to the ranks by compute cost (:func:`agentrl.trainer.packing.balance`), and each
+rank's share is packed into rows of at most ``micro_batch_tokens`` tokens (or, with packing off, padded
+micro-batches under the same budget). Every rank runs the same number of forward/backward passes (ranks
+with fewer micro-batches run zero-loss dummy ones), because each FSDP2 forward and backward is a collective.
 """
 
 from __future__ import annotations
@@ -19,8 +21,18 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from agentrl.config.trainer import TrainerConfig
-from agentrl.trainer.batch import collate, micro_batches, shard, split_minibatches
+from agentrl.trainer.batch import collate, micro_batches, split_minibatches
 from agentrl.trainer.loss import policy_loss, token_logprobs
+from agentrl.trainer.packing import (
+    attention_len,
+    balance,
+    collate_packed,
+    pack,
+    packed_token_logprobs,
+    sequence_cost,
+    strided,
+)
+from agentrl.trainer.schedule import lr_at
 from agentrl.types import TrainSample
 from agentrl.versions import staleness_stats, token_staleness
 
@@ -66,6 +78,9 @@ class TrainStep:
         """Optimizer steps taken (``ppo_epochs × num_minibatches`` per ``train``); not a policy version."""
         self.pad_id = 0
         self._dummy = TrainSample([self.pad_id] * 2, [0, 0], [0.0, 0.0], 0.0, [-1, -1])
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.attention_len = attention_len(getattr(base, "config", None))
+        """Length at which a token's attention costs as much as its dense layers (rank balancing)."""
 
     def _all_reduce(
         self, values: Sequence[float], op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
@@ -75,24 +90,53 @@ class TrainStep:
             dist.all_reduce(t, op=op)
         return t.tolist()
 
+    def _mine(self, samples: Sequence[TrainSample]) -> list[int]:
+        """Indices of this rank's share of ``samples``: balanced by compute cost, or ``rank::world``."""
+        if not self.cfg.balance_ranks:
+            return strided(len(samples), self.world)[self.rank]
+        costs = [sequence_cost(len(s.input_ids), self.attention_len) for s in samples]
+        return balance(costs, self.world)[self.rank]
+
+    def _groups(self, local: Sequence[TrainSample]) -> list[list[int]]:
+        """``local`` grouped into micro-batches under the token budget: packed rows, or padded batches."""
+        if not local:
+            return []
+        if self.cfg.packing:
+            return pack([len(s.input_ids) for s in local], self.cfg.micro_batch_tokens)
+        return micro_batches(local, self.cfg.micro_batch_tokens)
+
     def _plan(self, local: list[TrainSample]) -> Plan:
         """This rank's micro-batches, padded with ``None`` (dummy) to the largest count of any rank."""
-        groups = micro_batches(local, self.cfg.micro_batch_tokens) if local else []
+        groups = self._groups(local)
         n = int(self._all_reduce([len(groups)], op=dist.ReduceOp.MAX)[0])
         return [[local[i] for i in g] for g in groups] + [None] * (n - len(groups))
 
     def _batch(self, group: list[TrainSample] | None) -> dict[str, Tensor]:
-        batch = collate(group if group is not None else [self._dummy], self.pad_id)
+        fn = collate_packed if self.cfg.packing else collate
+        batch = fn(group if group is not None else [self._dummy], self.pad_id)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True) -> Tensor:
-        ids = batch["input_ids_B_T"]
+        """Per-token logprobs in the padded ``B x T`` layout, whether the forward ran packed or padded."""
+        packed = "input_ids_1_P" in batch
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         if self.replay is not None:  # stays set through this forward's backward (checkpoint recompute)
-            self.replay.set(batch.get("routing_B_T_L_K"))
+            self.replay.set(batch.get("routing_1_P_L_K" if packed else "routing_B_T_L_K"))
         with ctx:
-            out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
-        return token_logprobs(out.logits, ids, batch["temperatures_B"])
+            if packed:  # no attention mask: restarting position ids make it block-diagonal
+                cu = batch["cu_seq_lens_S1"]
+                longest = int((cu[1:] - cu[:-1]).max())
+                out = self.model(input_ids=batch["input_ids_1_P"], position_ids=batch["position_ids_1_P"],
+                                 cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
+                                 use_cache=False)
+            else:
+                out = self.model(input_ids=batch["input_ids_B_T"], attention_mask=batch["attention_mask_B_T"],
+                                 use_cache=False)
+        if not packed:
+            return token_logprobs(out.logits, batch["input_ids_B_T"], batch["temperatures_B"])
+        logp_P = packed_token_logprobs(out.logits[0], batch["input_ids_1_P"][0], batch["temperatures_P"],
+                                       batch["starts_S"])
+        return logp_P[batch["unpack_B_T"]] * batch["attention_mask_B_T"]
 
     @torch.no_grad()
     def _precompute(self, plans: list[Plan], adapter: bool) -> list[list[Tensor]]:
@@ -116,9 +160,9 @@ class TrainStep:
         """The current policy's logprob of every token of every sample (at its temperature; 0 at position
         0), in sample order. No update; dropout off. Collective: every rank runs as many forwards."""
         batch_samples = [_as_sample(s) for s in samples]
-        local_idx = list(range(len(batch_samples)))[self.rank :: self.world]
+        local_idx = self._mine(batch_samples)
         local = [batch_samples[i] for i in local_idx]
-        groups = micro_batches(local, self.cfg.micro_batch_tokens) if local else []
+        groups = self._groups(local)
         n = int(self._all_reduce([len(groups)], op=dist.ReduceOp.MAX)[0])
         mine: dict[int, list[float]] = {}
         self.model.eval()
@@ -148,7 +192,7 @@ class TrainStep:
             raise ValueError("train: the batch has no loss tokens")
         cfg, lcfg = self.cfg, self.cfg.loss
         minibatches = split_minibatches(batch_samples, cfg.num_minibatches)
-        local = [shard(mb, self.rank, self.world) for mb in minibatches]
+        local = [[mb[i] for i in self._mine(mb)] for mb in minibatches]
         plans = [self._plan(mb) for mb in local]
         counts = [
             self._all_reduce([sum(s.num_loss_tokens for s in mb), sum(s.num_loss_tokens > 0 for s in mb)])
@@ -167,6 +211,7 @@ class TrainStep:
             self.replay.reset_stats()
         sums = dict.fromkeys((*MEAN_METRICS, "num_tokens", "loss"), 0.0)
         grad_norms: list[float] = []
+        lr = lr_at(self.optimizer_step, cfg)
         for _ in range(cfg.ppo_epochs):
             for k, plan in enumerate(plans):
                 n_tok, n_seq = counts[k]
@@ -194,6 +239,9 @@ class TrainStep:
                     for key in MEAN_METRICS:
                         sums[key] += m[key] * m["num_tokens"]
                 grad_norms.append(self._clip_grads())
+                lr = lr_at(self.optimizer_step, cfg)
+                for param_group in self.optimizer.param_groups:
+                    param_group["lr"] = lr
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.optimizer_step += 1
@@ -210,6 +258,7 @@ class TrainStep:
         out.update(
             loss=total["loss"] / max(n_steps, 1),
             grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+            lr=lr,
             num_tokens=int(sum(c[0] for c in counts)),
             num_samples=len(batch_samples),
             num_steps=n_steps,

@@ -97,6 +97,10 @@ def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             await tp.train(batch, policy_version=2)  # move away from the checkpointed state ...
             r["w2_loaded"] = await tp.load_checkpoint(root / "w1" / "ckpt")  # ... and back (saved by 1 rank)
             r["w2_resumed"] = [await tp.train(batch, policy_version=v) for v in range(2, 4)]
+        padded = cfg.model_copy(update={"packing": False, "balance_ranks": False})
+        with TrainerProcess(padded, root / "w2-padded", nproc=2, env=ENV) as tp:
+            r["w2_padded"] = [await tp.train(batch, policy_version=v) for v in range(2)]
+            r["w2_padded_tensors"] = await tp.get_adapter_tensors()
 
     asyncio.run(drive())
     return r
@@ -120,6 +124,17 @@ def test_one_and_two_ranks_agree(runs: dict[str, Any]) -> None:
         torch.testing.assert_close(t1[name], t2[name], rtol=0, atol=1e-6, msg=name)
     # The test is only meaningful if the adapters moved away from their (zero-B) initialisation.
     assert max(t.abs().max().item() for k, t in t1.items() if "lora_B" in k) > 1e-4
+
+
+def test_packed_rows_and_balanced_ranks_train_as_padded_strided_ones(runs: dict[str, Any]) -> None:
+    """The defaults (rows packed under the token budget, ranks dealt by cost) against padded micro-batches
+    dealt ``rank::world``: the same losses, gradient norms and adapters on two ranks."""
+    for packed, padded in zip(runs["w2"], runs["w2_padded"], strict=True):
+        for key in ("loss", "grad_norm", "kl", "is_weight_mean"):
+            assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key
+        assert packed["num_tokens"] == padded["num_tokens"]
+    for name, t in runs["w2_tensors"].items():
+        torch.testing.assert_close(runs["w2_padded_tensors"][name], t, rtol=0, atol=1e-6, msg=name)
 
 
 def test_loss_decreases_with_positive_advantages(runs: dict[str, Any]) -> None:

@@ -1,0 +1,96 @@
+"""Variable-length attention for packed rows through PyTorch's SDPA, with no mask and no padding.
+
+transformers keeps a packed row's samples apart in two ways: flash-attention's varlen kernels read
+``cu_seq_lens_q`` / ``cu_seq_lens_k``, and every other implementation gets a block-diagonal mask built
+from restarting position ids. With SDPA that mask is a dense ``P x P`` tensor, and the attention kernel
+still computes every block of it: a row of 4096 tokens holding 20 samples of about 200 costs 20 times
+the attention of the same samples padded. :data:`VARLEN_SDPA` is an attention implementation that reads
+the same ``cu_seq_lens`` as flash-attention and runs causal SDPA on each sample's slice of the row
+(SDPA's own flash or memory-efficient kernel where it has one), so attention costs what the samples
+need and the dense layers see no padding. Without ``cu_seq_lens`` (a padded batch) it is plain SDPA.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VARLEN_SDPA = "agentrl_varlen_sdpa"
+"""The name under which :func:`varlen_sdpa` is registered with transformers."""
+
+
+def varlen_sdpa(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature (``B x heads x T x D`` in, ``B x T x heads x D`` out). For one
+    packed row (``cu_seq_lens_q``, or position ids that restart, and no mask), causal SDPA per sample;
+    otherwise transformers' SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = _bounds(kwargs, query.shape[0]) if attention_mask is None else None
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError("packed attention through SDPA has no sliding window: use flash_attention_2, or "
+                         "trainer.packing = false")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    parts = [
+        F.scaled_dot_product_attention(query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi], dropout_p=dropout,
+                                       scale=scaling, is_causal=True)
+        for lo, hi in itertools.pairwise(bounds)
+        if hi > lo
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _bounds(kwargs: dict[str, Any], batch: int) -> list[int] | None:
+    """The sample boundaries of a packed row, from ``cu_seq_lens_q`` or else from restarting position ids;
+    None for anything else (several rows, or one sample)."""
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        if batch != 1:
+            raise ValueError(f"packed attention takes one row, got a batch of {batch}")
+        return [int(b) for b in cu.tolist()]
+    pos = kwargs.get("position_ids")
+    if pos is None or batch != 1 or pos.shape[0] != 1:
+        return None
+    starts = (pos[0] == 0).nonzero().flatten().tolist()
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    return [*starts, int(pos.shape[1])]
+
+
+def _varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+    """No mask where the caller gave none (a packed row: :func:`varlen_sdpa` keeps samples apart; or rows
+    without padding: causal); SDPA's padding mask otherwise."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> str:
+    """Register :func:`varlen_sdpa` with transformers (idempotent); returns its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(VARLEN_SDPA, varlen_sdpa)
+    AttentionMaskInterface.register(VARLEN_SDPA, _varlen_mask)
+    return VARLEN_SDPA
+
