@@ -544,6 +544,12 @@ def bench_policy(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.policy", ctx)
 
 
+@bench_app.command("trainer", context_settings=_PASSTHROUGH)
+def bench_trainer(ctx: typer.Context) -> None:
+    """Trainer throughput on a long-tail batch, padded vs packed, and rank balance (--mix, --nproc, --json)."""
+    _passthrough("agentrl.bench.trainer", ctx)
+
+
 @bench_app.command("env-server", context_settings=_PASSTHROUGH)
 def bench_env_server(ctx: typer.Context) -> None:
     """Environment server load test: N sessions stepping at once (--env, --sessions, --duration, --json)."""

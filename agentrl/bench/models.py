@@ -15,10 +15,13 @@ import torch
 SIZES: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
              "head_dim": 64, "intermediate_size": 256},
+    "small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "intermediate_size": 768},
     "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "head_dim": 64, "intermediate_size": 4864},
 }
-"""Shapes: ``tiny`` is the test model; ``0.5b`` is Qwen2-0.5B's trunk with a small vocabulary."""
+"""Shapes: ``tiny`` is the test model; ``small`` a CPU benchmark trunk; ``0.5b`` is Qwen2-0.5B's trunk with a
+small vocabulary."""
 
 _CORPUS = ["The quick brown fox jumps over the lazy dog.", "What is 12 plus 30? The answer is 42.",
            "Agents call tools, read observations, and answer questions.", "def add(a, b):\n    return a + b\n",
@@ -44,22 +47,23 @@ def _tokenizer(out_dir: Path) -> tuple[int, int, int]:
     return len(fast), fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")
 
 
-def build_random_qwen2(out_dir: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write a random Qwen2 causal LM of shape ``SIZES[size]`` (fp32 safetensors + tokenizer) into ``out_dir``.
+def build_random_qwen2(out_dir: Path, size: str = "tiny", seed: int = 0, context: int = 2048) -> Path:
+    """Write a random Qwen2 causal LM of shape ``SIZES[size]`` with a ``context``-token window (fp32 safetensors +
+    tokenizer) into ``out_dir``.
 
-    Deterministic for ``(size, seed)``; an existing complete build is reused. Weights are N(0, s) with
+    Deterministic for ``(size, seed, context)``; an existing complete build is reused. Weights are N(0, s) with
     s = 0.1 for ``tiny`` (a peaked next-token distribution) and 0.03 otherwise.
     """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out_dir = Path(out_dir)
     stamp = out_dir / ".agentrl-bench-model.json"
-    want = {"size": size, "seed": seed, **SIZES[size]}
+    want = {"size": size, "seed": seed, **SIZES[size], **({"context": context} if context != 2048 else {})}
     if stamp.is_file() and json.loads(stamp.read_text()) == want:
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, eos_id, pad_id = _tokenizer(out_dir)
-    cfg = Qwen2Config(**SIZES[size], vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=True,
+    cfg = Qwen2Config(**SIZES[size], vocab_size=vocab, max_position_embeddings=context, tie_word_embeddings=True,
                       eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None, torch_dtype="float32")
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
