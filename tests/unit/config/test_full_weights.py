@@ -60,20 +60,21 @@ def test_full_weight_engines_serve_no_lora_unless_asked() -> None:
 
 def test_full_weights_get_a_full_weight_learning_rate_unless_one_is_set(tmp_path: Path) -> None:
     assert load_config(None, {"env": "calc"}).trainer.lr == 2e-3  # the preset's LoRA rate
-    assert load_config(None, {"env": "calc", **FULL}).trainer.lr == 3e-4  # the preset's full values
+    assert load_config(None, {"env": "calc", **FULL}).trainer.lr == 4e-4  # the preset's full values
     assert load_config(None, {"env": "swe", **FULL}).trainer.lr == FULL_WEIGHTS_LR  # a preset without them
     assert load_config(None, {"env": "weather.py:Weather", **FULL}).trainer.lr == FULL_WEIGHTS_LR  # no preset
     assert load_config(None, {"env": "weather.py:Weather"}).trainer.lr == 2e-4  # the field's LoRA default
     assert load_config(None, {"env": "calc", "trainer": {"lora": False, "lr": 3e-6}}).trainer.lr == 3e-6
     toml = tmp_path / "run.toml"
     toml.write_text("[trainer]\nlora = false\n")
-    assert load_config(toml, {"env": "calc"}).trainer.lr == 3e-4
+    assert load_config(toml, {"env": "calc"}).trainer.lr == 4e-4
     toml.write_text("[trainer]\nlora = false\nlr = 1e-6\n")
     assert load_config(toml, {"env": "calc"}).trainer.lr == 1e-6
     assert "full" not in preset_for("calc") and preset_for("calc")["trainer"]["lr"] == 2e-3
     full = preset_for("calc", full_weights=True)
     assert "full" not in full and full["trainer"]["lora_rank"] == 16, "the full values go over the others"
-    assert full["trainer"]["lr"] == 3e-4 and full["steps"] == preset_for("calc")["steps"] == 80
+    assert full["trainer"]["lr"] == 4e-4 and full["trainer"]["lr_schedule"] == "cosine"
+    assert full["steps"] == preset_for("calc")["steps"] == 80
 
 
 def test_full_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -87,7 +88,8 @@ def test_full_flag_reaches_the_config(monkeypatch: pytest.MonkeyPatch, tmp_path:
     r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--full", "--print-config"])
     assert r.exit_code == 0, r.output
     cfg = tomllib.loads(r.output)
-    assert cfg["trainer"]["lora"] is False and cfg["trainer"]["lr"] == 3e-4
+    assert cfg["trainer"]["lora"] is False and cfg["trainer"]["lr"] == 4e-4
+    assert (cfg["trainer"]["lr_schedule"], cfg["trainer"]["lr_decay_steps"]) == ("cosine", 80)
     assert cfg["inference"]["enable_lora"] is False
     r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--print-config"])
     assert tomllib.loads(r.output)["trainer"]["lora"] is True
