@@ -110,9 +110,12 @@ async def _time_steps(trainers: dict[str, Any], batch: list[Any],
 
 
 async def _time_shares(tp: Any, batch: list[Any], parts: dict[str, list[list[int]]], reps: int) -> dict[str, list[float]]:
-    """The median time of training each rank's share alone, for each dealing."""
+    """The median time of training each rank's share alone, for each dealing, after a warm-up on the
+    largest share (so no share pays for the allocator's first growth)."""
     out: dict[str, list[float]] = {}
-    await tp.train(batch[: max(1, len(batch) // 4)], policy_version=0)  # warm-up
+    largest = max((share for ranks in parts.values() for share in ranks),
+                  key=lambda share: sum(len(batch[i].input_ids) for i in share))
+    await tp.train([batch[i] for i in largest], policy_version=0)
     for name, ranks in parts.items():
         out[name] = []
         for share in ranks:
@@ -201,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=0, help="micro_batch_tokens (default: the context)")
     parser.add_argument("--samples", type=int, default=64, help="trajectories in the batch")
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of each trainer, in turn")
-    parser.add_argument("--share-reps", type=int, default=1, help="timings of each rank's share (median)")
+    parser.add_argument("--share-reps", type=int, default=2, help="timings of each rank's share (median)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--gradient-checkpointing", action="store_true")

@@ -33,34 +33,45 @@ def varlen_sdpa(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature (``B x heads x T x D`` in, ``B x T x heads x D`` out). For one
-    packed row (``cu_seq_lens_q``, or position ids that restart, and no mask), causal SDPA per sample;
-    otherwise transformers' SDPA."""
+    """transformers' attention-function signature (``B x heads x T x D`` in, ``B x T x heads x D`` out). With
+    no mask: causal SDPA (within the model's sliding window, if any) per sample of a packed row
+    (``cu_seq_lens_q``, or position ids that restart), or over whole rows. With a padding mask:
+    transformers' SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    bounds = _bounds(kwargs, query.shape[0]) if attention_mask is None else None
-    if bounds is None:
+    if attention_mask is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError("packed attention through SDPA has no sliding window: use flash_attention_2, or "
-                         "trainer.packing = false")
+    bounds = _bounds(kwargs, query.shape[0]) or [0, query.shape[2]]
+    window = kwargs.get("sliding_window")
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    parts = [
-        F.scaled_dot_product_attention(query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi], dropout_p=dropout,
-                                       scale=scaling, is_causal=True)
-        for lo, hi in itertools.pairwise(bounds)
-        if hi > lo
-    ]
+    parts = []
+    for lo, hi in itertools.pairwise(bounds):
+        if hi <= lo:
+            continue
+        q, k, v = query[:, :, lo:hi], key[:, :, lo:hi], value[:, :, lo:hi]
+        if window is None or hi - lo <= window:  # the window reaches back past the sample's start: causal
+            parts.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True))
+        else:
+            parts.append(F.scaled_dot_product_attention(q, k, v, attn_mask=_band(hi - lo, window, q.device),
+                                                        dropout_p=dropout, scale=scaling))
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _band(n: int, window: int, device: torch.device) -> torch.Tensor:
+    """Causal sliding-window mask of one sample: position ``i`` sees ``j`` for ``i - window < j <= i``
+    (transformers' convention)."""
+    i = torch.arange(n, device=device)
+    diff = i[:, None] - i[None, :]
+    return (diff >= 0) & (diff < window)
 
 
 def _bounds(kwargs: dict[str, Any], batch: int) -> list[int] | None:
     """The sample boundaries of a packed row, from ``cu_seq_lens_q`` or else from restarting position ids;
-    None for anything else (several rows, or one sample)."""
+    None for anything else (several rows, or one sample a row)."""
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
         if batch != 1:
@@ -76,8 +87,8 @@ def _bounds(kwargs: dict[str, Any], batch: int) -> list[int] | None:
 
 
 def _varlen_mask(*args: Any, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
-    """No mask where the caller gave none (a packed row: :func:`varlen_sdpa` keeps samples apart; or rows
-    without padding: causal); SDPA's padding mask otherwise."""
+    """No mask where the caller gave none (:func:`varlen_sdpa` then keeps samples apart, causal and within
+    the window itself); SDPA's padding mask otherwise."""
     from transformers.masking_utils import sdpa_mask
 
     if attention_mask is None:

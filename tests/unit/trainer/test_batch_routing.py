@@ -53,3 +53,17 @@ def test_mixed_shapes_raise() -> None:
         collate([sample(4, routing(2)), sample(4, routing(2, layers=3))], pad_id=0)
     with pytest.raises(ValueError, match="different shapes"):
         collate([sample(4, routing(2)), sample(4), sample(4, routing(2, top_k=2))], pad_id=0)
+
+
+def test_packed_routing_follows_the_row() -> None:
+    from agentrl.trainer.packing import collate_packed
+
+    full, partial = routing(5), routing(2, base=100)
+    samples = [sample(6, full), sample(4), sample(3, partial)]
+    batch = collate_packed(samples, pad_id=0)
+    assert "routing_B_T_L_K" not in batch
+    row = batch["routing_1_P_L_K"]
+    assert row.shape == (1, 13, 2, 3)
+    padded = collate(samples, pad_id=0)["routing_B_T_L_K"]
+    for b, (start, n) in enumerate([(0, 6), (6, 4), (10, 3)]):
+        assert torch.equal(row[0, start : start + n], padded[b, :n])

@@ -169,7 +169,7 @@ def test_a_packed_step_trains_and_refuses_a_sample_over_the_budget(world: None, 
         step.train([_sample(rng, 49)], policy_version=1)
 
 
-def test_varlen_sdpa_keeps_samples_apart_from_cu_seq_lens_or_position_ids() -> None:
+def test_varlen_sdpa_keeps_samples_apart_and_inside_the_window() -> None:
     import torch.nn.functional as F
 
     from agentrl.trainer.attention import varlen_sdpa
@@ -189,7 +189,16 @@ def test_varlen_sdpa_keeps_samples_apart_from_cu_seq_lens_or_position_ids() -> N
     by_pos, _ = varlen_sdpa(module, q, k, v, None, position_ids=pos)
     torch.testing.assert_close(by_cu, ref, rtol=0, atol=1e-6)
     torch.testing.assert_close(by_pos, ref, rtol=0, atol=1e-6)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     whole, _ = varlen_sdpa(module, q, k, v, None, position_ids=torch.arange(12)[None])
+    torch.testing.assert_close(whole, F.scaled_dot_product_attention(q, kk, vv, is_causal=True).transpose(1, 2),
+                               rtol=0, atol=1e-6)
     assert (whole - ref).abs().max() > 1e-3, "one sample: causal over the whole row"
-    with pytest.raises(ValueError, match="sliding window"):
-        varlen_sdpa(module, q, k, v, None, position_ids=pos, sliding_window=4)
+    # a sliding window of 3: the 7-token sample is banded, the 5-token one too
+    idx = torch.arange(12)
+    band = block & (idx[:, None] - idx[None, :] < 3)
+    windowed, _ = varlen_sdpa(module, q, k, v, None, position_ids=pos, sliding_window=3)
+    torch.testing.assert_close(windowed, F.scaled_dot_product_attention(q, kk, vv, attn_mask=band).transpose(1, 2),
+                               rtol=0, atol=1e-6)
+    wide, _ = varlen_sdpa(module, q, k, v, None, position_ids=pos, sliding_window=7)
+    torch.testing.assert_close(wide, ref, rtol=0, atol=1e-6)
