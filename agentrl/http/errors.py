@@ -37,13 +37,16 @@ class ApiError(AgentRLError):
     code = "http.api_error"
 
     def __init__(
-        self, status: int, message: str, *, code: str | None = None, headers: dict[str, str] | None = None
+        self, status: int, message: str, *, code: str | None = None, headers: dict[str, str] | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code or _CODES.get(status, "error")
         self.message = message
         self.headers = headers
+        self.param = param
+        """The request parameter at fault (OpenAI's ``error.param``), if one is."""
 
 
 def error_response(
@@ -54,11 +57,12 @@ def error_response(
     headers: dict[str, str] | None = None,
     *,
     openai: bool = False,
+    param: str | None = None,
 ) -> JSONResponse:
     """An ``ErrorBody`` JSON response; with ``openai``, OpenAI's error shape (``{"error": {"message",
     "type", "code", "param"}}``), which the ``openai`` SDK reads its messages from."""
     if openai:
-        body: dict[str, Any] = {"error": {"message": message, "type": code, "code": code, "param": None},
+        body: dict[str, Any] = {"error": {"message": message, "type": code, "code": code, "param": param},
                                 "detail": detail}
     else:
         body = {"error": code, "message": message, "detail": detail}
@@ -80,7 +84,7 @@ def install_error_handlers(app: FastAPI, *, openai: bool = False) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, headers=exc.headers, openai=openai)
+        return error_response(exc.status, exc.code, exc.message, headers=exc.headers, openai=openai, param=exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

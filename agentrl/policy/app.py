@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Request
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
@@ -29,6 +30,7 @@ from agentrl.http.limits import BodyLimit
 from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.messages import ChatRequest
 from agentrl.policy.service import PolicyService
+from agentrl.policy.stream import sse_events
 
 EpisodeId = Annotated[str, Path(min_length=1, max_length=64, description="Episode id from POST /v1/episodes.")]
 
@@ -120,10 +122,15 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
         return {"object": "list", "data": [{"id": service.config.served_model, "object": "model",
                                             "created": 0, "owned_by": "agentrl"}]}
 
-    @app.post("/v1/chat/completions", tags=["openai"])
-    async def chat_completions(body: ChatRequest, who: Caller = Depends(caller)) -> dict[str, Any]:
-        """An OpenAI chat completion; recorded in the caller's episode."""
-        return await service.complete(body, who.episode)
+    @app.post("/v1/chat/completions", tags=["openai"], response_model=None)
+    async def chat_completions(body: ChatRequest, who: Caller = Depends(caller)) -> dict[str, Any] | StreamingResponse:
+        """An OpenAI chat completion (streamed as server-sent events with ``stream=true``); recorded in the
+        caller's episode."""
+        completion = await service.complete(body, who.episode)
+        if not body.stream:
+            return completion
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(sse_events(completion, usage), media_type="text/event-stream")
 
     @app.post("/v1/episodes", status_code=201, tags=["episodes"])
     async def create_episode(request: Request, body: CreateEpisode | None = None,

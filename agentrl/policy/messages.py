@@ -31,38 +31,45 @@ class ChatRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=16)
+    """Choices to sample (each recorded as its own row)."""
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     seed: int | None = None
     parallel_tool_calls: bool | None = None
 
+    @property
+    def stops(self) -> list[str]:
+        """The stop sequences, as a list (empty strings dropped)."""
+        raw = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in raw if s]
 
-def _bad(message: str) -> ApiError:
-    return ApiError(400, message, code="invalid_request_error")
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, code="invalid_request_error", param=param)
 
 
 def check_request(req: ChatRequest) -> None:
-    """Refuse, with a clear HTTP 400, what the endpoint cannot honour without changing the sampled policy."""
-    if req.stream:
-        raise _bad("stream=true is not supported: call without streaming (the answer comes whole)")
-    if req.n not in (None, 1):
-        raise _bad("n must be 1: each call samples one completion (run several episodes for more)")
-    if req.stop:
-        raise _bad("stop sequences are not supported: a turn ends at the model's own end-of-turn token")
-    if req.logprobs:
-        raise _bad("logprobs=true is not supported: the endpoint records logprobs itself (GET "
-                   "/v1/episodes/{id}/trajectory)")
+    """Refuse, with a clear HTTP 400 naming the parameter, what the endpoint cannot honour without changing
+    the sampled policy."""
+    if len(req.stops) > 4:
+        raise _bad(f"stop takes at most 4 sequences, not {len(req.stops)}", "stop")
+    if req.top_logprobs:
+        raise _bad("top_logprobs is not supported: the endpoint returns the logprob of each sampled token "
+                   "(logprobs=true), not the alternatives", "top_logprobs")
     choice = req.tool_choice
     if isinstance(choice, dict) or choice not in (None, "auto", "none"):
         raise _bad(f"tool_choice {choice!r} is not supported (only 'auto' and 'none'): forcing a tool call "
-                   "needs constrained decoding, which samples from another distribution than the policy's")
+                   "needs constrained decoding, which samples from another distribution than the policy's, "
+                   "and the trainer could not score it", "tool_choice")
     for i, tool in enumerate(req.tools or []):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
-                       "...}}}")
+                       "...}}}", "tools")
     for i, m in enumerate(req.messages):
         _check_message(i, m)
 
@@ -77,7 +84,7 @@ def _text(i: int, content: Any) -> str:
         for p in content:
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                 raise _bad(f"messages[{i}].content: only text parts are supported "
-                           f"(got {str(p.get('type') if isinstance(p, dict) else type(p).__name__)!r})")
+                           f"(got {str(p.get('type') if isinstance(p, dict) else type(p).__name__)!r})", "messages")
             parts.append(p["text"])
         return "".join(parts)
     raise _bad(f"messages[{i}].content must be a string, a list of text parts, or null")

@@ -2,8 +2,8 @@
 
 A row is one token sequence the engine saw: the first call's prompt ids, then for each later call the
 template's delta for the messages the agent added (tool results, user turns; mask 0) and the ids the
-engine sampled (mask 1, with their behaviour logprobs and policy versions). A call *extends* the current
-row when its messages are the row's messages so far (the requests' messages plus the answers the endpoint
+engine sampled (mask 1, with their behaviour logprobs and policy versions). A call *extends* a row (the
+latest one that fits) when its messages are the row's messages so far (the requests' messages plus the answers the endpoint
 gave, compared in normal form, see :mod:`agentrl.policy.messages`) followed by new ones, with the same
 tools and temperature. Its prompt is then the row's ids plus the delta: the sampled ids are never
 re-tokenized, exactly as in agentrl's own loop (the delta is cut from the template as
@@ -78,12 +78,20 @@ def extends(row: Row, messages: list[dict[str, Any]], tools_key: str, temperatur
 
 def plan_call(rows: list[Row], chat: Renderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               tools_key: str, temperature: float) -> Plan:
-    """The prompt ids of a call: the last row extended by the delta of the new messages, or a fresh render."""
-    last = rows[-1] if rows else None
-    if last is not None and extends(last, messages, tools_key, temperature):
-        delta = chat.observation_ids(messages[len(last.messages):], tools, ended_with=last.last_token)
-        return Plan(last.ids + delta, last, delta, messages, tools_key, temperature)
+    """The prompt ids of a call: the latest row it extends (with ``n > 1`` choices, the agent continues one
+    of several rows) plus the delta of the new messages, or a fresh render."""
+    for row in reversed(rows):
+        if extends(row, messages, tools_key, temperature):
+            delta = chat.observation_ids(messages[len(row.messages):], tools, ended_with=row.last_token)
+            return Plan(row.ids + delta, row, delta, messages, tools_key, temperature)
     return Plan(chat.prompt_ids(messages, tools), None, [], messages, tools_key, temperature)
+
+
+def fork(plan: Plan) -> Plan:
+    """The plan of another choice of the same call: a new row whose prompt is the whole of the call's
+    prompt (earlier sampled ids included, as context: they are trained once, in the row the first choice
+    extends)."""
+    return Plan(list(plan.prompt_ids), None, [], plan.messages, plan.tools_key, plan.temperature)
 
 
 def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],

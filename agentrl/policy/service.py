@@ -17,10 +17,11 @@ from typing import Any
 
 from agentrl.config.policy import PolicyConfig
 from agentrl.http.errors import ApiError
+from agentrl.inference.client import Generation
 from agentrl.inference.wire import ContextLengthError, InferenceError
 from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.policy.messages import ChatRequest, check_request, normalize_all, tools_key
-from agentrl.policy.rows import Row, commit, plan_call
+from agentrl.policy.rows import Row, commit, fork, plan_call
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.generator import Generator
 from agentrl.versions import VersionLabelError, token_versions
@@ -77,41 +78,82 @@ class PolicyService:
             plan = plan_call(rows, self.chat, messages, tools, tools_key(tools), temperature)
         except Exception as e:  # the template refuses these messages (e.g. roles out of order)
             raise ApiError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
-                           code="invalid_request_error") from None
+                           code="invalid_request_error", param="messages") from None
         room = self.config.max_context_tokens - len(plan.prompt_ids)
         if room <= 0:
             raise ApiError(400, f"the prompt is {len(plan.prompt_ids)} tokens; this endpoint's context is "
-                                f"{self.config.max_context_tokens}", code="context_length_exceeded")
+                                f"{self.config.max_context_tokens}", code="context_length_exceeded", param="messages")
         asked = req.max_completion_tokens or req.max_tokens or self.config.max_tokens_per_call
         budget = min(asked, self.config.max_tokens_per_call, room)
         sent = self.policy_version()
         try:
-            gen = await asyncio.wait_for(self.client.generate(
-                plan.prompt_ids, max_tokens=budget, temperature=temperature,
-                top_p=1.0 if self.config.temperature is not None else (req.top_p or 1.0),
-                stop_token_ids=list(self.chat.stop_token_ids), model=self.model,
-                key=episode.id if episode else None, cache_salt=f"policy-v{sent}"), self.config.generate_timeout_s)
-            versions = token_versions(gen, sent)
+            gens = await asyncio.wait_for(self._sample(plan.prompt_ids, budget, temperature, req, episode, sent),
+                                          self.config.generate_timeout_s)
+            versions = [token_versions(gen, sent) for gen in gens]
         except ContextLengthError as e:
-            raise ApiError(400, str(e), code="context_length_exceeded") from None
+            raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
         except (InferenceError, VersionLabelError, asyncio.TimeoutError) as e:
             if episode is not None:
                 episode.failed_calls += 1
             raise ApiError(503, f"the inference engine failed: {type(e).__name__}: {e}", code="engine_error") from None
         self.calls += 1
-        text = self.chat.decode(gen.token_ids)
-        cut = gen.finish_reason == "length" or not self.chat.ends_turn(gen.token_ids)
-        answer, finish = self._answer(text, tools, req, cut)
+        choices, n_out = [], 0
+        for i, (gen, gen_versions) in enumerate(zip(gens, versions, strict=True)):
+            ids, logprobs, kept_versions, answer, finish = self._turn(gen, gen_versions, tools, req)
+            if episode is not None:  # the first choice extends the row; each other one starts its own
+                commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer)
+            choices.append({"index": i, "message": _openai_message(answer), "finish_reason": finish,
+                            "logprobs": self._logprobs(ids, logprobs) if req.logprobs else None})
+            n_out += len(ids)
         if episode is not None:
-            commit(rows, plan, gen.token_ids, list(gen.logprobs), versions, answer)
             episode.calls += 1
-        n_prompt, n_out = len(plan.prompt_ids), len(gen.token_ids)
+        n_prompt = len(plan.prompt_ids)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": req.model or self.config.served_model,
-            "choices": [{"index": 0, "message": _openai_message(answer), "finish_reason": finish, "logprobs": None}],
+            "model": req.model or self.config.served_model, "choices": choices,
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
         }
+
+    async def _sample(self, prompt_ids: list[int], budget: int, temperature: float, req: ChatRequest,
+                      episode: PolicyEpisode | None, sent: int) -> list[Generation]:
+        """``req.n`` generations of one prompt, at once (choice ``i`` seeded ``seed + i`` when seeded); the
+        others are cancelled if one fails."""
+        top_p = 1.0 if self.config.temperature is not None else (req.top_p or 1.0)
+        tasks = [asyncio.ensure_future(self.client.generate(
+            prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p,
+            stop_token_ids=list(self.chat.stop_token_ids), model=self.model, key=episode.id if episode else None,
+            **({"seed": req.seed + i} if req.seed is not None else {}), cache_salt=f"policy-v{sent}"))
+            for i in range(req.n or 1)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+
+    def _turn(self, gen: Generation, versions: list[int], tools: list[dict[str, Any]] | None,
+              req: ChatRequest) -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
+        """One choice: the sampled ids kept (cut after a stop sequence, as a prefix of what was sampled), their
+        logprobs and versions, the answer (normal form) and the finish reason."""
+        ids, logprobs = list(gen.token_ids), list(gen.logprobs)
+        text = self.chat.decode(ids)
+        stopped = _first_stop(text, req.stops)
+        if stopped is not None:
+            keep = _ids_covering(self.chat, ids, stopped[1])
+            ids, logprobs, versions = ids[:keep], logprobs[:keep], versions[:keep]
+            answer = {"role": "assistant", "content": text[: stopped[0]].strip()}
+            return ids, logprobs, versions, answer, "stop"
+        cut = gen.finish_reason == "length" or not self.chat.ends_turn(ids)
+        answer, finish = self._answer(text, tools, req, cut)
+        return ids, logprobs, versions, answer, finish
+
+    def _logprobs(self, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+        """OpenAI's ``choices[].logprobs`` for the sampled ids (no alternatives)."""
+        out = []
+        for token_id, lp in zip(ids, logprobs, strict=True):
+            token = self.chat.decode([token_id])
+            out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+        return {"content": out, "refusal": None}
 
     def _answer(self, text: str, tools: list[dict[str, Any]] | None, req: ChatRequest,
                 cut: bool) -> tuple[dict[str, Any], str]:
@@ -121,9 +163,25 @@ class PolicyService:
             if parsed.tool_calls and not parsed.errors:
                 calls = [{"id": c.id, "type": "function",
                           "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
+                if req.parallel_tool_calls is False:
+                    calls = calls[:1]  # the first call is answered; the ids of the others stay in the row
                 return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"
         # no call, a call that could not be read, or a cut turn: the model's text, whole
         return {"role": "assistant", "content": text.strip()}, "length" if cut else "stop"
+
+
+def _first_stop(text: str, stops: list[str]) -> tuple[int, int] | None:
+    """``(start, end)`` of the earliest stop sequence in ``text``, or None."""
+    hits = [(i, i + len(s)) for s in stops if (i := text.find(s)) >= 0]
+    return min(hits) if hits else None
+
+
+def _ids_covering(chat: ChatFormat, ids: list[int], chars: int) -> int:
+    """The fewest leading ``ids`` whose text holds the first ``chars`` characters."""
+    for k in range(1, len(ids) + 1):
+        if len(chat.decode(ids[:k])) >= chars:
+            return k
+    return len(ids)
 
 
 def _openai_message(answer: dict[str, Any]) -> dict[str, Any]:

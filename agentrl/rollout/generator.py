@@ -23,5 +23,6 @@ class Generator(Protocol):
         stop_token_ids: list[int] | None = None,
         model: str | None = None,
         key: str | None = None,
+        seed: int | None = None,
         cache_salt: str | None = None,
     ) -> Generation: ...

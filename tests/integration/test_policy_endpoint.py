@@ -149,6 +149,65 @@ async def test_sdk_agents_record_token_faithful_rows(vllm_server, chat: ChatForm
                     await sdk.chat.completions.create(model="policy", messages=opening)
 
 
+async def _seeded_turns(sdk: openai.AsyncOpenAI, question: str, *, stream: bool) -> None:
+    """Up to three seeded turns of the calc tool loop at temperature 1, streamed or not."""
+    messages: list[Any] = [{"role": "system", "content": CalcEnv.system_prompt}, {"role": "user", "content": question}]
+    for turn in range(3):
+        kw: dict[str, Any] = {"model": "policy", "messages": messages, "tools": CalcEnv.tool_schemas(),
+                              "temperature": 1.0, "max_tokens": 64, "seed": 100 + turn}
+        if stream:
+            content, calls = "", {}
+            async for chunk in await sdk.chat.completions.create(**kw, stream=True):
+                delta = chunk.choices[0].delta
+                content += delta.content or ""
+                for c in delta.tool_calls or []:
+                    calls[c.index] = {"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            msg: dict[str, Any] = {"role": "assistant", "content": content or None,
+                                   **({"tool_calls": [calls[k] for k in sorted(calls)]} if calls else {})}
+        else:
+            msg = (await sdk.chat.completions.create(**kw)).choices[0].message.model_dump(exclude_none=True)
+        messages.append(msg)
+        if not msg.get("tool_calls"):
+            return
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "42"} for c in msg["tool_calls"]]
+
+
+async def test_streamed_and_n_choices_record_token_faithful_rows(vllm_server, chat: ChatFormat) -> None:
+    """Seeded sampling makes a streamed episode and an unstreamed one sample the same ids: their rows are
+    identical. ``n = 2`` records two rows, each exactly what the engine returned."""
+    async with InferenceClient([vllm_server.url]) as client:
+        await client.set_weight_version("0")
+        rec = Recording(client)
+        service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024), rec, chat)
+        async with serving(service, TOKEN) as url:
+            question = CalcEnv.tasks("test")[0]["question"]
+            rows = {}
+            for stream in (False, True):
+                ep = await _episode(url)
+                async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
+                                              timeout=120) as sdk:
+                    await _seeded_turns(sdk, question, stream=stream)
+                rows[stream] = (await _trajectory(url, ep, 1.0))["rows"]
+            keys = ("prompt_ids", "completion_ids", "loss_mask", "versions")
+            assert [{k: r[k] for k in keys} for r in rows[True]] == [{k: r[k] for k in keys} for r in rows[False]]
+            assert rows[True][0]["logprobs"] == pytest.approx(rows[False][0]["logprobs"], abs=1e-4)
+            ep = await _episode(url)
+            rec.calls.clear()
+            async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
+                                          timeout=120) as sdk:
+                r = await sdk.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": question}], n=2, max_tokens=32,
+                    temperature=1.0, seed=5, logprobs=True)
+            assert len(r.choices) == 2 and len(rec.calls) == 2
+            traj = await _trajectory(url, ep, 0.0)
+            assert len(traj["rows"]) == 2
+            outputs = sorted(tuple(g.token_ids) for _, g in rec.calls)
+            assert sorted(tuple(row["completion_ids"]) for row in traj["rows"]) == outputs
+            for choice in r.choices:
+                assert len(choice.logprobs.content) > 0 and all(t.logprob <= 0.0 for t in choice.logprobs.content)
+
+
 async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat: ChatFormat, tmp_path: Path) -> None:
     name, total = "policy-partial", 700
     shapes = lora_shapes("tiny", 16)

@@ -37,9 +37,11 @@ class Scripted:
         self.chat, self.texts, self.delay = chat, list(texts), delay
         self.prompts: list[list[int]] = []
         self.outputs: list[list[int]] = []
+        self.kwargs: list[dict[str, Any]] = []
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
         self.prompts.append(list(prompt_ids))
+        self.kwargs.append(kw)
         await asyncio.sleep(self.delay)
         ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
         self.outputs.append(ids)
@@ -99,6 +101,103 @@ async def test_sdk_tool_loop_is_one_token_faithful_row(chat: ChatFormat) -> None
     assert all(v == -1 and lp == 0.0 for v, lp, m in zip(row["versions"], row["logprobs"], row["loss_mask"], strict=True) if not m)
 
 
+async def _tool_episode(chat: ChatFormat, stream: bool) -> tuple[dict[str, Any], list[Any]]:
+    """The tool loop of the test above, streamed or not: the trajectory and the messages the agent built."""
+    service, _ = _service(chat, [CALL, "The answer is 5."])
+    async with _http(service) as http:
+        ep = await _episode(http)
+        sdk = _sdk(service, ep)
+        messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+        for _ in range(2):
+            if not stream:
+                msg = (await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message
+                messages.append(msg.model_dump(exclude_none=True))
+            else:
+                content, calls, finish = "", {}, None
+                async for chunk in await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                                     stream=True, stream_options={"include_usage": True}):
+                    if not chunk.choices:
+                        assert chunk.usage is not None and chunk.usage.completion_tokens > 0
+                        continue
+                    delta = chunk.choices[0].delta
+                    content += delta.content or ""
+                    for c in delta.tool_calls or []:
+                        calls[c.index] = {"id": c.id, "type": "function",
+                                          "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                    finish = chunk.choices[0].finish_reason or finish
+                assert finish in ("tool_calls", "stop")
+                msg_dict: dict[str, Any] = {"role": "assistant", "content": content or None}
+                if calls:
+                    msg_dict["tool_calls"] = [calls[k] for k in sorted(calls)]
+                messages.append({k: v for k, v in msg_dict.items() if v is not None})
+            if messages[-1].get("tool_calls"):
+                messages.append({"role": "tool", "tool_call_id": messages[-1]["tool_calls"][0]["id"], "content": "5"})
+        await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": 1.0})
+        return (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json(), messages
+
+
+async def test_a_streamed_episode_records_the_rows_of_an_unstreamed_one(chat: ChatFormat) -> None:
+    plain, plain_messages = await _tool_episode(chat, stream=False)
+    streamed, streamed_messages = await _tool_episode(chat, stream=True)
+    assert [r["calls"] for r in streamed["rows"]] == [2]
+    keys = ("prompt_ids", "completion_ids", "loss_mask", "logprobs", "versions")
+    assert [{k: r[k] for k in keys} for r in streamed["rows"]] == [{k: r[k] for k in keys} for r in plain["rows"]]
+    assert [m["role"] for m in streamed_messages] == [m["role"] for m in plain_messages]
+    calls = [[(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+             for m in (plain_messages, streamed_messages) for m in m]
+    assert calls[: len(plain_messages)] == calls[len(plain_messages):]
+    assert streamed_messages[-1]["content"] == plain_messages[-1]["content"] == "The answer is 5."
+
+
+async def test_n_choices_are_rows_of_their_own_and_the_agent_continues_one(chat: ChatFormat) -> None:
+    service, engine = _service(chat, ["The answer is 4.", CALL, "The answer is 5."])
+    async with _http(service) as http:
+        ep = await _episode(http)
+        sdk = _sdk(service, ep)
+        messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+        r = await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, n=2, seed=7)
+        assert [c.index for c in r.choices] == [0, 1] and r.choices[1].finish_reason == "tool_calls"
+        assert r.usage.completion_tokens == len(engine.outputs[0]) + len(engine.outputs[1])
+        picked = r.choices[1].message  # the agent goes on with the second choice
+        messages += [picked.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": picked.tool_calls[0].id,
+                                                             "content": "5"}]
+        await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": 1.0})
+        traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
+    first, second = traj["rows"]
+    assert (first["calls"], second["calls"]) == (1, 2), "the continued choice's row grew"
+    assert first["prompt_ids"] == second["prompt_ids"] == engine.prompts[0] == engine.prompts[1]
+    assert first["completion_ids"] == engine.outputs[0]
+    assert second["completion_ids"][: len(engine.outputs[1])] == engine.outputs[1]
+    assert engine.prompts[2] == second["prompt_ids"] + second["completion_ids"][: -len(engine.outputs[2])]
+    assert [kw.get("seed") for kw in engine.kwargs] == [7, 8, None], "choice i is seeded seed + i"
+
+
+async def test_stop_sequences_logprobs_and_one_tool_call(chat: ChatFormat) -> None:
+    two_calls = CALL + "\n" + CALL.replace("2 + 3", "4 * 5")
+    service, engine = _service(chat, ["The answer is 5.", "The answer is 5.", two_calls, two_calls])
+    async with _http(service) as http:
+        ep = await _episode(http)
+        sdk = _sdk(service, ep)
+        q = [{"role": "user", "content": "What is 2 + 3?"}]
+        r = await sdk.chat.completions.create(model="m", messages=q, stop=["is"], logprobs=True)
+        assert r.choices[0].message.content == "The answer" and r.choices[0].finish_reason == "stop"
+        kept = r.choices[0].logprobs.content
+        assert chat.decode(engine.outputs[0][: len(kept)]).startswith("The answer is")
+        assert len(kept) < len(engine.outputs[0]) and all(t.logprob == -0.5 for t in kept)
+        assert "".join(t.token for t in kept).startswith("The answer is")
+        r = await sdk.chat.completions.create(model="m", messages=q, stop="nowhere")
+        assert r.choices[0].message.content == "The answer is 5." and r.choices[0].logprobs is None
+        r = await sdk.chat.completions.create(model="m", messages=q, tools=TOOLS)
+        assert len(r.choices[0].message.tool_calls) == 2
+        r = await sdk.chat.completions.create(model="m", messages=q, tools=TOOLS, parallel_tool_calls=False)
+        assert len(r.choices[0].message.tool_calls) == 1
+        await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": 0.0})
+        traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
+    cut = traj["rows"][0]
+    assert cut["completion_ids"] == engine.outputs[0][: len(kept)], "a prefix of what was sampled"
+
+
 async def test_rewritten_history_starts_a_new_row(chat: ChatFormat) -> None:
     service, engine = _service(chat, [CALL, "The answer is 5.", "The answer is 5."])
     async with _http(service) as http:
@@ -131,13 +230,18 @@ async def test_keys_and_bad_input(chat: ChatFormat) -> None:
         assert (await http.post("/v1/chat/completions", json=body, headers={"Authorization": ""})).status_code == 401
         own = {"Authorization": f"Bearer {ep['api_key']}"}
         assert (await http.post("/v1/episodes", headers=own)).status_code == 403  # an episode key cannot create
-        for bad, words in (({**body, "stream": True}, "stream"), ({**body, "n": 2}, "n must be 1"),
-                           ({**body, "tool_choice": "required"}, "tool_choice"),
-                           ({**body, "messages": [{"role": "robot", "content": "x"}]}, "role"),
-                           ({**body, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text parts"),
-                           ({**body, "tools": [{"type": "function"}]}, "tools[0]")):
+        for bad, words, param in (({**body, "top_logprobs": 2}, "top_logprobs", "top_logprobs"),
+                                  ({**body, "stop": list("abcde")}, "at most 4", "stop"),
+                                  ({**body, "tool_choice": "required"}, "tool_choice", "tool_choice"),
+                                  ({**body, "messages": [{"role": "robot", "content": "x"}]}, "role", None),
+                                  ({**body, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                                   "text parts", "messages"),
+                                  ({**body, "tools": [{"type": "function"}]}, "tools[0]", "tools")):
             r = await http.post("/v1/chat/completions", json=bad, headers=own)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+            assert r.json()["error"]["param"] == param, r.text
+        r = await http.post("/v1/chat/completions", json={**body, "n": 17}, headers=own)
+        assert r.status_code == 422 and "n:" in r.json()["error"]["message"], r.text
         r = await http.post("/v1/chat/completions", content=b"{not json", headers={**own, "content-type": "application/json"})
         assert r.status_code == 422 and "not valid JSON" in r.json()["error"]["message"]
         assert (await http.post("/v1/chat/completions", json={"model": "m", "messages": []}, headers=own)).status_code == 422
