@@ -13,7 +13,8 @@ shapes), scaled from the mix's 32k context to the model's, is trained by two rea
 Both trainers start from the same weights, so their first step's loss must agree (``loss_rel_diff``).
 The rank balance is measured by timing each rank's share of the batch alone, on a one-rank packed
 trainer (inside a FSDP step a rank's waiting is hidden in the collectives): ``rank_imbalance`` is the
-slowest share's time over the mean after balancing, ``rank_imbalance_unbalanced`` with today's dealing.
+slowest share's time over the mean after balancing, ``rank_imbalance_unbalanced`` with today's dealing;
+``rank_cost_imbalance(_unbalanced)`` give the same by the balancer's cost model (no timing noise).
 The model is a random Qwen2 whose window holds the mix (``--context``), the budget that window, so several
 trajectories share a row. Prints one JSON object as its last line.
 """
@@ -82,15 +83,19 @@ def padding_frac(lengths: list[int], world: int, budget: int) -> float:
     return 1.0 - real / max(padded, 1)
 
 
-def shares(lengths: list[int], ranks: int, model_dir: Path) -> dict[str, list[list[int]]]:
-    """Each rank's sample indices, balanced by cost and strided."""
+def shares(lengths: list[int], ranks: int, model_dir: Path) -> tuple[dict[str, list[list[int]]], dict[str, float]]:
+    """Each rank's sample indices, balanced by cost and strided, and each dealing's imbalance by the cost
+    model (the most loaded rank's cost over the mean)."""
     from transformers import AutoConfig
 
     from agentrl.trainer.packing import attention_len, balance, sequence_cost, strided
 
     alen = attention_len(AutoConfig.from_pretrained(str(model_dir)))
-    return {"balanced": balance([sequence_cost(n, alen) for n in lengths], ranks),
-            "strided": strided(len(lengths), ranks)}
+    costs = [sequence_cost(n, alen) for n in lengths]
+    parts = {"balanced": balance(costs, ranks), "strided": strided(len(lengths), ranks)}
+    modelled = {name: _imbalance([sum(costs[i] for i in share) for share in ranks_])
+                for name, ranks_ in parts.items()}
+    return parts, modelled
 
 
 async def _time_steps(trainers: dict[str, Any], batch: list[Any],
@@ -110,18 +115,18 @@ async def _time_steps(trainers: dict[str, Any], batch: list[Any],
 
 
 async def _time_shares(tp: Any, batch: list[Any], parts: dict[str, list[list[int]]], reps: int) -> dict[str, list[float]]:
-    """The median time of training each rank's share alone, for each dealing, after a warm-up on the
-    largest share (so no share pays for the allocator's first growth)."""
-    out: dict[str, list[float]] = {}
+    """The median time of training each rank's share alone, for each dealing: after two warm-up steps on the
+    largest share (so no share pays for the allocator's first growth), ``reps`` rounds that each time every
+    share once, in turn (so a slow spell of the machine falls on all of them)."""
     largest = max((share for ranks in parts.values() for share in ranks),
                   key=lambda share: sum(len(batch[i].input_ids) for i in share))
-    await tp.train([batch[i] for i in largest], policy_version=0)
-    for name, ranks in parts.items():
-        out[name] = []
-        for share in ranks:
-            ts = [float((await tp.train([batch[i] for i in share], policy_version=0))["time_s"]) for _ in range(reps)]
-            out[name].append(statistics.median(ts))
-    return out
+    for _ in range(2):
+        await tp.train([batch[i] for i in largest], policy_version=0)
+    times: dict[tuple[str, int], list[float]] = {(name, r): [] for name, ranks in parts.items() for r in range(len(ranks))}
+    for _ in range(reps):
+        for (name, r), ts in times.items():
+            ts.append(float((await tp.train([batch[i] for i in parts[name][r]], policy_version=0))["time_s"]))
+    return {name: [statistics.median(times[(name, r)]) for r in range(len(ranks))] for name, ranks in parts.items()}
 
 
 def _imbalance(times: list[float]) -> float:
@@ -146,7 +151,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     configs = {"padded": TrainerConfig(**base, packing=False, balance_ranks=False),
                "packed": TrainerConfig(**base, packing=True, balance_ranks=True)}
     ranks = args.ranks or max(args.nproc, 2)
-    parts = shares(lengths, ranks, model_dir)
+    parts, modelled = shares(lengths, ranks, model_dir)
 
     async def run() -> tuple[dict[str, list[float]], dict[str, dict[str, float]], dict[str, list[float]], str]:
         tps = {k: TrainerProcess(c, work / k, nproc=args.nproc, env=env) for k, c in configs.items()}
@@ -188,6 +193,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "rank_share_s": {k: [round(t, 3) for t in v] for k, v in share_times.items()},
         "rank_imbalance": round(_imbalance(share_times["balanced"]), 3),
         "rank_imbalance_unbalanced": round(_imbalance(share_times["strided"]), 3),
+        "rank_cost_imbalance": round(modelled["balanced"], 4),
+        "rank_cost_imbalance_unbalanced": round(modelled["strided"], 4),
     }
 
 
@@ -204,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=0, help="micro_batch_tokens (default: the context)")
     parser.add_argument("--samples", type=int, default=64, help="trajectories in the batch")
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of each trainer, in turn")
-    parser.add_argument("--share-reps", type=int, default=2, help="timings of each rank's share (median)")
+    parser.add_argument("--share-reps", type=int, default=3, help="timings of each rank's share (median)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--gradient-checkpointing", action="store_true")

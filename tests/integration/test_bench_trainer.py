@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def test_bench_trainer_reports_padded_and_packed_side_by_side() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "bench", "trainer", "--mix", "math", "--size", "tiny",
-         "--context", "512", "--samples", "12", "--rounds", "1", "--json"],
+         "--context", "512", "--samples", "12", "--rounds", "1", "--share-reps", "1", "--json"],
         capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -29,3 +29,4 @@ def test_bench_trainer_reports_padded_and_packed_side_by_side() -> None:
     assert [len(v) for v in res["rank_share_s"].values()] == [2, 2]
     assert res["loss_rel_diff"] < 1e-4, res["first_step"]
     assert res["rank_imbalance"] >= 1.0 and res["rank_imbalance_unbalanced"] >= 1.0
+    assert res["rank_cost_imbalance"] >= 1.0 and res["rank_cost_imbalance_unbalanced"] >= 1.0
