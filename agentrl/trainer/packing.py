@@ -15,12 +15,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from agentrl.errors import ConfigError
 from agentrl.trainer.batch import collate
 from agentrl.types import TrainSample
 
 
-class TooLongForBudget(ValueError):
-    """A sample is longer than one micro-batch's token budget."""
+class TooLongForBudget(ConfigError, ValueError):
+    """A sample is longer than one micro-batch's token budget (``trainer.micro_batch_tokens``)."""
+
+    code = "config.too_long_for_budget"
 
 
 def too_long_message(length: int, budget: int) -> str:
