@@ -69,17 +69,12 @@ def padding_frac(lengths: list[int], world: int, budget: int) -> float:
     from agentrl.trainer.batch import micro_batches
     from agentrl.trainer.packing import strided
 
-    class _L:
-        def __init__(self, n: int) -> None:
-            self.input_ids = range(n)
-
     real = padded = 0
     for share in strided(len(lengths), world):
-        items = [_L(lengths[i]) for i in share]
-        for g in micro_batches(items, budget):  # type: ignore[arg-type]
-            longest = max(len(items[i].input_ids) for i in g)
-            padded += longest * len(g)
-            real += sum(len(items[i].input_ids) for i in g)
+        mine = [lengths[i] for i in share]
+        for g in micro_batches(mine, budget):
+            padded += max(mine[i] for i in g) * len(g)
+            real += sum(mine[i] for i in g)
     return 1.0 - real / max(padded, 1)
 
 

@@ -271,6 +271,12 @@ class RunConfig(BaseModel):
         return self.adapter_name if self.serves_adapter else self.inference.served_model_name
 
     @property
+    def context_tokens(self) -> int:
+        """The longest episode the run can hold: ``sampling.max_context_tokens``, capped by the engines'
+        ``inference.max_model_len``."""
+        return min(self.sampling.max_context_tokens, self.inference.max_model_len)
+
+    @property
     def serves_adapter(self) -> bool:
         """The engines serve the trained policy as a LoRA adapter (a LoRA run whose adapter is not merged)."""
         return self.trainer.lora and self.pipeline.lora_sync != "merged"
@@ -304,13 +310,13 @@ class RunConfig(BaseModel):
             cfg.inference.enable_lora = False
         if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
-        cfg.sampling.max_context_tokens = min(cfg.sampling.max_context_tokens, cfg.inference.max_model_len)
+        cfg.sampling.max_context_tokens = cfg.context_tokens
         return cfg
 
     def training_problems(self) -> list[str]:
         """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
         out = self.sampling.training_problems()
-        context = min(self.sampling.max_context_tokens, self.inference.max_model_len)
+        context = self.context_tokens
         if context > self.trainer.micro_batch_tokens:
             out.append(f"sampling.max_context_tokens = {context} is more than trainer.micro_batch_tokens = "
                        f"{self.trainer.micro_batch_tokens}: an episode of that length would not fit one "

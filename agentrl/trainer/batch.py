@@ -55,20 +55,21 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     return out
 
 
-def micro_batches(samples: Sequence[TrainSample], max_tokens: int) -> list[list[int]]:
-    """Group sample indices so each padded micro-batch (``len * max length``) fits ``max_tokens``.
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group the indices of samples of these lengths so each padded micro-batch (``len * max length``) fits
+    ``max_tokens``.
 
     Samples are taken longest first, which keeps padding low; a sample longer than the budget gets a
     micro-batch of its own. Deterministic for a given input.
     """
     if max_tokens < 1:
         raise ValueError("max_tokens must be positive")
-    order = sorted(range(len(samples)), key=lambda i: (-len(samples[i].input_ids), i))
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     current: list[int] = []
     current_max = 0
     for i in order:
-        n = len(samples[i].input_ids)
+        n = lengths[i]
         new_max = max(current_max, n)
         if current and new_max * (len(current) + 1) > max_tokens:
             groups.append(current)

@@ -104,9 +104,9 @@ def strided(n: int, world: int) -> list[list[int]]:
 def collate_packed(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     """:func:`collate`'s padded loss-side tensors (whose ``input_ids_B_T`` and ``attention_mask_B_T`` keep
     describing each sample) plus the packed row: ``input_ids_1_P``, ``position_ids_1_P`` (restarting at 0
-    per sample), ``temperatures_P`` (each position's sample's temperature), ``starts_S`` (each sample's first
-    position in the row), ``cu_seq_lens_S1`` (int32: the starts and the row's length, as flash-attention's
-    varlen kernels take them) and ``unpack_B_T`` (the row position of every padded position; 0 at padding). With
+    per sample), ``temperatures_P`` (each position's sample's temperature), ``cu_seq_lens_S1`` (int32: each
+    sample's first position in the row, then the row's length, as flash-attention's varlen kernels take
+    them) and ``unpack_B_T`` (the row position of every padded position; 0 at padding). With
     MoE routing, ``routing_1_P_L_K`` replaces ``routing_B_T_L_K``."""
     out = collate(samples, pad_id)
     lengths = [len(s.input_ids) for s in samples]
@@ -117,7 +117,6 @@ def collate_packed(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Ten
     out["position_ids_1_P"] = torch.cat([torch.arange(n) for n in lengths])[None]
     out["temperatures_P"] = torch.cat(
         [torch.full((n,), float(s.temperature), dtype=torch.float32) for s, n in zip(samples, lengths, strict=True)])
-    out["starts_S"] = torch.tensor(starts, dtype=torch.long)
     out["cu_seq_lens_S1"] = torch.tensor([*starts, sum(lengths)], dtype=torch.int32)
     T = out["input_ids_B_T"].shape[1]
     unpack = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(T)[None]

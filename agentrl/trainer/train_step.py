@@ -99,11 +99,10 @@ class TrainStep:
 
     def _groups(self, local: Sequence[TrainSample]) -> list[list[int]]:
         """``local`` grouped into micro-batches under the token budget: packed rows, or padded batches."""
-        if not local:
-            return []
+        lengths = [len(s.input_ids) for s in local]
         if self.cfg.packing:
-            return pack([len(s.input_ids) for s in local], self.cfg.micro_batch_tokens)
-        return micro_batches(local, self.cfg.micro_batch_tokens)
+            return pack(lengths, self.cfg.micro_batch_tokens)
+        return micro_batches(lengths, self.cfg.micro_batch_tokens)
 
     def _plan(self, local: list[TrainSample]) -> Plan:
         """This rank's micro-batches, padded with ``None`` (dummy) to the largest count of any rank."""
@@ -135,7 +134,7 @@ class TrainStep:
         if not packed:
             return token_logprobs(out.logits, batch["input_ids_B_T"], batch["temperatures_B"])
         logp_P = packed_token_logprobs(out.logits[0], batch["input_ids_1_P"][0], batch["temperatures_P"],
-                                       batch["starts_S"])
+                                       batch["cu_seq_lens_S1"][:-1])
         return logp_P[batch["unpack_B_T"]] * batch["attention_mask_B_T"]
 
     @torch.no_grad()

@@ -88,7 +88,7 @@ def test_collate_packed_lays_samples_end_to_end_and_maps_back() -> None:
     b = collate_packed(samples, pad_id=0)
     assert b["input_ids_1_P"].shape == (1, 12)
     assert b["position_ids_1_P"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]
-    assert b["starts_S"].tolist() == [0, 5, 8]
+    assert b["cu_seq_lens_S1"].tolist() == [0, 5, 8, 12]
     assert b["temperatures_P"].tolist() == [1.0] * 5 + [0.5] * 3 + [1.0] * 4
     # every real padded position reads its own token back from the row
     gathered = b["input_ids_1_P"][0][b["unpack_B_T"]] * b["attention_mask_B_T"]
@@ -108,7 +108,8 @@ def test_packed_logprobs_are_each_samples_own() -> None:
     logits_B_T_V = torch.randn((3, 7, 300), generator=gen)
     ref_B_T = token_logprobs(logits_B_T_V, b["input_ids_B_T"], b["temperatures_B"])
     logits_P_V = torch.cat([logits_B_T_V[i, :n] for i, n in enumerate([7, 2, 5])])
-    got_P = packed_token_logprobs(logits_P_V, b["input_ids_1_P"][0], b["temperatures_P"], b["starts_S"], chunk=4)
+    got_P = packed_token_logprobs(logits_P_V, b["input_ids_1_P"][0], b["temperatures_P"],
+                                  b["cu_seq_lens_S1"][:-1], chunk=4)
     got_B_T = got_P[b["unpack_B_T"]] * b["attention_mask_B_T"]
     torch.testing.assert_close(got_B_T, ref_B_T * b["attention_mask_B_T"], rtol=0, atol=1e-6)
     assert got_P[[0, 7, 9]].tolist() == [0.0, 0.0, 0.0]
