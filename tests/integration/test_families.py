@@ -73,8 +73,10 @@ def family_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     family = FAMILIES[request.param]
     model_dir: Path = build_family_model(family, tmp_path_factory.mktemp(request.param.replace(".", "_")))
     chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), family.tool_parser, model_dir=model_dir)
+    # eager: this checks chat templates and tool parsers on the engine, not compiled kernels, and a compile costs
+    # each family's engine about 20 s of start-up
     cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=1024, enable_lora=False,
-                           worker_extension=None, startup_timeout_s=300)
+                           worker_extension=None, startup_timeout_s=300, extra_args=["--enforce-eager"])
     server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
     server.start()
     try:

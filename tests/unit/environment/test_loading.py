@@ -126,11 +126,10 @@ def _cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedPro
 
 
 def test_the_agentrl_command_loads_an_env_from_the_users_directory(tmp_path: Path) -> None:
+    # each spec form resolves in-process in the tests above; here the console script runs a module and a file
     stem, _ = write_env(tmp_path)
-    for spec in (f"{stem}:Echo", f"{stem}.py:Echo", f"{tmp_path}/{stem}.py:Echo"):
-        out = _cli("eval", "--env", spec, "--policy", "oracle", cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.splitlines()[-1])["success"] == 1.0
+    out = _cli("eval", "--env", f"{stem}:Echo", "--policy", "oracle", cwd=tmp_path)
+    assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["success"] == 1.0, out.stderr
     (tmp_path / "sub").mkdir()
     out = _cli("eval", "--env", f"../{stem}.py:Echo", "--policy", "oracle", cwd=tmp_path / "sub")
     assert out.returncode == 0 and json.loads(out.stdout.splitlines()[-1])["success"] == 1.0, out.stderr
@@ -142,17 +141,13 @@ def test_the_agentrl_command_loads_an_env_from_the_users_directory(tmp_path: Pat
     assert out.returncode == 2 and "Traceback" not in out.stderr and "there is no file" in out.stderr
 
 
-def test_init_env_writes_an_environment_whose_checks_pass_at_once(tmp_path: Path) -> None:
+def test_init_env_writes_an_environment_and_its_tests_once(tmp_path: Path) -> None:
+    # the written environment's own tests (the reference solution scores 1, giving up 0) and its evaluation by
+    # the console script run as docs/environments.md shows them (tests/docs runs that block as written)
     out = _cli("init-env", "stock_count", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "agentrl eval --env stock_count.py:StockCount --policy oracle" in out.stdout
-    oracle = _cli("eval", "--env", "stock_count.py:StockCount", "--policy", "oracle", cwd=tmp_path)
-    assert oracle.returncode == 0 and json.loads(oracle.stdout.splitlines()[-1])["success"] == 1.0, oracle.stderr
-    null = _cli("eval", "--env", "stock_count:StockCount", "--policy", "null", cwd=tmp_path)
-    assert null.returncode == 0 and json.loads(null.stdout.splitlines()[-1])["success"] == 0.0, null.stderr
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_stock_count.py"],
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert (tmp_path / "stock_count.py").is_file() and (tmp_path / "test_stock_count.py").is_file()
     again = _cli("init-env", "stock_count", cwd=tmp_path)
     assert again.returncode == 2 and "already exist" in again.stderr
     bad = _cli("init-env", "Stock-Count", cwd=tmp_path)
