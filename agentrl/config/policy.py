@@ -39,6 +39,9 @@ class PolicyConfig(BaseModel):
     temperature: float | None = Field(None, ge=0.0)
     """Sample at this temperature whatever the request says (training sets the run's); None: the request's
     (default 1)."""
+    max_stored_responses: int = Field(10_000, ge=1, le=10_000_000)
+    """Responses API answers kept for ``previous_response_id`` (the oldest are forgotten first; a chain costs
+    each answer's own messages once)."""
     generate_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one call's generation (queueing and weight-update pauses included)."""
 

@@ -29,8 +29,9 @@ from agentrl.http.errors import ApiError, install_error_handlers
 from agentrl.http.limits import BodyLimit
 from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.messages import ChatRequest
+from agentrl.policy.responses import ResponsesRequest
 from agentrl.policy.service import PolicyService
-from agentrl.policy.stream import sse_events
+from agentrl.policy.stream import response_events, sse_events
 
 EpisodeId = Annotated[str, Path(min_length=1, max_length=64, description="Episode id from POST /v1/episodes.")]
 
@@ -131,6 +132,15 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
             return completion
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(sse_events(completion, usage), media_type="text/event-stream")
+
+    @app.post("/v1/responses", tags=["openai"], response_model=None)
+    async def responses(body: ResponsesRequest, who: Caller = Depends(caller)) -> dict[str, Any] | StreamingResponse:
+        """An OpenAI Responses API call (the subset agent frameworks use; streamed as events with
+        ``stream=true``); recorded in the caller's episode as the same conversation in chat form."""
+        response = await service.respond(body, who.episode)
+        if not body.stream:
+            return response
+        return StreamingResponse(response_events(response), media_type="text/event-stream")
 
     @app.post("/v1/episodes", status_code=201, tags=["episodes"])
     async def create_episode(request: Request, body: CreateEpisode | None = None,

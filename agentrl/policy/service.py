@@ -21,6 +21,7 @@ from agentrl.inference.client import Generation
 from agentrl.inference.wire import ContextLengthError, InferenceError
 from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.policy.messages import ChatRequest, check_request, normalize_all, tools_key
+from agentrl.policy.responses import ResponsesRequest, ResponseStore, response_object, to_chat
 from agentrl.policy.rows import Row, commit, fork, plan_call
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.generator import Generator
@@ -41,6 +42,7 @@ class PolicyService:
         """The engine model to sample from (the run's adapter name; None: the client's default)."""
         self.policy_version = policy_version
         self.book = EpisodeBook(config.episode_ttl_s, config.max_open_episodes, config.max_kept_episodes)
+        self.responses = ResponseStore(config.max_stored_responses)
         self.calls = 0
 
     def temperature(self, req: ChatRequest) -> float:
@@ -70,6 +72,18 @@ class PolicyService:
                 raise
             finally:
                 episode.last_seen = time.monotonic()
+
+    async def respond(self, req: ResponsesRequest, episode: PolicyEpisode | None) -> dict[str, Any]:
+        """Answer one Responses API request as a ``response`` object, through :meth:`complete` (so it is
+        recorded as the same conversation sent as a chat completion); keep it for ``previous_response_id``."""
+        owner = episode.id if episode is not None else ""
+        history = self.responses.conversation(owner, req.previous_response_id) if req.previous_response_id else []
+        chat, added = to_chat(req, history)
+        completion = await self.complete(chat, episode)
+        response = response_object(req, completion, f"resp_{uuid.uuid4().hex}")
+        self.responses.put(owner, response["id"], req.previous_response_id,
+                           [*added, completion["choices"][0]["message"]])
+        return response
 
     async def _call(self, rows: list[Row], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     req: ChatRequest, episode: PolicyEpisode | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A chat completion as OpenAI's server-sent events (``stream=true``).
+"""A chat completion, or a Responses API response, as OpenAI's server-sent events (``stream=true``).
 
 The endpoint samples a turn whole (it must see every id to record the row), then sends it as the chunks a
 streaming client expects: the role, the content, each tool call (id, name and arguments), the finish reason,
@@ -38,3 +38,38 @@ def sse_events(completion: dict[str, Any], include_usage: bool = False) -> Itera
     if include_usage:
         yield _chunk(completion, [], usage=completion["usage"])
     yield "data: [DONE]\n\n"
+
+
+def _event(kind: str, seq: int, **body: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': seq, **body})}\n\n"
+
+
+def response_events(response: dict[str, Any]) -> Iterator[str]:
+    """The events of a Responses API ``response`` (``stream=true``): created, each output item added with its
+    text or arguments as one delta and done, then completed (or incomplete)."""
+    seq = iter(range(1 << 30))
+    opening = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+    yield _event("response.created", next(seq), response=opening)
+    yield _event("response.in_progress", next(seq), response=opening)
+    for k, item in enumerate(response["output"]):
+        head = {"output_index": k, "item_id": item["id"]}
+        if item["type"] == "message":
+            yield _event("response.output_item.added", next(seq), output_index=k,
+                         item={**item, "status": "in_progress", "content": []})
+            for c, part in enumerate(item["content"]):
+                empty = {**part, "text": ""}
+                yield _event("response.content_part.added", next(seq), **head, content_index=c, part=empty)
+                yield _event("response.output_text.delta", next(seq), **head, content_index=c, delta=part["text"],
+                             logprobs=[])
+                yield _event("response.output_text.done", next(seq), **head, content_index=c, text=part["text"],
+                             logprobs=[])
+                yield _event("response.content_part.done", next(seq), **head, content_index=c, part=part)
+        else:
+            yield _event("response.output_item.added", next(seq), output_index=k,
+                         item={**item, "status": "in_progress", "arguments": ""})
+            yield _event("response.function_call_arguments.delta", next(seq), **head, delta=item["arguments"])
+            yield _event("response.function_call_arguments.done", next(seq), **head, name=item["name"],
+                         arguments=item["arguments"])
+        yield _event("response.output_item.done", next(seq), output_index=k, item=item)
+    done = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    yield _event(done, next(seq), response=response)

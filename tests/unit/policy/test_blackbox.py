@@ -18,7 +18,7 @@ from agentrl.policy.run import serving
 from agentrl.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
 from agentrl.types import StopReason
-from tests.unit.policy.test_service import Scripted
+from tests.unit.policy.scripted import Scripted
 
 TASK = {"id": "t1", "question": "What is 6 * 7?", "answer": 42}
 CALL_ONCE = """

@@ -7,76 +7,31 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
-import openai
 import pytest
 
-from agentrl.config.policy import PolicyConfig
-from agentrl.inference.client import Generation
-from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.policy.app import create_app
-from agentrl.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
-
-TOKEN = "t" * 32
-TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate.",
-                                            "parameters": {"type": "object",
-                                                           "properties": {"expression": {"type": "string"}}}}}]
-CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+from tests.unit.policy.scripted import (
+    CALL,
+    TOOLS,
+    http_of,
+    new_episode,
+    scripted_chat,
+    sdk_of,
+    service_of,
+)
 
 
 @pytest.fixture(scope="module")
 def chat() -> ChatFormat:
-    return ChatFormat(train_tokenizer([CALL, "The answer is 5.", "What is 2 + 3?"] * 20, vocab_size=400))
-
-
-class Scripted:
-    """Answers each call with the next text (plus the end-of-turn id) and records what it was sent."""
-
-    def __init__(self, chat: ChatFormat, texts: list[str], delay: float = 0.0) -> None:
-        self.chat, self.texts, self.delay = chat, list(texts), delay
-        self.prompts: list[list[int]] = []
-        self.outputs: list[list[int]] = []
-        self.kwargs: list[dict[str, Any]] = []
-
-    async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
-        self.prompts.append(list(prompt_ids))
-        self.kwargs.append(kw)
-        await asyncio.sleep(self.delay)
-        ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
-        self.outputs.append(ids)
-        return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], None, "scripted")
-
-
-def _service(chat: ChatFormat, texts: list[str], **cfg: Any) -> tuple[PolicyService, Scripted]:
-    engine = Scripted(chat, texts, delay=cfg.pop("delay", 0.0))
-    return PolicyService(PolicyConfig(token=TOKEN, **cfg), engine, chat), engine
-
-
-def _http(service: PolicyService, key: str = TOKEN) -> httpx.AsyncClient:
-    app = create_app(service, TOKEN, public_url="http://policy")
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://policy",
-                             headers={"Authorization": f"Bearer {key}"})
-
-
-async def _episode(http: httpx.AsyncClient) -> dict[str, Any]:
-    r = await http.post("/v1/episodes", json={"task_id": "t1"})
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def _sdk(service: PolicyService, ep: dict[str, Any]) -> openai.AsyncOpenAI:
-    app = create_app(service, TOKEN, public_url="http://policy")
-    return openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
-                              http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+    return scripted_chat()
 
 
 async def test_sdk_tool_loop_is_one_token_faithful_row(chat: ChatFormat) -> None:
-    service, engine = _service(chat, [CALL, "The answer is 5."])
-    async with _http(service) as http:
-        ep = await _episode(http)
+    service, engine = service_of(chat, [CALL, "The answer is 5."])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
         assert ep["base_url"] == "http://policy/v1" and ep["api_key"].startswith("ep-")
-        sdk = _sdk(service, ep)
+        sdk = sdk_of(service, ep)
         messages: list[Any] = [{"role": "system", "content": "Use the tool."}, {"role": "user", "content": "What is 2 + 3?"}]
         r = await sdk.chat.completions.create(model="any", messages=messages, tools=TOOLS, temperature=1.0)
         choice = r.choices[0]
@@ -103,10 +58,10 @@ async def test_sdk_tool_loop_is_one_token_faithful_row(chat: ChatFormat) -> None
 
 async def _tool_episode(chat: ChatFormat, stream: bool) -> tuple[dict[str, Any], list[Any]]:
     """The tool loop of the test above, streamed or not: the trajectory and the messages the agent built."""
-    service, _ = _service(chat, [CALL, "The answer is 5."])
-    async with _http(service) as http:
-        ep = await _episode(http)
-        sdk = _sdk(service, ep)
+    service, _ = service_of(chat, [CALL, "The answer is 5."])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
         messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
         for _ in range(2):
             if not stream:
@@ -150,10 +105,10 @@ async def test_a_streamed_episode_records_the_rows_of_an_unstreamed_one(chat: Ch
 
 
 async def test_n_choices_are_rows_of_their_own_and_the_agent_continues_one(chat: ChatFormat) -> None:
-    service, engine = _service(chat, ["The answer is 4.", CALL, "The answer is 5."])
-    async with _http(service) as http:
-        ep = await _episode(http)
-        sdk = _sdk(service, ep)
+    service, engine = service_of(chat, ["The answer is 4.", CALL, "The answer is 5."])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
         messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
         r = await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, n=2, seed=7)
         assert [c.index for c in r.choices] == [0, 1] and r.choices[1].finish_reason == "tool_calls"
@@ -175,10 +130,10 @@ async def test_n_choices_are_rows_of_their_own_and_the_agent_continues_one(chat:
 
 async def test_stop_sequences_logprobs_and_one_tool_call(chat: ChatFormat) -> None:
     two_calls = CALL + "\n" + CALL.replace("2 + 3", "4 * 5")
-    service, engine = _service(chat, ["The answer is 5.", "The answer is 5.", two_calls, two_calls])
-    async with _http(service) as http:
-        ep = await _episode(http)
-        sdk = _sdk(service, ep)
+    service, engine = service_of(chat, ["The answer is 5.", "The answer is 5.", two_calls, two_calls])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
         q = [{"role": "user", "content": "What is 2 + 3?"}]
         r = await sdk.chat.completions.create(model="m", messages=q, stop=["is"], logprobs=True)
         assert r.choices[0].message.content == "The answer" and r.choices[0].finish_reason == "stop"
@@ -199,10 +154,10 @@ async def test_stop_sequences_logprobs_and_one_tool_call(chat: ChatFormat) -> No
 
 
 async def test_rewritten_history_starts_a_new_row(chat: ChatFormat) -> None:
-    service, engine = _service(chat, [CALL, "The answer is 5.", "The answer is 5."])
-    async with _http(service) as http:
-        ep = await _episode(http)
-        sdk = _sdk(service, ep)
+    service, engine = service_of(chat, [CALL, "The answer is 5.", "The answer is 5."])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
         messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
         r = await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS)
         messages += [r.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id,
@@ -220,9 +175,9 @@ async def test_rewritten_history_starts_a_new_row(chat: ChatFormat) -> None:
 
 
 async def test_keys_and_bad_input(chat: ChatFormat) -> None:
-    service, _ = _service(chat, ["The answer is 5."] * 3)
-    async with _http(service) as http:
-        ep = await _episode(http)
+    service, _ = service_of(chat, ["The answer is 5."] * 3)
+    async with http_of(service) as http:
+        ep = await new_episode(http)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         for key, status in (("nope", 401), (ep["api_key"] + "x", 401)):
             r = await http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
@@ -258,9 +213,9 @@ async def test_keys_and_bad_input(chat: ChatFormat) -> None:
 
 
 async def test_ttl_closes_a_silent_episode_as_failed(chat: ChatFormat) -> None:
-    service, _ = _service(chat, ["x"], episode_ttl_s=0.2)
-    async with _http(service) as http:
-        ep = await _episode(http)
+    service, _ = service_of(chat, ["x"], episode_ttl_s=0.2)
+    async with http_of(service) as http:
+        ep = await new_episode(http)
         await asyncio.sleep(0.3)
         r = await http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
                             headers={"Authorization": f"Bearer {ep['api_key']}"})
@@ -270,9 +225,9 @@ async def test_ttl_closes_a_silent_episode_as_failed(chat: ChatFormat) -> None:
 
 
 async def test_a_disconnected_call_is_still_recorded_in_order(chat: ChatFormat) -> None:
-    service, engine = _service(chat, ["The answer is 5.", "Again 5."], delay=0.3)
-    async with _http(service) as http:
-        ep = await _episode(http)
+    service, engine = service_of(chat, ["The answer is 5.", "Again 5."], delay=0.3)
+    async with http_of(service) as http:
+        ep = await new_episode(http)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         own = {"Authorization": f"Bearer {ep['api_key']}"}
         gone = asyncio.ensure_future(http.post("/v1/chat/completions", json=body, headers=own))

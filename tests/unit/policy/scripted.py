@@ -1,0 +1,71 @@
+"""A scripted engine behind the policy endpoint, and clients of it (HTTP and the openai SDK), for unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+
+from agentrl.config.policy import PolicyConfig
+from agentrl.inference.client import Generation
+from agentrl.modelgen.tokenizer import train_tokenizer
+from agentrl.policy.app import create_app
+from agentrl.policy.service import PolicyService
+from agentrl.rollout.chat import ChatFormat
+
+TOKEN = "t" * 32
+TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate.",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"expression": {"type": "string"}}}}}]
+CALL = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+
+
+def scripted_chat() -> ChatFormat:
+    return ChatFormat(train_tokenizer([CALL, "The answer is 5.", "What is 2 + 3?"] * 20, vocab_size=400))
+
+
+class Scripted:
+    """Answers each call with the next text (plus the end-of-turn id) and records what it was sent."""
+
+    def __init__(self, chat: ChatFormat, texts: list[str], delay: float = 0.0) -> None:
+        self.chat, self.texts, self.delay = chat, list(texts), delay
+        self.prompts: list[list[int]] = []
+        self.outputs: list[list[int]] = []
+        self.kwargs: list[dict[str, Any]] = []
+
+    async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        self.kwargs.append(kw)
+        await asyncio.sleep(self.delay)
+        ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
+        self.outputs.append(ids)
+        return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], None, "scripted")
+
+
+def service_of(chat: ChatFormat, texts: list[str], **cfg: Any) -> tuple[PolicyService, Scripted]:
+    engine = Scripted(chat, texts, delay=cfg.pop("delay", 0.0))
+    return PolicyService(PolicyConfig(token=TOKEN, **cfg), engine, chat), engine
+
+
+def http_of(service: PolicyService, key: str = TOKEN) -> httpx.AsyncClient:
+    app = create_app(service, TOKEN, public_url="http://policy")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://policy",
+                             headers={"Authorization": f"Bearer {key}"})
+
+
+async def new_episode(http: httpx.AsyncClient) -> dict[str, Any]:
+    r = await http.post("/v1/episodes", json={"task_id": "t1"})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def in_process(service: PolicyService) -> httpx.AsyncClient:
+    """An HTTP client whose requests go to the endpoint's app in this process (for any SDK that takes one)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service, TOKEN, public_url="http://policy")))
+
+
+def sdk_of(service: PolicyService, ep: dict[str, Any]) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
+                              http_client=in_process(service))
