@@ -28,7 +28,8 @@ WRAPPER = """
 import fcntl, json, os, runpy, sys, urllib.request
 
 agent, counters = sys.argv[1], sys.argv[2]
-sys.argv = [agent]
+sys.argv = [agent, *sys.argv[3:]]
+sys.path.insert(0, os.path.dirname(agent))  # as `python agent.py` would
 try:
     runpy.run_path(agent, run_name="__main__")
 except SystemExit:
@@ -78,3 +79,31 @@ async def test_train_an_unmodified_openai_agent_on_calc(vllm_server, tiny_model_
     assert all(r["num_trained"] >= 8 and r["reward_mean"] == pytest.approx(0.5) for r in train), train
     assert summary["steps"] == 2 and 0.0 <= summary["success_after"] <= 1.0
     assert (tmp_path / "blackbox" / "final_adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("program", [["agents_sdk_agent.py"], ["agents_sdk_agent.py", "--api", "chat_completions"],
+                                     ["langchain_agent.py"]], ids=["agents-responses", "agents-chat", "langchain"])
+async def test_one_train_step_of_an_unmodified_framework_agent(program: list[str], vllm_server, tiny_model_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """The OpenAI Agents SDK (its default Responses model, and its Chat Completions model) and a LangChain
+    tool-calling agent: their episodes become token-faithful rows that the trainer takes on-policy."""
+    pytest.importorskip("agents" if program[0].startswith("agents") else "langchain_openai",
+                        reason="the agent frameworks are not installed (pip install 'agentrl[dev]')")
+    wrapper, counters = tmp_path / "agent_with_reward.py", tmp_path / "counters"
+    wrapper.write_text(WRAPPER)
+    counters.mkdir()
+    script, *args = program
+    overrides = {
+        "env": "calc", "name": "framework", "output_dir": str(tmp_path), "model": str(tiny_model_dir),
+        "endpoints": [vllm_server.url], "steps": 1, "tasks_per_step": 2, "group_size": 2, "eval_size": 2,
+        "eval_every": 0, "checkpoint_every": 0, "engine_warmup": False,
+        "agent": {"command": [sys.executable, str(wrapper), str(AGENT.parent / script), str(counters), *args],
+                  "reward": "agent", "timeout_s": 120},
+    }
+    await TrainingRun(load_config(None, overrides), progress=False).run()
+    recs = read_jsonl(tmp_path / "framework" / "metrics.jsonl")
+    (train,) = [r for r in recs if r["kind"] == "train"]
+    assert all(e["num_failed"] == 0 for e in recs if e["kind"] == "eval"), recs
+    assert train["num_episodes"] >= 4 and train["num_failed"] == 0 and train["model_tokens"] > 0, train
+    assert train["num_trained"] >= 4 and train["reward_mean"] == pytest.approx(0.5), train
+    assert train["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02), "the rows are the engine's own tokens"
