@@ -14,7 +14,12 @@ class BatchStats:
     """What a batch of rollouts looked like (for metrics)."""
 
     num_episodes: int = 0
+    """Episodes: an agent program's episode counts once however many rows it recorded (see ``num_rows``)."""
+    num_rows: int = 0
+    """Token rows (trajectories): one per episode of agentrl's own loop; one or more per black-box episode
+    (an agent that rewrites its history, or ``n > 1`` choices, records several)."""
     num_failed: int = 0
+    """Failed episodes."""
     num_trained: int = 0
     num_zero_advantage: int = 0
     reward_mean: float = 0.0
@@ -44,14 +49,33 @@ def metric_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {f"metric_{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
 
 
+def episodes_of(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """The rows of each episode, in first-seen order (rows share their ``episode_id``; a row without one is an
+    episode of its own)."""
+    by_id: dict[str, list[Trajectory]] = {}
+    out: list[list[Trajectory]] = []
+    for t in trajs:
+        if not t.episode_id:
+            out.append([t])
+        elif t.episode_id in by_id:
+            by_id[t.episode_id].append(t)
+        else:
+            by_id[t.episode_id] = rows = [t]
+            out.append(rows)
+    return out
+
+
 def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
-    """Summary statistics of a list of episodes (success means reward >= 1)."""
-    n = max(len(trajs), 1)
+    """Summary statistics of a list of rows: rewards, success (reward >= 1), failures and turns per episode
+    (its rows share one reward), tokens per row."""
+    episodes = episodes_of(trajs)
+    n = max(len(episodes), 1)
     return BatchStats(
-        num_episodes=len(trajs),
-        num_failed=sum(t.failed for t in trajs),
-        reward_mean=sum(t.reward for t in trajs) / n,
-        success=sum(t.reward >= 1.0 for t in trajs) / n,
+        num_episodes=len(episodes),
+        num_rows=len(trajs),
+        num_failed=sum(any(t.failed for t in e) for e in episodes),
+        reward_mean=sum(e[0].reward for e in episodes) / n,
+        success=sum(e[0].reward >= 1.0 for e in episodes) / n,
         model_tokens=sum(t.num_model_tokens for t in trajs),
         total_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in trajs),
         turns_mean=sum(t.num_turns for t in trajs) / n,

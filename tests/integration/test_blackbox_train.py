@@ -65,10 +65,10 @@ async def test_train_an_unmodified_openai_agent_on_calc(vllm_server, tiny_model_
     train = [r for r in recs if r["kind"] == "train"]
     evals = [r for r in recs if r["kind"] == "eval"]
     assert [r["step"] for r in train] == [1, 2] and [r["version"] for r in train] == [1, 2]
-    assert len(evals) == 2 and all(e["num_failed"] == 0 and e["num_episodes"] >= 4 for e in evals), evals
+    assert len(evals) == 2 and all(e["num_failed"] == 0 and e["num_episodes"] == 4 for e in evals), evals
     for r in train:
         # every episode of the agent program became at least one row, none failed
-        assert r["num_episodes"] >= 8 and r["num_failed"] == 0, r
+        assert r["num_episodes"] == 8 and r["num_rows"] >= 8 and r["num_failed"] == 0, r
         assert r["model_tokens"] > 0 and r["turns_mean"] >= 1
         if r["num_trained"]:
             assert r["train_num_tokens"] > 0 and r["train_loss"] == r["train_loss"]
@@ -104,6 +104,7 @@ async def test_one_train_step_of_an_unmodified_framework_agent(program: list[str
     recs = read_jsonl(tmp_path / "framework" / "metrics.jsonl")
     (train,) = [r for r in recs if r["kind"] == "train"]
     assert all(e["num_failed"] == 0 for e in recs if e["kind"] == "eval"), recs
-    assert train["num_episodes"] >= 4 and train["num_failed"] == 0 and train["model_tokens"] > 0, train
+    assert train["num_episodes"] == 4 and train["num_rows"] >= 4 and train["num_failed"] == 0, train
+    assert train["model_tokens"] > 0, train
     assert train["num_trained"] >= 4 and train["reward_mean"] == pytest.approx(0.5), train
     assert train["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02), "the rows are the engine's own tokens"

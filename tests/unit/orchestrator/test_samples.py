@@ -43,7 +43,10 @@ def test_rows_of_one_episode_share_one_advantage() -> None:
 
     def row(ep: str, reward: float) -> Trajectory:
         return Trajectory(task_id="t", env="e", group_id="g", episode_id=ep, prompt_ids=[1], completion_ids=[2],
-                          loss_mask=[1], logprobs=[-0.1], versions=[0], reward=reward)
+                          loss_mask=[1], logprobs=[-0.1], versions=[0], reward=reward, num_turns=1)
 
-    samples, _ = to_samples([[row("a", 1.0), row("a", 1.0), row("a", 1.0), row("b", 0.0)]], normalize_std=False)
+    samples, stats = to_samples([[row("a", 1.0), row("a", 1.0), row("a", 1.0), row("b", 0.0)]], normalize_std=False)
     assert [s.advantage for s in samples] == [0.5, 0.5, 0.5, -0.5]  # rows as episodes would give 0.25 / -0.75
+    # the metrics count episodes and rows apart: success is per episode (rows would give 0.75)
+    assert (stats.num_episodes, stats.num_rows, stats.success, stats.reward_mean) == (2, 4, 0.5, 0.5)
+    assert stats.turns_mean == 2.0 and stats.num_trained == 4, "turns: the calls of each episode, over its rows"
