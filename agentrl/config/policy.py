@@ -71,3 +71,7 @@ class AgentConfig(BaseModel):
     episode recorded as failed."""
     max_running: int = Field(32, ge=1)
     """Agent programs running at once."""
+    memory_mb: int | None = Field(None, ge=16)
+    """Address-space limit of one agent program, in MiB (``RLIMIT_AS``, inherited by what it starts): past it
+    allocations fail, the program typically exits with a ``MemoryError``, and the episode is recorded as
+    failed. None: no limit."""

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import time
 import uuid
@@ -135,6 +136,10 @@ class BlackBoxRunner:
         except OSError as e:
             return StopReason.ENV_ERROR, f"the agent program could not start: {error_text(e)}"
         own_process(proc.pid)  # ends with the run, however the run ends
+        if self.agent.memory_mb is not None:
+            limit = self.agent.memory_mb << 20  # set at once: the interpreter is still starting
+            with contextlib.suppress(ProcessLookupError):  # it has already exited
+                resource.prlimit(proc.pid, resource.RLIMIT_AS, (limit, limit))
         try:
             _, err = await asyncio.wait_for(proc.communicate(data.encode()), timeout=self.agent.timeout_s)
         except asyncio.TimeoutError:

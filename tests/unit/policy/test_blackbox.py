@@ -72,6 +72,7 @@ async def test_the_program_can_post_its_reward(chat: ChatFormat, tmp_path: Path)
     ("import sys; sys.stderr.write('boom'); sys.exit(3)", {}, StopReason.ENV_ERROR, "status 3: boom"),
     ("import time; time.sleep(30)", {"timeout_s": 1.0}, StopReason.WALL_TIMEOUT, "ran past 1s"),
     ("print('no call')", {}, StopReason.ENV_ERROR, "made no call"),
+    ("x = bytearray(512 << 20)", {"memory_mb": 256}, StopReason.ENV_ERROR, "MemoryError"),
     (CALL_ONCE, {"reward": "agent"}, StopReason.ENV_ERROR, None),
 ])
 async def test_a_broken_program_is_a_failed_episode(chat: ChatFormat, tmp_path: Path, program: str, agent: dict,
@@ -82,3 +83,81 @@ async def test_a_broken_program_is_a_failed_episode(chat: ChatFormat, tmp_path: 
     (row,) = await _run(chat, tmp_path, program, ["The answer is 42."], **agent)
     assert row.failed and row.stop_reason is stop and words in (row.error or ""), row.error
     assert row.completion_ids == [] and to_samples([[row]])[0] == []
+
+
+DRIVER = """
+import asyncio, sys
+from pathlib import Path
+from agentrl.config.policy import AgentConfig, PolicyConfig
+from agentrl.config.run import SamplingConfig
+from agentrl.envs.calc import CalcEnv
+from agentrl.modelgen.tokenizer import train_tokenizer
+from agentrl.policy.blackbox import BlackBoxRunner
+from agentrl.policy.run import serving
+from agentrl.policy.service import PolicyService
+from agentrl.rollout.chat import ChatFormat
+from tests.unit.policy.scripted import Scripted
+
+async def main():
+    chat = ChatFormat(train_tokenizer(["The answer is 42."] * 20, vocab_size=300))
+    service = PolicyService(PolicyConfig(port=0, token="x" * 32), Scripted(chat, []), chat)
+    async with serving(service, "x" * 32) as url:
+        runner = BlackBoxRunner(AgentConfig(command=[sys.executable, sys.argv[1], sys.argv[2]]), service, url,
+                                CalcEnv, SamplingConfig())
+        await runner.run_group({"id": "t1", "question": "What is 6 * 7?", "answer": 42}, 2)
+
+asyncio.run(main())
+"""
+SLEEPER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+with open(os.path.join(sys.argv[1], f"{os.getpid()}.pids"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_driver_leaves_no_agent_program_behind(tmp_path: Path) -> None:
+    """The run's driver dies by SIGKILL mid-episode: its agent programs, and what they started in sessions of
+    their own, end within 10 s (the warden: agentrl.utils.lifeline)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "agent.py").write_text(SLEEPER)
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    root = Path(__file__).resolve().parents[3]
+    driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "agent.py"), str(pids_dir)],
+                              cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids_dir.glob("*.pids"))) < 2:
+            assert driver.poll() is None and time.monotonic() < deadline, "the agents did not start"
+            time.sleep(0.2)
+        pids = [int(p) for f in pids_dir.glob("*.pids") for p in f.read_text().split()]
+        assert all(_alive(p) for p in pids)
+        driver.kill()
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "agent processes outlived their driver by 10 s"
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        for pid in pids:  # what a failure left, by its pid
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
