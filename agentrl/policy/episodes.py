@@ -62,7 +62,8 @@ class PolicyEpisode:
 
 
 class EpisodeBook:
-    """Every episode of an endpoint, by id and by key (keys are kept hashed)."""
+    """Every episode of an endpoint, by id and by key (keys are kept hashed). Creating, finding and ending an
+    episode cost the same however many episodes the book holds."""
 
     def __init__(self, ttl_s: float, max_open: int, max_kept: int) -> None:
         self.ttl_s = ttl_s
@@ -70,12 +71,15 @@ class EpisodeBook:
         self.max_kept = max_kept
         self.episodes: OrderedDict[str, PolicyEpisode] = OrderedDict()
         self._keys: dict[str, str] = {}
+        self._digests: dict[str, str] = {}  # episode id -> its key's digest
+        self._open: dict[str, PolicyEpisode] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()  # in the order they finished
         self._retired: set[str] = set()
         self.expired = 0
 
     @property
     def open_count(self) -> int:
-        return sum(e.open for e in self.episodes.values())
+        return len(self._open)
 
     def create(self, *, task_id: str = "", group_id: str = "", meta: dict[str, Any] | None = None) -> tuple[PolicyEpisode, str]:
         """A new open episode and its key; HTTP 429 past ``max_open``."""
@@ -84,9 +88,9 @@ class EpisodeBook:
                            headers={"Retry-After": "1"})
         ep = PolicyEpisode(id=uuid.uuid4().hex, task_id=task_id, group_id=group_id, meta=dict(meta or {}))
         key = "ep-" + secrets.token_urlsafe(32)
-        self.episodes[ep.id] = ep
-        self._keys[_digest(key)] = ep.id
-        self._forget_old()
+        self.episodes[ep.id] = self._open[ep.id] = ep
+        self._keys[d := _digest(key)] = ep.id
+        self._digests[ep.id] = d
         return ep, key
 
     def by_key(self, key: str) -> PolicyEpisode:
@@ -124,6 +128,9 @@ class EpisodeBook:
             return
         ep.status, ep.reward, ep.error = status, reward, error
         ep.done.set()
+        del self._open[ep.id]
+        self._finished[ep.id] = None
+        self._forget_old()
 
     def expire(self, ep: PolicyEpisode) -> None:
         self.expired += 1
@@ -132,7 +139,7 @@ class EpisodeBook:
 
     def sweep(self) -> int:
         """Expire open episodes idle past the TTL; returns how many."""
-        stale = [e for e in self.episodes.values() if e.open and self._stale(e)]
+        stale = [e for e in self._open.values() if self._stale(e)]
         for e in stale:
             self.expire(e)
         return len(stale)
@@ -140,15 +147,15 @@ class EpisodeBook:
     def next_deadline_s(self) -> float:
         """Seconds until the next episode could expire (for the sweeper's sleep)."""
         now = time.monotonic()
-        left = [e.last_seen + self.ttl_s - now for e in self.episodes.values() if e.open]
+        left = [e.last_seen + self.ttl_s - now for e in self._open.values()]
         return max(0.05, min(left, default=math.inf))
 
     def _forget_old(self) -> None:
-        finished = [i for i, e in self.episodes.items() if not e.open]
-        for ep_id in finished[: max(0, len(finished) - self.max_kept)]:
+        """Forget the finished episodes past ``max_kept``, oldest finished first; their keys are retired (an
+        agent still using one hears that its episode is over)."""
+        while len(self._finished) > self.max_kept:
+            ep_id, _ = self._finished.popitem(last=False)
             del self.episodes[ep_id]
-        if len(finished) > self.max_kept:
-            live = set(self.episodes)
-            for d in [d for d, i in self._keys.items() if i not in live]:
-                self._retired.add(d)
-                del self._keys[d]
+            d = self._digests.pop(ep_id)
+            del self._keys[d]
+            self._retired.add(d)
