@@ -48,9 +48,12 @@ def test_bench_policy_reports_both_paths(vllm_server, tiny_model_dir: Path, caps
     assert len(out) == 1, "--json prints only the JSON line"
     r = json.loads(out[-1])
     assert r["bench"] == "policy" and r["calls"] == 4 and r["tokens_per_call"] == 8
-    for key in ("direct_latency_ms", "endpoint_latency_ms", "direct_calls_per_s", "endpoint_calls_per_s",
-                "endpoint_only_ms", "endpoint_only_per_s"):
+    for key in ("direct_latency_ms", "endpoint_latency_ms", "direct_calls_per_s_4", "endpoint_calls_per_s_4",
+                "endpoint_only_ms", "endpoint_only_per_s", "sdk_client_ms", "sdk_latency_ms", "sdk_calls_per_s_4"):
         assert r[key] > 0, (key, r[key])
+    assert r["engine_cores"] is None and r["endpoint_cores"] is None, "a running engine is left as it is"
     assert r["latency_ratio"] == pytest.approx(r["endpoint_latency_ms"] / r["direct_latency_ms"], rel=1e-6)
     assert r["overhead_ms_per_call"] == pytest.approx(r["endpoint_latency_ms"] - r["direct_latency_ms"], rel=1e-6)
-    assert r["throughput_ratio"] == pytest.approx(r["endpoint_calls_per_s"] / r["direct_calls_per_s"], rel=1e-6)
+    assert r["sdk_throughput_ratio_4"] == pytest.approx(r["sdk_calls_per_s_4"] / r["direct_calls_per_s_4"], rel=1e-6)
+    assert r["throughput_ratio"] == r["throughput_ratio_4"] == pytest.approx(
+        r["endpoint_calls_per_s_4"] / r["direct_calls_per_s_4"], rel=1e-6)
