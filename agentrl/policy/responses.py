@@ -16,6 +16,7 @@ OpenAI-shaped 400 naming the parameter.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections import OrderedDict
@@ -65,10 +66,11 @@ def _refuse_hosted(req: ResponsesRequest) -> None:
         raise _bad("prompt (a stored prompt template) is not supported: send instructions and input", "prompt")
     if req.background:
         raise _bad("background responses are not supported", "background")
-    fmt = (req.text or {}).get("format") or {}
-    if fmt.get("type") not in (None, "text"):
-        raise _bad(f"text.format {fmt.get('type')!r} is not supported: structured output needs constrained "
-                   "decoding, which samples from another distribution than the policy's", "text.format")
+    fmt = (req.text or {}).get("format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if kind not in (None, "text"):
+        raise _bad(f"text.format {kind!r} is not supported: structured output needs constrained decoding, which "
+                   "samples from another distribution than the policy's", "text.format")
 
 
 def _text(content: Any, param: str) -> str:
@@ -80,9 +82,11 @@ def _text(content: Any, param: str) -> str:
     if isinstance(content, list):
         parts = []
         for p in content:
-            if not isinstance(p, dict) or p.get("type") not in _TEXT_PARTS or not isinstance(p.get("text"), str):
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            if kind not in _TEXT_PARTS:
                 raise _bad(f"{param}: only text parts are supported (got {kind!r})", param)
+            if not isinstance(p.get("text"), str):
+                raise _bad(f"{param}: a {kind} part needs a string text", param)
             parts.append(p["text"])
         return "".join(parts)
     raise _bad(f"{param} must be a string or a list of text parts", param)
@@ -107,7 +111,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
                 raise _bad(f"{param}: a function_call needs a string call_id and name", param)
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": item.get("arguments", "")}}
+            arguments = item.get("arguments", "")
+            if not isinstance(arguments, str):
+                raise _bad(f"{param}.arguments must be a JSON string", param)
+            try:
+                json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                raise _bad(f"{param}.arguments is not valid JSON: {arguments[:200]}", param) from None
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             if out and out[-1]["role"] == "assistant":  # the calls of one turn follow its text
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -129,9 +140,11 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         return None
     out = []
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind != "function":
             raise _bad(f"tools[{i}]: only function tools are supported (got {kind!r})", "tools")
+        if not isinstance(tool.get("name"), str):
+            raise _bad(f"tools[{i}]: a function tool needs a string name", "tools")
         fn = {"name": tool["name"]}
         for key in ("description", "parameters"):
             if tool.get(key) is not None:

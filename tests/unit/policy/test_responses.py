@@ -191,3 +191,26 @@ async def test_a_langchain_tool_calling_agent_runs_a_tool_episode_as_one_row(cha
         assert messages[-1].content == "The answer is 5." and len(messages) == 5
         traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
     assert [r["calls"] for r in traj["rows"]] == [2]
+
+
+BAD_BODIES: list[dict[str, Any]] = [
+    {"input": [1]}, {"input": None}, {"input": []}, {}, {"input": "hi", "text": "x"}, {"input": "hi", "tools": [5]},
+    {"input": [{"type": "message", "role": "user", "content": 5}]}, {"input": [{"role": "tool", "content": "x"}]},
+    {"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, {"input": "hi", "text": {"format": "json"}},
+    {"input": "hi", "tools": [{"type": "function"}]}, {"input": [{"type": "function_call", "call_id": 1, "name": "x"}]},
+    {"input": [{"type": "function_call", "call_id": "c", "name": "calculate", "arguments": "{bad"}]},
+    {"input": [{"type": "function_call", "call_id": "c", "name": "calculate", "arguments": 7}]},
+    {"input": [{"type": "function_call_output"}]}, {"input": "hi", "max_output_tokens": 0},
+    {"input": "hi", "instructions": 5},
+]
+
+
+async def test_malformed_bodies_are_clear_4xx_errors(chat: ChatFormat) -> None:
+    service, _ = service_of(chat, [])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        for body in BAD_BODIES:
+            r = await http.post("/v1/responses", json={"model": "m", **body},
+                                headers={"Authorization": f"Bearer {ep['api_key']}"})
+            assert r.status_code in (400, 422) and r.json()["error"]["message"], (body, r.status_code, r.text)
+        assert service.calls == 0
