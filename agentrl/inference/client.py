@@ -210,8 +210,9 @@ class InferenceClient:
                 ep.mode = "generate"
                 return parse_body(parsers[0], r, ep.url)
             except RouteUnavailable as e:
-                log.warning("%s; falling back to %s on %s", e, _COMPLETIONS, ep.url)
-                ep.mode = "completions"
+                if ep.mode != "completions":  # once per engine, not once per request that was in flight
+                    log.warning("%s; falling back to %s on %s", e, _COMPLETIONS, ep.url)
+                    ep.mode = "completions"
         r = await self._send(ep, "POST", _COMPLETIONS, json=cmpl_body)
         return parse_body(parsers[1], r, ep.url)
 

@@ -204,6 +204,29 @@ async def test_scale_out_disabled_403_falls_back() -> None:
         assert (await c.generate([1], max_tokens=1)).token_ids == [3]
 
 
+async def test_requests_in_flight_when_the_route_fails_warn_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Many requests sent before the first answer all meet the missing route: one warning per engine."""
+    first, all_in, arrived = asyncio.Event(), asyncio.Event(), [0]
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/inference/v1/generate":
+            arrived[0] += 1
+            if arrived[0] == 16:
+                all_in.set()
+            await first.wait()  # every request is in flight before any answer comes back
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(200, json={"choices": [{"token_ids": [3], "finish_reason": "length",
+                                                      "logprobs": {"token_logprobs": [-1.0]}}]})
+
+    async with _client(handler) as c:
+        calls = [asyncio.ensure_future(c.generate([1], max_tokens=1)) for _ in range(16)]
+        await asyncio.wait_for(all_in.wait(), 30)
+        first.set()
+        assert all(g.token_ids == [3] for g in await asyncio.gather(*calls))
+    warnings = [r for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
 async def test_least_outstanding_under_concurrency() -> None:
     async def handler(req: httpx.Request) -> httpx.Response:
         await asyncio.sleep(0.02)
