@@ -74,7 +74,9 @@ def check_request(req: ChatRequest) -> None:
         _check_message(i, m)
 
 
-def _text(i: int, content: Any) -> str:
+def content_text(content: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",)) -> str:
+    """The text of a message's content: a string, a list of text parts (of the part types ``kinds``) or null;
+    anything else is a 400 that names ``where`` in its message and ``param`` as OpenAI's ``error.param``."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -82,12 +84,18 @@ def _text(i: int, content: Any) -> str:
     if isinstance(content, list):
         parts = []
         for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise _bad(f"messages[{i}].content: only text parts are supported "
-                           f"(got {str(p.get('type') if isinstance(p, dict) else type(p).__name__)!r})", "messages")
+            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+            if kind not in kinds:
+                raise _bad(f"{where}: only text parts are supported (got {kind!r})", param)
+            if not isinstance(p.get("text"), str):
+                raise _bad(f"{where}: a {kind} part needs a string text", param)
             parts.append(p["text"])
         return "".join(parts)
-    raise _bad(f"messages[{i}].content must be a string, a list of text parts, or null")
+    raise _bad(f"{where} must be a string, a list of text parts, or null", param)
+
+
+def _text(i: int, content: Any) -> str:
+    return content_text(content, f"messages[{i}].content", "messages")
 
 
 def _check_message(i: int, m: dict[str, Any]) -> None:
@@ -108,15 +116,21 @@ def _check_message(i: int, m: dict[str, Any]) -> None:
         raise _bad(f"messages[{i}].tool_call_id must be a string")
 
 
-def _arguments(i: int, raw: Any) -> Any:
+def tool_arguments(raw: Any, where: str, param: str | None = None) -> Any:
+    """A tool call's arguments parsed from their JSON text (empty: ``{}``; already parsed: as they are); text
+    that is not JSON is a 400 naming ``where`` (and ``param`` as OpenAI's ``error.param``)."""
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
         try:
             return json.loads(raw)
         except json.JSONDecodeError:
-            raise _bad(f"messages[{i}]: tool call arguments are not valid JSON: {raw[:200]}") from None
+            raise _bad(f"{where}: tool call arguments are not valid JSON: {raw[:200]}", param) from None
     return raw
+
+
+def _arguments(i: int, raw: Any) -> Any:
+    return tool_arguments(raw, f"messages[{i}]")
 
 
 def normalize(i: int, m: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ OpenAI-shaped 400 naming the parameter.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import OrderedDict
@@ -26,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.http.errors import ApiError
-from agentrl.policy.messages import ChatRequest
+from agentrl.policy.messages import ChatRequest, content_text, tool_arguments
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -74,22 +73,8 @@ def _refuse_hosted(req: ResponsesRequest) -> None:
 
 
 def _text(content: Any, param: str) -> str:
-    """The text of a message's or an output's content: a string or a list of text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-            if kind not in _TEXT_PARTS:
-                raise _bad(f"{param}: only text parts are supported (got {kind!r})", param)
-            if not isinstance(p.get("text"), str):
-                raise _bad(f"{param}: a {kind} part needs a string text", param)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise _bad(f"{param} must be a string or a list of text parts", param)
+    """The text of a message's or an output's content (Responses part types)."""
+    return content_text(content, param, param, _TEXT_PARTS)
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,10 +99,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             arguments = item.get("arguments", "")
             if not isinstance(arguments, str):
                 raise _bad(f"{param}.arguments must be a JSON string", param)
-            try:
-                json.loads(arguments or "{}")
-            except json.JSONDecodeError:
-                raise _bad(f"{param}.arguments is not valid JSON: {arguments[:200]}", param) from None
+            tool_arguments(arguments, param, param)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             if out and out[-1]["role"] == "assistant":  # the calls of one turn follow its text
                 out[-1].setdefault("tool_calls", []).append(call)
