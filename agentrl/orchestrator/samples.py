@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from agentrl.rollout.stats import BatchStats, rollout_stats
+from agentrl.rollout.stats import BatchStats, episodes_of, rollout_stats
 from agentrl.types import TrainSample, Trajectory
 
 
@@ -52,15 +52,12 @@ def to_samples(
     samples: list[TrainSample] = []
     if members:
         # one advantage per episode (its rows share it), so an episode of several rows weighs as one
-        keys = [t.episode_id or f"#{i}" for i, t in enumerate(members)]
-        first: dict[str, int] = {}
-        for i, k in enumerate(keys):
-            first.setdefault(k, i)
-        rewards_E = [float(members[i].reward) for i in first.values()]
-        advs_E = group_advantages(rewards_E, [members[i].group_id for i in first.values()], normalize_std)
-        adv_of = dict(zip(first, advs_E, strict=True))
-        advs = [adv_of[k] for k in keys]
-        for traj, adv in zip(members, advs, strict=True):
+        episodes = episodes_of(members)
+        advs_E = group_advantages([float(e[0].reward) for e in episodes], [e[0].group_id for e in episodes],
+                                  normalize_std)
+        adv_of = {id(t): adv for rows, adv in zip(episodes, advs_E, strict=True) for t in rows}
+        for traj in members:
+            adv = adv_of[id(traj)]
             if abs(adv) < 1e-8:
                 stats.num_zero_advantage += 1
                 continue
