@@ -9,9 +9,9 @@ alternate the paths. The endpoint is called twice over: with plain HTTP/1.1 requ
 cost), and with the ``openai`` SDK itself (``sdk_*``: the SDK's and httpx's client-side work added, which
 agent programs pay in their own processes, while here it runs on the endpoint's core). Every path keeps its
 connections: agentrl's inference client, one lean connection per call in flight, one SDK client whose
-per-episode copies (``with_options(api_key=...)``) share its pool. On a CPU machine the engine and this process (the endpoint and
-the clients) are pinned to cores of their own (``--engine-cores``, ``--endpoint-cores``), so they do not fight
-for one core. Prints one JSON object as its last line.
+per-episode copies (``with_options(api_key=...)``) share its pool. On a CPU machine the engine and this process
+(the endpoint and the clients) are pinned to cores of their own (``--engine-cores``, ``--endpoint-cores``), so
+they do not fight for one core. Prints one JSON object as its last line.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ class _Lean:
             status, out = await conn.request(method, path, body, headers={"Authorization": f"Bearer {key}"})
         finally:
             self._free.put_nowait(conn)
-        if status != 200 and status != 201:
+        if status not in (200, 201):
             raise AssertionError(f"{method} {path}: HTTP {status}: {out}")
         return out
 
@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--calls, --tokens, --rounds and --concurrency must be >= 1")
     args.engine_cores, args.endpoint_cores = _cores(args.engine_cores, args.endpoint_cores, args.endpoint)
     if args.endpoint_cores:
-        os.sched_setaffinity(0, _core_set(args.endpoint_cores))
+        from agentrl.launch.placement import parse_devices
+
+        os.sched_setaffinity(0, parse_devices(args.endpoint_cores))
     res = asyncio.run(_measure(args))
     if not args.json:
         passes = ", ".join(f"{n} at once: {res[f'direct_calls_per_s_{n}']:.1f} vs {res[f'endpoint_calls_per_s_{n}']:.1f} "
@@ -255,19 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _core_set(spec: str) -> set[int]:
-    """``"0,2-3"`` as ``{0, 2, 3}``."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def _cores(engine: str, endpoint: str, running: str | None) -> tuple[str | None, str | None]:
     """The engine's and this process's cores (None: not pinned). ``auto`` splits a CPU machine's cores: the
     engine gets core 0 (a server it starts; a running one is left as it is), this process the others."""
     import torch
+
+    from agentrl.launch.placement import format_devices, parse_devices
 
     mine = sorted(os.sched_getaffinity(0))
     auto = len(mine) >= 2 and not torch.cuda.is_available()
@@ -275,8 +270,8 @@ def _cores(engine: str, endpoint: str, running: str | None) -> tuple[str | None,
     if engine_cores == "none":
         engine_cores = None
     if endpoint == "auto":
-        rest = [c for c in mine if engine_cores is None or c not in _core_set(engine_cores)]
-        endpoint = ",".join(map(str, rest)) if auto and engine_cores and rest else "none"
+        rest = [c for c in mine if engine_cores is None or c not in parse_devices(engine_cores)]
+        endpoint = format_devices(rest) if auto and engine_cores and rest else "none"
     return engine_cores, None if endpoint == "none" else endpoint
 
 

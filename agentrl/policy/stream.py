@@ -8,6 +8,7 @@ first byte comes when the turn is sampled, not token by token.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -47,7 +48,7 @@ def _event(kind: str, seq: int, **body: Any) -> str:
 def response_events(response: dict[str, Any]) -> Iterator[str]:
     """The events of a Responses API ``response`` (``stream=true``): created, each output item added with its
     text or arguments as one delta and done, then completed (or incomplete)."""
-    seq = iter(range(1 << 30))
+    seq = itertools.count()
     opening = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
     yield _event("response.created", next(seq), response=opening)
     yield _event("response.in_progress", next(seq), response=opening)
