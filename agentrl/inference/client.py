@@ -111,7 +111,7 @@ class InferenceClient:
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                        top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
                        key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
-                       ignore_eos: bool = False, routing_from: int | None = None) -> Generation:
+                       ignore_eos: bool = False, routing_from: int | None = None, top_logprobs: int = 0) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
         Every sampling parameter is sent (penalties and ``min_p`` neutral), so a model's own sampling
@@ -125,12 +125,15 @@ class InferenceClient:
         them, else the capture of agentrl's worker extension (:mod:`agentrl.moe.capture`, enabled with
         :meth:`enable_routing_capture`). Routing needs the token route: it is an error on the
         ``/v1/completions`` fallback.
+
+        ``top_logprobs``: also return each sampled token's ``top_logprobs`` most likely alternatives
+        (``Generation.top_logprobs``).
         """
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                               "top_k": top_k if top_k > 0 else -1, "min_p": 0.0, "repetition_penalty": 1.0,
-                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": 0,
+                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
                               "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
         if seed is not None:
             sp["seed"] = seed
@@ -140,6 +143,8 @@ class InferenceClient:
         gen_body: dict[str, Any] = {"model": name, "token_ids": list(prompt_ids),
                                     "sampling_params": {**sp, "detokenize": False}}
         cmpl_body: dict[str, Any] = {"model": name, "prompt": list(prompt_ids), "return_token_ids": True, **sp}
+        if top_logprobs:  # alternatives named by id, not by text
+            cmpl_body["return_tokens_as_token_ids"] = True
         if cache_salt:
             gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
         tried: list[str] = []

@@ -83,6 +83,8 @@ class Generation:
     endpoint: str
     routing: RoutingRows | None = None
     """MoE routing of the request's positions (when asked for with ``routing_from``), else None."""
+    top_logprobs: list[dict[int, float]] | None = None
+    """Per sampled token, the most likely ids and their logprobs (when asked for with ``top_logprobs``)."""
 
 
 @dataclass
@@ -178,6 +180,8 @@ def parse_generate(body: dict[str, Any], url: str) -> Generation:
                          for s in spans] if spans else None,
         endpoint=url,
         routing=native_routing(ch["routed_experts"]) if ch.get("routed_experts") else None,
+        top_logprobs=[{int(t["token_id"]): float(t["logprob"]) for t in c["top_logprobs"]} for c in content]
+        if content and content[0].get("top_logprobs") else None,
     )
 
 
@@ -185,13 +189,20 @@ def parse_completions(body: dict[str, Any], url: str) -> Generation:
     """A ``/v1/completions`` answer with ``return_token_ids`` (first choice) as a ``Generation``."""
     ch = body["choices"][0]
     lps = (ch.get("logprobs") or {}).get("token_logprobs") or []
+    tops = (ch.get("logprobs") or {}).get("top_logprobs") or []
     return Generation(
         token_ids=list(ch["token_ids"] or []),
         logprobs=[float(x) if x is not None else float("-inf") for x in lps],
         finish_reason=ch.get("finish_reason") or "stop",
         weight_versions=None,
         endpoint=url,
+        top_logprobs=[{_token_id(k): float(v) for k, v in (c or {}).items()} for c in tops] if any(tops) else None,
     )
+
+
+def _token_id(token: str) -> int:
+    """The id of a ``token_id:N`` token (vLLM's ``return_tokens_as_token_ids``)."""
+    return int(token.rpartition(":")[2])
 
 
 def parse_body(parse: Any, r: httpx.Response, url: str) -> Generation:

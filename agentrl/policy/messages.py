@@ -57,21 +57,39 @@ def check_request(req: ChatRequest) -> None:
     the sampled policy."""
     if len(req.stops) > 4:
         raise _bad(f"stop takes at most 4 sequences, not {len(req.stops)}", "stop")
-    if req.top_logprobs:
-        raise _bad("top_logprobs is not supported: the endpoint returns the logprob of each sampled token "
-                   "(logprobs=true), not the alternatives", "top_logprobs")
-    choice = req.tool_choice
-    if isinstance(choice, dict) or choice not in (None, "auto", "none"):
-        raise _bad(f"tool_choice {choice!r} is not supported (only 'auto' and 'none'): forcing a tool call "
-                   "needs constrained decoding, which samples from another distribution than the policy's, "
-                   "and the trainer could not score it", "tool_choice")
+    if req.top_logprobs and not req.logprobs:
+        raise _bad("top_logprobs needs logprobs=true", "top_logprobs")
+    names = []
     for i, tool in enumerate(req.tools or []):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': "
                        "...}}}", "tools")
+        names.append(fn["name"])
+    forced = forced_call(req.tool_choice)
+    if forced is not None and not names:
+        raise _bad(f"tool_choice {req.tool_choice!r} needs tools", "tool_choice")
+    if forced and forced not in names:
+        raise _bad(f"tool_choice names {forced!r}, which is not among the tools ({', '.join(names)})", "tool_choice")
     for i, m in enumerate(req.messages):
         _check_message(i, m)
+
+
+def forced_call(choice: str | dict[str, Any] | None) -> str | None:
+    """What a ``tool_choice`` forces: None (nothing: ``auto``, ``none`` or absent), ``""`` (a call to some tool:
+    ``required``) or the name of the function to call (``{"type": "function", "function": {"name": ...}}``,
+    or the Responses API's ``{"type": "function", "name": ...}``); anything else is a 400."""
+    if choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        return ""
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+        if isinstance(name, str) and name:
+            return name
+    raise _bad(f"tool_choice must be 'auto', 'none', 'required' or {{'type': 'function', 'function': {{'name': "
+               f"...}}}}, not {choice!r}", "tool_choice")
 
 
 def content_text(content: Any, where: str, param: str, kinds: tuple[str, ...] = ("text",)) -> str:

@@ -3,13 +3,15 @@
 The subset the OpenAI Agents SDK's default model uses: ``instructions``, ``input`` as a string or as items
 (messages with text parts, ``function_call`` and ``function_call_output``), function tools,
 ``previous_response_id`` or the whole input replayed, ``max_output_tokens``, ``temperature``, ``top_p``,
-``tool_choice`` (``auto``/``none``), ``parallel_tool_calls`` and ``stream``. A request becomes one chat
+``tool_choice`` (``auto``, ``none``, ``required`` or a named function: see
+:meth:`agentrl.rollout.chat.ChatFormat.call_opening`), ``parallel_tool_calls``, ``stream``, and the sampled
+tokens' logprobs (``include: ["message.output_text.logprobs"]``, ``top_logprobs``). A request becomes one chat
 request (:func:`to_chat`): instructions as the first system message, each run of an assistant message and
 the ``function_call`` items after it as one assistant message, each ``function_call_output`` as a tool
 message. So a call is recorded exactly as the same conversation sent to ``/v1/chat/completions``, and an
 agent that replays the items it received extends its row.
 
-What would change the sampled distribution (forced tools, structured output) or needs OpenAI's hosted
+What would change the sampled distribution (structured output) or needs OpenAI's hosted
 state (``conversation``, stored ``prompt`` templates, ``item_reference``, hosted tools) is refused with an
 OpenAI-shaped 400 naming the parameter.
 """
@@ -51,6 +53,8 @@ class ResponsesRequest(BaseModel):
     prompt: dict[str, Any] | None = None
     background: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    include: list[str] | None = None
+    """Extra output; ``message.output_text.logprobs`` is honoured, other values are ignored."""
     metadata: dict[str, Any] | None = None
 
 
@@ -181,19 +185,25 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[ChatR
         raise _bad("input is empty", "input")
     chat = ChatRequest(model=req.model, messages=messages, tools=chat_tools(req.tools), tool_choice=req.tool_choice,
                        temperature=req.temperature, top_p=req.top_p, max_completion_tokens=req.max_output_tokens,
-                       parallel_tool_calls=req.parallel_tool_calls, top_logprobs=req.top_logprobs)
+                       parallel_tool_calls=req.parallel_tool_calls, logprobs=wants_logprobs(req),
+                       top_logprobs=req.top_logprobs if wants_logprobs(req) else None)
     return chat, added
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat answer (``choices[0].message``) as Responses output items: its text as a message, then each tool
-    call as a ``function_call``."""
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    """Whether ``req`` asks for the output text's logprobs."""
+    return "message.output_text.logprobs" in (req.include or [])
+
+
+def output_items(message: dict[str, Any], logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A chat answer (``choices[0].message``, with its ``logprobs``) as Responses output items: its text as a
+    message, then each tool call as a ``function_call``."""
     items: list[dict[str, Any]] = []
     calls = message.get("tool_calls") or []
     if message.get("content") or not calls:
         items.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": message.get("content") or "", "annotations": [],
-                                   "logprobs": []}]})
+                                   "logprobs": (logprobs or {}).get("content") or []}]})
     for call in calls:
         items.append({"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "status": "completed",
                       "call_id": call["id"], "name": call["function"]["name"],
@@ -211,7 +221,7 @@ def response_object(req: ResponsesRequest, completion: dict[str, Any], response_
         "status": "incomplete" if incomplete else "completed", "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": completion["model"],
-        "output": output_items(choice["message"]), "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "output": output_items(choice["message"], choice.get("logprobs")), "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id, "reasoning": None, "store": True,
         "temperature": req.temperature, "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto",
         "tools": req.tools or [], "top_p": req.top_p, "truncation": "disabled", "metadata": req.metadata or {},

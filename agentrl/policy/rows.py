@@ -14,7 +14,7 @@ starts a new row from the full render of its messages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 
@@ -85,6 +85,13 @@ def plan_call(rows: list[Row], chat: Renderer, messages: list[dict[str, Any]], t
             delta = chat.observation_ids(messages[len(row.messages):], tools, ended_with=row.last_token)
             return Plan(row.ids + delta, row, delta, messages, tools_key, temperature)
     return Plan(chat.prompt_ids(messages, tools), None, [], messages, tools_key, temperature)
+
+
+def prefill(plan: Plan, ids: list[int]) -> Plan:
+    """``plan`` with ``ids`` appended to its prompt: text the endpoint writes for the model (the opening of a
+    forced tool call), which the model then continues. They are context in the row (mask 0, no version), not
+    sampled tokens."""
+    return replace(plan, prompt_ids=plan.prompt_ids + ids, delta=plan.delta + ids if plan.row is not None else [])
 
 
 def fork(plan: Plan) -> Plan:

@@ -20,9 +20,9 @@ from agentrl.http.errors import ApiError
 from agentrl.inference.client import Generation
 from agentrl.inference.wire import ContextLengthError, InferenceError
 from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
-from agentrl.policy.messages import ChatRequest, check_request, normalize_all, tools_key
+from agentrl.policy.messages import ChatRequest, check_request, forced_call, normalize_all, tools_key
 from agentrl.policy.responses import ResponsesRequest, ResponseStore, response_object, to_chat
-from agentrl.policy.rows import Row, commit, fork, plan_call
+from agentrl.policy.rows import Row, commit, fork, plan_call, prefill
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.generator import Generator
 from agentrl.versions import VersionLabelError, token_versions
@@ -93,6 +93,9 @@ class PolicyService:
         except Exception as e:  # the template refuses these messages (e.g. roles out of order)
             raise ApiError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                            code="invalid_request_error", param="messages") from None
+        opening = self._opening(tools, req)
+        if opening:
+            plan = prefill(plan, self.chat.encode(opening))
         room = self.config.max_context_tokens - len(plan.prompt_ids)
         if room <= 0:
             raise ApiError(400, f"the prompt is {len(plan.prompt_ids)} tokens; this endpoint's context is "
@@ -113,11 +116,11 @@ class PolicyService:
         self.calls += 1
         choices, n_out = [], 0
         for i, (gen, gen_versions) in enumerate(zip(gens, versions, strict=True)):
-            ids, logprobs, kept_versions, answer, finish = self._turn(gen, gen_versions, tools, req)
+            ids, logprobs, kept_versions, answer, finish = self._turn(gen, gen_versions, tools, req, opening)
             if episode is not None:  # the first choice extends the row; each other one starts its own
                 commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer)
             choices.append({"index": i, "message": _openai_message(answer), "finish_reason": finish,
-                            "logprobs": self._logprobs(ids, logprobs) if req.logprobs else None})
+                            "logprobs": self._logprobs(gen, len(ids), req.top_logprobs or 0) if req.logprobs else None})
             n_out += len(ids)
         if episode is not None:
             episode.calls += 1
@@ -128,6 +131,18 @@ class PolicyService:
             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
         }
 
+    def _opening(self, tools: list[dict[str, Any]] | None, req: ChatRequest) -> str:
+        """The opening of the tool call that ``req.tool_choice`` forces (see
+        :meth:`~agentrl.rollout.chat.ChatFormat.call_opening`), or "" when it forces none."""
+        forced = forced_call(req.tool_choice)
+        if forced is None:
+            return ""
+        try:
+            return self.chat.call_opening(tools, forced or None)
+        except ValueError as e:
+            raise ApiError(400, f"tool_choice {req.tool_choice!r}: {e}", code="invalid_request_error",
+                           param="tool_choice") from None
+
     async def _sample(self, prompt_ids: list[int], budget: int, temperature: float, req: ChatRequest,
                       episode: PolicyEpisode | None, sent: int) -> list[Generation]:
         """``req.n`` generations of one prompt, at once (choice ``i`` seeded ``seed + i`` when seeded); the
@@ -136,7 +151,9 @@ class PolicyService:
         tasks = [asyncio.ensure_future(self.client.generate(
             prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p,
             stop_token_ids=list(self.chat.stop_token_ids), model=self.model, key=episode.id if episode else None,
-            **({"seed": req.seed + i} if req.seed is not None else {}), cache_salt=f"policy-v{sent}"))
+            **({"seed": req.seed + i} if req.seed is not None else {}),
+            **({"top_logprobs": req.top_logprobs} if req.logprobs and req.top_logprobs else {}),
+            cache_salt=f"policy-v{sent}"))
             for i in range(req.n or 1)]
         try:
             return list(await asyncio.gather(*tasks))
@@ -145,28 +162,36 @@ class PolicyService:
                 task.cancel()
             raise
 
-    def _turn(self, gen: Generation, versions: list[int], tools: list[dict[str, Any]] | None,
-              req: ChatRequest) -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
+    def _turn(self, gen: Generation, versions: list[int], tools: list[dict[str, Any]] | None, req: ChatRequest,
+              opening: str = "") -> tuple[list[int], list[float], list[int], dict[str, Any], str]:
         """One choice: the sampled ids kept (cut after a stop sequence, as a prefix of what was sampled), their
-        logprobs and versions, the answer (normal form) and the finish reason."""
+        logprobs and versions, the answer (normal form) and the finish reason. ``opening``: the text of a
+        forced call's opening, which the sampled text continues."""
         ids, logprobs = list(gen.token_ids), list(gen.logprobs)
         text = self.chat.decode(ids)
         stopped = _first_stop(text, req.stops)
         if stopped is not None:
             keep = _ids_covering(self.chat, ids, stopped[1])
             ids, logprobs, versions = ids[:keep], logprobs[:keep], versions[:keep]
-            answer = {"role": "assistant", "content": text[: stopped[0]].strip()}
+            answer = {"role": "assistant", "content": (opening + text[: stopped[0]]).strip()}
             return ids, logprobs, versions, answer, "stop"
         cut = gen.finish_reason == "length" or not self.chat.ends_turn(ids)
-        answer, finish = self._answer(text, tools, req, cut)
+        answer, finish = self._answer(opening + text, tools, req, cut)
         return ids, logprobs, versions, answer, finish
 
-    def _logprobs(self, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-        """OpenAI's ``choices[].logprobs`` for the sampled ids (no alternatives)."""
-        out = []
-        for token_id, lp in zip(ids, logprobs, strict=True):
+    def _logprobs(self, gen: Generation, n: int, top: int) -> dict[str, Any]:
+        """OpenAI's ``choices[].logprobs`` for the first ``n`` sampled ids, each with its ``top`` most likely
+        alternatives where the engine returned them."""
+        def entry(token_id: int, lp: float) -> dict[str, Any]:
             token = self.chat.decode([token_id])
-            out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
+            return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+
+        alternatives = gen.top_logprobs or []
+        out = []
+        for k, (token_id, lp) in enumerate(zip(gen.token_ids[:n], gen.logprobs[:n], strict=True)):
+            tops = alternatives[k] if top and k < len(alternatives) else {}
+            ranked = sorted(tops.items(), key=lambda kv: -kv[1])[:top]
+            out.append({**entry(token_id, lp), "top_logprobs": [entry(t, v) for t, v in ranked]})
         return {"content": out, "refusal": None}
 
     def _answer(self, text: str, tools: list[dict[str, Any]] | None, req: ChatRequest,

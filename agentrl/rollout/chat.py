@@ -34,6 +34,8 @@ _MAX_CACHED_OPENINGS = 256
 """Opening prompts whose ids :meth:`ChatFormat.prompt_ids` keeps (a few batches of groups)."""
 _MAX_CACHED_OBSERVATIONS = 1024
 """Observation deltas whose ids :meth:`ChatFormat.observation_ids` keeps."""
+_NAME_MARK = "agentrlmarkerfn"
+"""The function name of the dummy call that :meth:`ChatFormat.call_opening` finds again in a render."""
 _DUMMY_USER = {"role": "user", "content": "x"}
 _DUMMY_ASSISTANT = {"role": "assistant", "content": MARK}
 _DUMMY_CALL = {"role": "assistant", "content": "", "tool_calls": [
@@ -125,6 +127,7 @@ class ChatFormat:
         self._openings: OrderedDict[str, list[int]] = OrderedDict()
         self._observations: OrderedDict[str, list[int]] = OrderedDict()
         self._call_id_rendered: dict[str, bool] = {}
+        self._call_openings: dict[str, str] = {}
 
     def _render_msgs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                      gen: bool = False) -> str:
@@ -230,6 +233,34 @@ class ChatFormat:
                 known = True
             self._call_id_rendered[tools_key] = known
         return known
+
+    def call_opening(self, tools: list[dict[str, Any]] | None, name: str | None) -> str:
+        """The text this template writes at the start of an assistant turn that calls a tool, up to where the
+        model chooses: the function's name (``name`` None: any of ``tools``), or the arguments of the named
+        function. It is cut before its last whitespace, so the model writes the rest in its own tokens (for
+        Hermes-style templates: ``<tool_call>\\n{"name":`` or ``<tool_call>\\n{"name": "f", "arguments":``).
+
+        A forced ``tool_choice`` appends these ids to the prompt: the model's own distribution then samples
+        the rest of the call, so the trainer scores exactly what was sampled (constrained decoding would
+        sample from another distribution). Raises ValueError when the template does not render tool calls
+        where they can be found.
+        """
+        key = json.dumps([tools, name], sort_keys=True, default=str)
+        known = self._call_openings.get(key)
+        if known is not None:
+            return known
+        call = {"id": "a1b2c3d4e", "type": "function",
+                "function": {"name": name or _NAME_MARK, "arguments": {MARK: 1}}}
+        gen = self._render([_DUMMY_USER], tools, gen=True)
+        full = self._render([_DUMMY_USER, {"role": "assistant", "content": "", "tool_calls": [call]}], tools,
+                            gen=False)
+        at = full.find(_NAME_MARK if name is None else MARK, len(gen))
+        if not full.startswith(gen) or at < 0:
+            raise ValueError("this model's chat template does not render an assistant tool call after its "
+                             "generation prompt, so a tool call cannot be forced")
+        opening = full[len(gen):at].rstrip(" \t\n\"'{")
+        self._call_openings[key] = opening
+        return opening
 
     def ends_turn(self, ids: list[int]) -> bool:
         """Whether model output ``ids`` ends with a stop token (a finished turn, not a cut one)."""

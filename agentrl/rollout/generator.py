@@ -25,4 +25,5 @@ class Generator(Protocol):
         key: str | None = None,
         seed: int | None = None,
         cache_salt: str | None = None,
+        top_logprobs: int = 0,
     ) -> Generation: ...

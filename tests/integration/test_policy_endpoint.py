@@ -208,6 +208,39 @@ async def test_streamed_and_n_choices_record_token_faithful_rows(vllm_server, ch
                 assert len(choice.logprobs.content) > 0 and all(t.logprob <= 0.0 for t in choice.logprobs.content)
 
 
+async def test_a_forced_tool_call_and_top_logprobs_on_the_engine(vllm_server, chat: ChatFormat) -> None:
+    """A named ``tool_choice``: the engine is sent the prompt plus the template's opening of that call and
+    continues it (greedy, so what it writes is fixed by the model); the row keeps the opening as context.
+    ``top_logprobs`` are the engine's: ranked, and the greedy pick first."""
+    tools = CalcEnv.tool_schemas()
+    name = tools[0]["function"]["name"]
+    messages: list[Any] = [{"role": "system", "content": CalcEnv.system_prompt},
+                           {"role": "user", "content": CalcEnv.tasks("test")[0]["question"]}]
+    async with InferenceClient([vllm_server.url]) as client:
+        await client.set_weight_version("0")
+        rec = Recording(client)
+        service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024), rec, chat)
+        async with serving(service, TOKEN) as url:
+            ep = await _episode(url)
+            async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
+                                          timeout=120) as sdk:
+                r = await sdk.chat.completions.create(
+                    model="policy", messages=messages, tools=tools, temperature=0.0, max_tokens=64,
+                    tool_choice={"type": "function", "function": {"name": name}}, logprobs=True, top_logprobs=3)
+            (row,) = (await _trajectory(url, ep, 0.0))["rows"]
+    ((prompt, gen),) = rec.calls
+    opening = chat.call_opening(tools, name)
+    assert prompt == chat.prompt_ids(messages, tools) + chat.encode(opening) == row["prompt_ids"]
+    assert row["completion_ids"] == gen.token_ids and set(row["loss_mask"]) == {1}
+    (call,) = r.choices[0].message.tool_calls or [None]
+    assert call is not None and call.function.name == name, (opening, chat.decode(gen.token_ids))
+    assert isinstance(json.loads(call.function.arguments), dict)
+    for t in r.choices[0].logprobs.content:
+        ranked = [a.logprob for a in t.top_logprobs]
+        assert len(ranked) == 3 and ranked == sorted(ranked, reverse=True), t
+        assert t.top_logprobs[0].token == t.token, "greedy: the sampled token is the most likely one"
+
+
 async def test_a_call_across_a_weight_update_keeps_its_prefix(vllm_server, chat: ChatFormat, tmp_path: Path) -> None:
     name, total = "policy-partial", 700
     shapes = lora_shapes("tiny", 16)

@@ -41,7 +41,10 @@ class Scripted:
         await asyncio.sleep(self.delay)
         ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
         self.outputs.append(ids)
-        return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], None, "scripted")
+        top = kw.get("top_logprobs", 0)  # the sampled id first, then made-up alternatives
+        tops = [{t: -0.5, **{(t + k) % 400: -0.5 - k for k in range(1, top)}} for t in ids] if top else None
+        return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], endpoint="scripted",
+                          top_logprobs=tops)
 
 
 def service_of(chat: ChatFormat, texts: list[str], **cfg: Any) -> tuple[PolicyService, Scripted]:

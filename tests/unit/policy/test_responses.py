@@ -107,7 +107,8 @@ async def test_refusals_name_the_parameter_and_unknown_ids_are_404(chat: ChatFor
         sdk = sdk_of(service, ep)
         cases: list[tuple[dict[str, Any], str]] = [
             ({"tools": [{"type": "web_search"}]}, "tools"),
-            ({"tool_choice": "required", "tools": RESPONSES_TOOLS}, "tool_choice"),
+            ({"tool_choice": {"type": "function", "name": "search"}, "tools": RESPONSES_TOOLS}, "tool_choice"),
+            ({"tool_choice": {"type": "allowed_tools", "tools": []}, "tools": RESPONSES_TOOLS}, "tool_choice"),
             ({"text": {"format": {"type": "json_object"}}}, "text.format"),
             ({"conversation": "conv_1"}, "conversation"),
             ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),

@@ -185,9 +185,12 @@ async def test_keys_and_bad_input(chat: ChatFormat) -> None:
         assert (await http.post("/v1/chat/completions", json=body, headers={"Authorization": ""})).status_code == 401
         own = {"Authorization": f"Bearer {ep['api_key']}"}
         assert (await http.post("/v1/episodes", headers=own)).status_code == 403  # an episode key cannot create
-        for bad, words, param in (({**body, "top_logprobs": 2}, "top_logprobs", "top_logprobs"),
+        for bad, words, param in (({**body, "top_logprobs": 2}, "logprobs=true", "top_logprobs"),
                                   ({**body, "stop": list("abcde")}, "at most 4", "stop"),
-                                  ({**body, "tool_choice": "required"}, "tool_choice", "tool_choice"),
+                                  ({**body, "tool_choice": "required"}, "needs tools", "tool_choice"),
+                                  ({**body, "tools": TOOLS, "tool_choice": {"type": "function", "function": {
+                                      "name": "search"}}}, "not among the tools", "tool_choice"),
+                                  ({**body, "tools": TOOLS, "tool_choice": "always"}, "'required'", "tool_choice"),
                                   ({**body, "messages": [{"role": "robot", "content": "x"}]}, "role", None),
                                   ({**body, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                                    "text parts", "messages"),
@@ -237,3 +240,44 @@ async def test_a_disconnected_call_is_still_recorded_in_order(chat: ChatFormat) 
         assert r.status_code == 200
         traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
     assert traj["calls"] == 2 and [row["completion_ids"] for row in traj["rows"]] == engine.outputs
+
+
+async def test_a_forced_tool_call_is_the_templates_opening_continued_by_the_model(chat: ChatFormat) -> None:
+    """``tool_choice`` naming a function (or ``required``) appends the template's opening of such a call to
+    the prompt; the model samples the rest. The opening is context in the row (mask 0), never trained."""
+    named, required = chat.call_opening(TOOLS, "calculate"), chat.call_opening(TOOLS, None)
+    assert CALL.startswith(named) and named.endswith('"arguments":') and '"calculate"' in named
+    assert CALL.startswith(required) and required.endswith('"name":')
+    service, engine = service_of(chat, [CALL[len(named):], CALL[len(required):], "The answer is 5."])
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
+        messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+        for choice in ({"type": "function", "function": {"name": "calculate"}}, "required"):
+            r = await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice=choice)
+            (call,) = r.choices[0].message.tool_calls
+            assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "calculate", choice
+            assert json.loads(call.function.arguments) == {"expression": "2 + 3"}
+            messages += [r.choices[0].message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        r = await sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="auto")
+        assert r.choices[0].message.content == "The answer is 5."
+        await http.post(f"/v1/episodes/{ep['episode_id']}/reward", json={"reward": 1.0})
+        (row,) = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()["rows"]
+    assert engine.prompts[0] == chat.prompt_ids(messages[:1], TOOLS) + chat.encode(named)
+    assert engine.prompts[1][-len(chat.encode(required)):] == chat.encode(required)
+    assert row["calls"] == 3 and row["prompt_ids"] + row["completion_ids"] == engine.prompts[2] + engine.outputs[2]
+    assert [t for t, m in zip(row["completion_ids"], row["loss_mask"], strict=True) if m] == [t for out in engine.outputs for t in out]
+
+
+async def test_top_logprobs_name_the_alternatives_of_each_kept_token(chat: ChatFormat) -> None:
+    service, engine = service_of(chat, ["The answer is 5."])
+    async with http_of(service) as http:
+        sdk = sdk_of(service, await new_episode(http))
+        r = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 2 + 3?"}],
+                                              logprobs=True, top_logprobs=3)
+    assert engine.kwargs[0]["top_logprobs"] == 3
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(engine.outputs[0]) and all(len(t.top_logprobs) == 3 for t in content)
+    for t, token_id in zip(content, engine.outputs[0], strict=True):
+        assert t.top_logprobs[0].token == t.token == chat.decode([token_id]) and t.top_logprobs[0].logprob == -0.5
+        assert [a.logprob for a in t.top_logprobs] == [-0.5, -1.5, -2.5]
