@@ -304,3 +304,21 @@ async def test_health_reports_each_endpoint() -> None:
 
     async with _client(handler, endpoints=(A, B)) as c:
         assert await c.health() == {A: True, B: False}
+
+
+def test_top_logprobs_are_read_by_id_from_either_route() -> None:
+    from agentrl.inference.wire import parse_completions, parse_generate
+
+    content = [{"token_id": 5, "logprob": -0.1, "top_logprobs": [{"token_id": 5, "logprob": -0.1},
+                                                                  {"token_id": 9, "logprob": -2.5}]},
+               {"token_id": 6, "logprob": -3.0, "top_logprobs": [{"token_id": 6, "logprob": -3.0},
+                                                                  {"token_id": 1, "logprob": -0.2}]}]
+    gen = parse_generate({"choices": [{"token_ids": [5, 6], "logprobs": {"content": content}}]}, "http://e")
+    assert gen.top_logprobs == [{5: -0.1, 9: -2.5}, {6: -3.0, 1: -0.2}]
+    body = {"choices": [{"token_ids": [5, 6], "logprobs": {
+        "token_logprobs": [-0.1, -3.0], "top_logprobs": [{"token_id:5": -0.1, "token_id:9": -2.5},
+                                                         {"token_id:6": -3.0, "token_id:1": -0.2}]}}]}
+    assert parse_completions(body, "http://e").top_logprobs == gen.top_logprobs
+    for c in content:
+        c["top_logprobs"] = []
+    assert parse_generate({"choices": [{"token_ids": [5, 6], "logprobs": {"content": content}}]}, "x").top_logprobs is None
