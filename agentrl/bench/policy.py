@@ -4,7 +4,9 @@ the endpoint with the ``openai`` SDK (render, HTTP, parse, record), side by side
 Every call generates exactly ``--tokens`` tokens (greedy, end-of-turn ignored) from calc's opening prompts,
 so both paths do the same engine work; the difference is the endpoint's overhead. Sequential calls give the
 latency added per call; ``--concurrency`` calls at once (one pass per value) give the throughput ratio. Rounds
-alternate the paths. The endpoint is called twice over: with plain HTTP/1.1 requests carrying the JSON the
+alternate the paths: each throughput pass runs right after the same pass on the other paths, and a ratio is
+the median over rounds of the ratio within a round, so the engine's drifting speed on a shared machine
+cancels. The endpoint is called twice over: with plain HTTP/1.1 requests carrying the JSON the
 ``openai`` SDK sends, from the lean load-generating client of :mod:`agentrl.bench.http1` (the endpoint's own
 cost), and with the ``openai`` SDK itself (``sdk_*``: the SDK's and httpx's client-side work added, which
 agent programs pay in their own processes, while here it runs on the endpoint's core). Every path keeps its
@@ -117,10 +119,11 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     await sequential(fn)
                 lat: dict[str, list[float]] = {name: [] for name, _ in paths}
                 thr: dict[tuple[str, int], list[float]] = {}
-                for _ in range(args.rounds):
+                for _ in range(args.rounds):  # each pass right after the same pass on the other paths
                     for name, fn in paths:
                         lat[name].append(await sequential(fn))
-                        for n in args.concurrency:
+                    for n in args.concurrency:
+                        for name, fn in paths:
                             thr.setdefault((name, n), []).append(await concurrent(fn, n))
                 await lean.close()
         own = await _endpoint_only(chat, convs, tools, args)
@@ -134,8 +137,10 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     for n in args.concurrency:
         d_thr, e_thr, s_thr = (statistics.median(thr[(k, n)]) for k in ("direct", "endpoint", "sdk"))
         out.update({f"direct_calls_per_s_{n}": d_thr, f"endpoint_calls_per_s_{n}": e_thr,
-                    f"throughput_ratio_{n}": e_thr / d_thr, f"sdk_calls_per_s_{n}": s_thr,
-                    f"sdk_throughput_ratio_{n}": s_thr / d_thr})
+                    f"throughput_ratio_{n}": _paired(thr[("endpoint", n)], thr[("direct", n)]),
+                    f"sdk_calls_per_s_{n}": s_thr, f"sdk_throughput_ratio_{n}": _paired(thr[("sdk", n)], thr[("direct", n)]),
+                    f"throughput_ratio_rounds_{n}": [round(e / d, 3) for e, d in zip(thr[("endpoint", n)],
+                                                                                     thr[("direct", n)], strict=True)]})
     out["throughput_ratio"] = min(out[f"throughput_ratio_{n}"] for n in args.concurrency)
     return {**out, **own, "sdk_client_ms": _client_cost_ms()}
 
@@ -255,6 +260,12 @@ def main(argv: list[str] | None = None) -> int:
               f"(GET /health: {res['health_ms']:.1f} ms)")
     print(json.dumps(res))
     return 0
+
+
+def _paired(path: list[float], direct: list[float]) -> float:
+    """The median over rounds of a path's rate over the direct rate of the same round (the engine's own speed
+    drifts on a shared machine; a round's passes run one right after the other)."""
+    return statistics.median(p / d for p, d in zip(path, direct, strict=True))
 
 
 def _cores(engine: str, endpoint: str, running: str | None) -> tuple[str | None, str | None]:
