@@ -366,6 +366,8 @@ def trainer_node(
     nproc: Annotated[int | None, typer.Option(help="Ranks on this node (default: as on the first node).")] = None,
     work_dir: Annotated[Path, typer.Option(help="Where this node keeps its copy of the trainer config.")] = Path(
         "trainer-node"),
+    local_addr: Annotated[str | None, typer.Option(
+        help="This node's address as the other nodes reach it (default: its host name, resolved there).")] = None,
 ) -> None:
     """Run one more node of a multi-node trainer (torchrun, c10d rendezvous) until the run ends."""
     try:
@@ -374,7 +376,7 @@ def trainer_node(
         _fail(f"cannot read the join file {join}: {e}")
     from agentrl.trainer.launch import run_node
 
-    raise typer.Exit(run_node(spec, work_dir, nproc))
+    raise typer.Exit(run_node(spec, work_dir, nproc, local_addr))
 
 
 @app.command()

@@ -57,3 +57,22 @@ class VLLMServerConfig(BaseModel):
     worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
     """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
     None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
+
+
+class EngineHealthConfig(BaseModel):
+    """How a run watches its inference engines (``agentrl.inference.watch``): when one leaves the rotation,
+    and how long the run waits for one to come back when none is left."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: float = Field(5.0, gt=0.0)
+    """Seconds between two health checks (``GET /health``) of the engines."""
+    timeout_s: float = Field(10.0, gt=0.0)
+    """A health check that has no answer within this time fails."""
+    failures_to_drop: int = Field(3, ge=1)
+    """Consecutive failed health checks before an engine leaves the rotation (a busy CPU engine can miss
+    one). A refused connection takes it out at once."""
+    lost_after_s: float = Field(60.0, gt=0.0)
+    """With no engine in rotation for this long, the run stops after saving a checkpoint (exit code 2;
+    continue with ``--resume`` once engines are back). An engine that answers again before then rejoins at
+    the current policy version and the run goes on."""

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentrl.config.errors import ConfigValidationError, validate
-from agentrl.config.inference import VLLMServerConfig
+from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, preset_for
@@ -214,6 +214,8 @@ class RunConfig(BaseModel):
     """Trainer (FSDP2, LoRA, loss)."""
     inference: VLLMServerConfig = Field(default_factory=lambda: VLLMServerConfig(model=DEFAULT_MODEL))
     """The local vLLM server(s), when ``endpoints`` is empty."""
+    engine_health: EngineHealthConfig = Field(default_factory=EngineHealthConfig)
+    """Health checks of the engines, and how long the run waits when every engine is lost."""
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     """Which GPUs the local vLLM servers and the trainer get (``agentrl train --dry-run`` shows the plan)."""
     agent: AgentConfig = Field(default_factory=AgentConfig)

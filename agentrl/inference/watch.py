@@ -105,7 +105,7 @@ class EngineWatch:
             self._none_since = None
             self.rejoined += 1
             back.append(url)
-            log.info("inference endpoint %s rejoined at version %d", url, version)
+            log.warning("inference endpoint %s rejoined at version %d", url, version)
         return back
 
     def describe(self) -> str:

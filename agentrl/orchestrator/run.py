@@ -133,8 +133,10 @@ class TrainingRun:
                 publisher = await stack_ctx.enter_async_context(self._publisher(trainer, stack.client))
                 # creates the engines' LoRA slots; full weights: the trainer's (a resumed run's) into the engines
                 await publisher.publish(self.version.value)
+                health = cfg.engine_health
                 watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
-                                    self.policy_version)
+                                    self.policy_version, interval_s=health.interval_s, lost_after_s=health.lost_after_s,
+                                    health_timeout_s=health.timeout_s, failures_to_drop=health.failures_to_drop)
                 watch_task = asyncio.create_task(watch.run(), name="engine-watch")
                 stack_ctx.callback(watch_task.cancel)
                 workers = RolloutWorkers(

@@ -1,23 +1,63 @@
-"""A run whose only engine dies stops cleanly with a checkpoint, and ``--resume`` finishes it (real parts:
-a vLLM server of its own that is killed, then the session's server, torchrun, calc, ``agentrl train``)."""
+"""A run whose engine's host is cut off, across real network boundaries: the engine runs on a host of its own
+(a network namespace behind a veth pair, with its own ``/dev/shm``, so the start-up probe must choose the
+network weight-sync path), the env server on another, the driver, torchrun and the trainer here.
+
+Cut once, the engine leaves the rotation and, when its link returns, rejoins at the current policy version;
+the run goes on. Cut for good, the run waits its bounded time (``[engine_health] lost_after_s``) and stops
+with a checkpoint; once the link is back, ``--resume`` finishes the run on the same engine."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
+from agentrl.inference import VLLMServer, VLLMServerConfig
 from agentrl.orchestrator.metrics import read_jsonl
+from tests import hosts as hosts_mod
 from tests.conftest import require
+from tests.hosts import Host
 from tests.unit.environment.test_loading import AGENTRL
 
 pytestmark = pytest.mark.integration
+
+ENV_TOKEN = "lost-engine-env-token-0123456789"
+RUN_TOML = """steps = 6
+tasks_per_step = 2
+group_size = 2
+eval_size = 2
+eval_every = 0
+checkpoint_every = 0
+engine_warmup = false
+
+[engine_health]
+interval_s = 1.0
+timeout_s = 2.0
+failures_to_drop = 2
+lost_after_s = 20.0
+"""
+
+
+class HostedServer(VLLMServer):
+    """A vLLM server started on ``host`` (bound to every address there), reached at the host's address."""
+
+    def __init__(self, cfg: VLLMServerConfig, log_dir: Path, host: Host) -> None:
+        super().__init__(cfg.model_copy(update={"host": "0.0.0.0"}), log_dir)
+        self.host = host
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host.addr}:{self.port}"
+
+    def build_command(self) -> list[str]:
+        return self.host.command(super().build_command())
 
 
 def _train_steps(metrics: Path) -> list[int]:
@@ -27,62 +67,95 @@ def _train_steps(metrics: Path) -> list[int]:
         return []
 
 
-def test_losing_every_engine_stops_with_a_checkpoint_and_resume_finishes(vllm_server, tiny_model_dir: Path,
-                                                                         tmp_path: Path) -> None:
-    """The engines of the resumed run need not be the old ones: it goes on against the session's server
-    (one vLLM start less than restarting the killed one)."""
+def _wait(what: str, ok: Callable[[], bool], driver: subprocess.Popen, err: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert driver.poll() is None, f"the run ended before {what}: {err.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not {what} after {timeout_s:.0f} s: {err.read_text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_an_engine_host_cut_off_rejoins_then_stops_the_run_with_a_checkpoint(tiny_model_dir: Path,
+                                                                              tmp_path: Path) -> None:
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.inference import VLLMServer, VLLMServerConfig
+    missing = hosts_mod.missing()
+    require(missing is None, f"cannot make hosts in network namespaces: {missing}")
 
     scfg = VLLMServerConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, max_lora_rank=16,
                             max_loras=2, startup_timeout_s=600)
-    engine = VLLMServer(scfg, tmp_path / "engine")  # its own: this test kills it
-    (tmp_path / "run.toml").write_text("steps = 3\ntasks_per_step = 2\ngroup_size = 2\neval_size = 2\n"
-                                       "eval_every = 0\ncheckpoint_every = 0\nengine_warmup = false\n")
+    (tmp_path / "run.toml").write_text(RUN_TOML)
     run_dir = tmp_path / "runs" / "lost"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-    def train(endpoint: str) -> list[str]:
-        return [AGENTRL, "train", "--env", "calc", "--name", "lost", "--model", str(tiny_model_dir),
-                "--endpoint", endpoint, "--config", "run.toml"]
-
-    try:
-        engine.start()
-        with (tmp_path / "first.err").open("w") as err:
-            driver = subprocess.Popen(train(engine.url), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
-                                      start_new_session=True)
+    env["AGENTRL_ENV_TOKEN"] = ENV_TOKEN
+    with hosts_mod.hosts(2) as (engine_host, env_host):
+        engine = HostedServer(scfg, tmp_path / "engine", engine_host)
+        env_server = subprocess.Popen(
+            env_host.command([AGENTRL, "serve-env", "--env", "calc", "--host", "0.0.0.0", "--port", "8765"]),
+            env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "env.err").open("w"), start_new_session=True)
+        env_url = f"http://{env_host.addr}:8765"
         try:
-            deadline = time.monotonic() + 600
-            while not _train_steps(run_dir / "metrics.jsonl"):
-                assert driver.poll() is None, (tmp_path / "first.err").read_text()[-3000:]
-                assert time.monotonic() < deadline, "no training step after 600 s"
-                time.sleep(0.1)
-            time.sleep(0.5)  # into step 2's generation
-            os.killpg(engine.pgid, signal.SIGKILL)  # the run's only engine, by its own process group
-            engine.proc.wait(30)
-            driver.communicate(timeout=400)
+            engine.start()
+            for _ in range(300):
+                try:
+                    if httpx.get(f"{env_url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert env_server.poll() is None, (tmp_path / "env.err").read_text()[-2000:]
+                time.sleep(0.2)
+
+            def train(*extra: str) -> list[str]:
+                return [AGENTRL, "train", "--env", "calc", "--name", "lost", "--model", str(tiny_model_dir),
+                        "--endpoint", engine.url, "--env-url", env_url, "--config", "run.toml", *extra]
+
+            err = tmp_path / "first.err"
+            with err.open("w") as err_f:
+                driver = subprocess.Popen(train(), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err_f,
+                                          text=True, start_new_session=True)
+            try:
+                _wait("a training step", lambda: bool(_train_steps(run_dir / "metrics.jsonl")), driver, err, 600)
+                # a blip: the engine's host is unreachable until the run takes it out of rotation
+                engine_host.cut()
+                _wait("the engine out of rotation", lambda: "out of rotation" in err.read_text(), driver, err, 60)
+                engine_host.restore()
+                _wait("the engine rejoined", lambda: "rejoined at version" in err.read_text(), driver, err, 60)
+                done_before = len(_train_steps(run_dir / "metrics.jsonl"))
+                _wait("a step after the rejoin", lambda: len(_train_steps(run_dir / "metrics.jsonl")) > done_before,
+                      driver, err, 300)
+                # lost for good: the run waits lost_after_s, then stops with a checkpoint
+                engine_host.cut()
+                t_cut = time.monotonic()
+                driver.communicate(timeout=400)
+                waited = time.monotonic() - t_cut
+            finally:
+                if driver.poll() is None:
+                    os.killpg(driver.pid, 9)
+                    driver.wait()
+            stderr = err.read_text()
+            assert driver.returncode == 2, stderr[-3000:]
+            assert "no inference engine" in stderr and "--resume" in stderr, stderr[-3000:]
+            assert "Traceback" not in stderr, stderr[-3000:]
+            assert waited >= 20.0, f"the run stopped {waited:.1f} s after the cut, before lost_after_s"
+            ckpts = sorted((run_dir / "checkpoints").glob("step_*/state.json"))
+            assert ckpts, "the stopped run saved a checkpoint"
+            stopped_at = _train_steps(run_dir / "metrics.jsonl")[-1]
+            assert json.loads(ckpts[-1].read_text())["step"] == stopped_at and 2 <= stopped_at < 6, stopped_at
+            run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+
+            engine_host.restore()  # the same engine, back: the resumed run gives it the saved policy first
+            done = subprocess.run(train("--resume"), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=900)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert json.loads(done.stdout.splitlines()[-1])["steps"] == 6
         finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
-                driver.wait()
-        stderr = (tmp_path / "first.err").read_text()
-        assert driver.returncode == 2, stderr[-3000:]
-        assert "no inference engine" in stderr and "--resume" in stderr, stderr[-3000:]
-        assert "Traceback" not in stderr, stderr[-3000:]
-        ckpts = sorted((run_dir / "checkpoints").glob("step_*/state.json"))
-        assert ckpts, "the stopped run saved a checkpoint"
-        state = json.loads(ckpts[-1].read_text())
-        stopped_at = _train_steps(run_dir / "metrics.jsonl")[-1]
-        assert state["step"] == stopped_at and 1 <= stopped_at < 3, (state, stopped_at)
-        run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
-    finally:
-        engine.stop()
-    done = subprocess.run([*train(vllm_server.url), "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1])["steps"] == 3
+            engine.stop()
+            env_server.kill()
+            env_server.wait()
     recs = read_jsonl(run_dir / "metrics.jsonl")
     assert {r["run_id"] for r in recs} == {run_id}, "one run"
-    train = [r for r in recs if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [1, 2, 3], "each step once"
-    assert [r["version"] for r in train] == [1, 2, 3], "the resumed run goes on from the saved policy version"
+    train_recs = [r for r in recs if r["kind"] == "train"]
+    assert [r["step"] for r in train_recs] == [1, 2, 3, 4, 5, 6], "each step once"
+    assert [r["version"] for r in train_recs] == [1, 2, 3, 4, 5, 6], "the resumed run goes on from the saved version"
+    # the engine has a /dev/shm of its own: every weight update took the network path, chosen by the probe
+    assert all("network_ms" in r and "total_ms" not in r for r in train_recs), train_recs[-1]
     assert (run_dir / "final_adapter" / "adapter_model.safetensors").is_file()

@@ -233,49 +233,59 @@ async def test_full_finetune_step_and_save(tiny_model: Path, tmp_path: Path) -> 
 
 
 def test_two_nodes_match_one_node_of_the_same_size(runs: dict[str, Any], tiny_model: Path, tmp_path: Path) -> None:
-    """Two torchrun launchers (one per "node", c10d rendezvous on this machine) of one rank each give the
-    same losses as one node with two ranks; the second node joins with `agentrl trainer-node`."""
+    """Two torchrun launchers of one rank each give the same losses as one node with two ranks. The second
+    node is another host: a network namespace behind a veth pair, with a ``/dev/shm`` of its own, which
+    joins with `agentrl trainer-node` (c10d rendezvous, gloo and rank 0's connection to the orchestrator all
+    cross the link)."""
     import os
     import subprocess
     import sys
     import threading
 
     from agentrl.trainer.launch import JOIN_FILE, _free_port
+    from tests import hosts as hosts_mod
 
-    cfg = lora_config(tiny_model).model_copy(deep=True)
-    cfg.distributed = cfg.distributed.model_validate({"nnodes": 2, "master_port": _free_port()})
-    tp = TrainerProcess(cfg, tmp_path / "node0", nproc=1, env=ENV)
-    started: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: started.setdefault("info", tp.start()), daemon=True)
-    t.start()
-    join = tmp_path / "node0" / JOIN_FILE
-    for _ in range(600):
-        if join.is_file() or not t.is_alive():
-            break
-        threading.Event().wait(0.1)
-    assert join.is_file(), "the first node writes the join file before it waits for rank 0"
-    assert oct(join.stat().st_mode & 0o777) == "0o600", "the join file carries the key: owner only"
-    node1 = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "trainer-node", "--join", str(join),
-                              "--work-dir", str(tmp_path / "node1")], env={**os.environ, **ENV},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        t.join(300)
-        assert started.get("info", {}).get("world_size") == 2, (started, tp.log_tail())
-        batch = make_batch()
-
-        async def drive() -> list[dict[str, Any]]:
-            return [await tp.train(batch, policy_version=v) for v in range(2)]
-
-        two_nodes = asyncio.run(drive())
-        for m2, mn in zip(runs["w2"], two_nodes, strict=True):
-            assert mn["loss"] == pytest.approx(m2["loss"], rel=1e-5)
-            assert mn["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
-            assert mn["num_tokens"] == m2["num_tokens"]
-    finally:
-        tp.close()
+    missing = hosts_mod.missing()
+    require(missing is None, f"cannot make hosts in network namespaces: {missing}")
+    with hosts_mod.hosts(1) as (node1_host,):
+        cfg = lora_config(tiny_model).model_copy(deep=True)
+        cfg.distributed = cfg.distributed.model_validate({
+            "nnodes": 2, "master_port": _free_port(), "master_addr": node1_host.here,
+            "orchestrator_addr": node1_host.here})
+        # gloo finds its own address through the interface named here (the hostname resolves to neither end)
+        tp = TrainerProcess(cfg, tmp_path / "node0", nproc=1, env={**ENV, "GLOO_SOCKET_IFNAME": node1_host.link})
+        started: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: started.setdefault("info", tp.start()), daemon=True)
+        t.start()
+        join = tmp_path / "node0" / JOIN_FILE
+        for _ in range(600):
+            if join.is_file() or not t.is_alive():
+                break
+            threading.Event().wait(0.1)
+        assert join.is_file(), "the first node writes the join file before it waits for rank 0"
+        assert oct(join.stat().st_mode & 0o777) == "0o600", "the join file carries the key: owner only"
+        node1 = subprocess.Popen(node1_host.command([
+            sys.executable, "-m", "agentrl.cli", "trainer-node", "--join", str(join), "--work-dir",
+            str(tmp_path / "node1"), "--local-addr", node1_host.addr]), env={**os.environ, **ENV, "GLOO_SOCKET_IFNAME": node1_host.ifname},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            out, _ = node1.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(node1.pid, 9)
-            out, _ = node1.communicate()
-    assert node1.returncode == 0, out.decode(errors="replace")[-3000:]
+            t.join(300)
+            assert started.get("info", {}).get("world_size") == 2, (started, tp.log_tail())
+            batch = make_batch()
+
+            async def drive() -> list[dict[str, Any]]:
+                return [await tp.train(batch, policy_version=v) for v in range(2)]
+
+            two_nodes = asyncio.run(drive())
+            for m2, mn in zip(runs["w2"], two_nodes, strict=True):
+                assert mn["loss"] == pytest.approx(m2["loss"], rel=1e-5)
+                assert mn["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+                assert mn["num_tokens"] == m2["num_tokens"]
+        finally:
+            tp.close()
+            try:
+                out, _ = node1.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(node1.pid, 9)
+                out, _ = node1.communicate()
+        assert node1.returncode == 0, out.decode(errors="replace")[-3000:]

@@ -139,6 +139,12 @@ def test_multi_node_trainer_command_and_plan_note() -> None:
     two = torchrun_command(Path("c.json"), 4, d, 29400, "r1")
     assert two[two.index("--rdzv-endpoint") + 1] == "10.0.0.5:29400" and two[two.index("--rdzv-backend") + 1] == "c10d"
     assert two[two.index("--nproc_per_node") + 1] == "4" and two[-2:] == ["--config", "c.json"]
+    assert "is_host=true" in two[two.index("--rdzv-conf") + 1], "the orchestrator's node hosts the store"
+    assert two[two.index("--local-addr") + 1] == "10.0.0.5", "reached at master_addr, not at its host name"
+    joiner = torchrun_command(Path("c.json"), 4, d, 29400, "r1", hosts_rendezvous=False)
+    assert "is_host=false" in joiner[joiner.index("--rdzv-conf") + 1] and "--local-addr" not in joiner
+    joiner = torchrun_command(Path("c.json"), 4, d, 29400, "r1", hosts_rendezvous=False, local_addr="10.0.0.6")
+    assert joiner[joiner.index("--local-addr") + 1] == "10.0.0.6"
     with pytest.raises(ValueError, match="master_port must be set"):
         DistributedConfig(nnodes=2)
     plan = plan_run(cfg(trainer={"distributed": {"nnodes": 2, "master_port": 29400}}), gpus=[])
