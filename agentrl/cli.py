@@ -80,8 +80,14 @@ def _report_config_error(e: Any) -> None:
 def _run(coro: Any) -> Any:
     import asyncio
 
+    from agentrl.utils import taskdump
+
+    async def main() -> Any:
+        taskdump.install()  # kill -USR1 <pid>: every task's stack on stderr
+        return await coro
+
     try:
-        return asyncio.run(coro)
+        return asyncio.run(main())
     except KeyboardInterrupt:
         typer.secho("interrupted: stopped cleanly", fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130) from None

@@ -111,6 +111,7 @@ class PolicyVersion:
     def __init__(self, value: int = 0) -> None:
         engine_label(value)  # the same check: an integer >= 0
         self._value = value
+        self._updating = False
         self._watchers: list[Callable[[int], None]] = []
 
     @property
@@ -131,8 +132,20 @@ class PolicyVersion:
         for watcher in list(self._watchers):
             watcher(version)
 
+    @property
+    def weights(self) -> int:
+        """The version of the trainer's weights: the current one, or the next while an update is being made
+        live (between :meth:`updating` and :meth:`bump`). An engine brought back in that window gets this
+        label, since it gets those weights."""
+        return self._value + 1 if self._updating else self._value
+
+    def updating(self) -> None:
+        """The trainer holds the next version's weights, which the orchestrator is making live."""
+        self._updating = True
+
     def bump(self) -> int:
         """One published update: the next version; returns it."""
+        self._updating = False
         self.advance(self._value + 1)
         return self._value
 

@@ -12,10 +12,12 @@ prefix cache.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import httpx
 
@@ -49,6 +51,7 @@ class EngineRefused(InferenceError):
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _GENERATE = "/inference/v1/generate"
 _COMPLETIONS = "/v1/completions"
@@ -156,7 +159,7 @@ class InferenceClient:
             if routing_from is not None:
                 gen_body["request_id"] = uuid.uuid4().hex  # names the request whose routing is taken
             try:
-                gen = await self._generate_on(ep, gen_body, cmpl_body)
+                gen = await self._unless_it_leaves(ep, self._generate_on(ep, gen_body, cmpl_body))
                 if routing_from is not None:
                     gen.routing = await self._routing_of(ep, gen, gen_body["request_id"], routing_from)
             except TransientError as e:
@@ -178,6 +181,26 @@ class InferenceClient:
         except RetriesExhausted as e:
             raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(tried))}; "
                                  f"last error: {e}", endpoint=tried[-1] if tried else None) from None
+
+    @staticmethod
+    async def _unless_it_leaves(ep: Endpoint, request: Awaitable[T]) -> T:
+        """``request`` on ``ep``, abandoned (a ``TransientError``, so it is retried elsewhere) if ``ep`` leaves
+        the rotation first: a lost host's connections would otherwise hang until their read timeout."""
+        if ep.left.is_set():
+            raise TransientError(f"{ep.url} is out of rotation ({ep.down})")
+        task = asyncio.ensure_future(request)
+        left = asyncio.ensure_future(ep.left.wait())
+        try:
+            await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():
+            raise TransientError(f"{ep.url} left the rotation ({ep.down}) with the request in flight")
+        return task.result()
 
     async def enable_routing_capture(self) -> dict[str, dict[str, Any]]:
         """Start MoE routing capture on every endpoint's workers (idempotent); per endpoint, the first

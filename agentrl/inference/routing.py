@@ -11,9 +11,10 @@ one full of young episodes looks light though they will grow (``docs/async.md``,
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from agentrl.inference.wire import NoEnginesError
@@ -31,6 +32,9 @@ class Endpoint:
     mode: str | None = None  # "generate" | "completions" once detected
     down: str | None = None
     """Why the endpoint is out of rotation (None: in rotation). See :meth:`EndpointPool.mark_down`."""
+    left: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the endpoint leaves the rotation (a fresh one when it returns): requests in flight there
+    watch it, and are abandoned, to be retried elsewhere, rather than wait on an engine that is gone."""
 
     def begin(self, cost: int) -> None:
         """A request of ``cost`` tokens (prompt plus ``max_tokens``) was sent here."""
@@ -100,11 +104,14 @@ class EndpointPool:
         ep = next(e for e in self.endpoints if e.url == url)
         was = ep.down is None
         ep.down = reason or "out of rotation"
+        ep.left.set()
         return was
 
     def mark_up(self, url: str) -> None:
         """Put ``url`` back in rotation (after it received the current weights)."""
-        next(e for e in self.endpoints if e.url == url).down = None
+        ep = next(e for e in self.endpoints if e.url == url)
+        if ep.down is not None:
+            ep.down, ep.left = None, asyncio.Event()
 
     def forget(self, key: str) -> None:
         """Drop ``key``'s binding (e.g. when its episode ends)."""

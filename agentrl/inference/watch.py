@@ -56,6 +56,7 @@ class EngineWatch:
         self.rejoined = 0
         """Endpoints brought back so far."""
         self._none_since: float | None = None
+        self._rejoining = asyncio.Lock()
 
     async def check(self) -> None:
         """One health round: unresponsive endpoints leave the rotation; :attr:`lost` is set once none has
@@ -67,7 +68,7 @@ class EngineWatch:
             if self._failures[url] >= self.failures_to_drop and pool.mark_down(url, "health check failed"):
                 log.warning("inference endpoint %s out of rotation: %d health checks failed", url,
                             self._failures[url])
-        if not pool.live:  # no weight update can be running: bring back what answers again
+        if not pool.live:  # no weight update can reach an engine: bring back what answers again
             await self.rejoin(self.version())
         if pool.live:
             self._none_since = None
@@ -83,9 +84,23 @@ class EngineWatch:
                 await self.check()
             await asyncio.sleep(self.interval_s)
 
+    async def wait_back(self) -> list[str]:
+        """A weight update found no engine in rotation: wait until one is back (brought back here, at
+        ``version()``, as soon as one answers again, tried every ``interval_s``); the endpoints in rotation.
+        The wait is bounded by the run, which stops once :attr:`lost` is set (none for ``lost_after_s``)."""
+        while True:
+            await self.rejoin(self.version())
+            if self.client.pool.live:
+                return [e.url for e in self.client.pool.live]
+            await asyncio.sleep(self.interval_s)
+
     async def rejoin(self, version: int) -> list[str]:
         """Bring back every endpoint out of rotation that is healthy again, after giving it ``version``;
         returns those brought back. Call it when no weight update is in progress."""
+        async with self._rejoining:
+            return await self._rejoin(version)
+
+    async def _rejoin(self, version: int) -> list[str]:
         back: list[str] = []
         down = [e.url for e in self.client.pool.endpoints if e.down is not None]
         if not down:

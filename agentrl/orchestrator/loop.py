@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentrl.config.run import PipelineConfig
 from agentrl.environment.base import Task
+from agentrl.inference.wire import NoEnginesError
 from agentrl.orchestrator.buffer import RolloutBuffer
 from agentrl.orchestrator.metrics import step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
@@ -99,6 +100,7 @@ class Orchestrator:
         version: PolicyVersion | int = 0,
         normalize_std: bool = True,
         keep_failed: bool = False,
+        engines_back: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.runner = runner
         self.trainer = trainer
@@ -113,6 +115,12 @@ class Orchestrator:
         self.update_mode = pipeline.update_mode
         self.normalize_std = normalize_std
         self.keep_failed = keep_failed
+        self.engines_back = engines_back
+        """Awaited when a weight update finds no engine in rotation; returns once one is back in rotation
+        (the run bounds the wait), and the update is published again. None: the ``NoEnginesError`` ends
+        the step."""
+        self.engines_waited_s = 0.0
+        """Seconds weight updates have waited for an engine to return, in total."""
         self.buffer = RolloutBuffer(pipeline, groups_per_step, self.policy)
         self.generating = Activity()
         self.training = Activity()
@@ -201,8 +209,19 @@ class Orchestrator:
         trained_on = self.version
         in_flight = self.generating.active
         self.interrupted_groups += in_flight
-        update = await live_update(self.engine, self.publisher, trained_on + 1, paused=bool(in_flight),
-                                   mode=self.update_mode)
+        self.policy.updating()  # the trainer now holds version trained_on + 1
+        update: dict[str, Any] = {}
+        while not update:
+            try:
+                update = await live_update(self.engine, self.publisher, trained_on + 1, paused=bool(in_flight),
+                                           mode=self.update_mode)
+            except NoEnginesError:  # every engine is out of rotation: wait for one, then publish again
+                if self.engines_back is None:
+                    raise
+                t_wait = time.perf_counter()
+                await self.engines_back()
+                self.engines_waited_s += time.perf_counter() - t_wait
+        update["engines_waited_s_total"] = self.engines_waited_s
         self.policy.bump()  # the one version change: the buffer wakes producers waiting on the bound
         t3 = time.perf_counter()
         step_s = t3 - self._last_step_end

@@ -134,9 +134,11 @@ class TrainingRun:
                 # creates the engines' LoRA slots; full weights: the trainer's (a resumed run's) into the engines
                 await publisher.publish(self.version.value)
                 health = cfg.engine_health
+                # an engine brought back gets the trainer's weights, labelled with their version
                 watch = EngineWatch(stack.client, lambda url, version: self._republish(trainer, url, version),
-                                    self.policy_version, interval_s=health.interval_s, lost_after_s=health.lost_after_s,
-                                    health_timeout_s=health.timeout_s, failures_to_drop=health.failures_to_drop)
+                                    lambda: self.version.weights, interval_s=health.interval_s,
+                                    lost_after_s=health.lost_after_s, health_timeout_s=health.timeout_s,
+                                    failures_to_drop=health.failures_to_drop)
                 watch_task = asyncio.create_task(watch.run(), name="engine-watch")
                 stack_ctx.callback(watch_task.cancel)
                 workers = RolloutWorkers(
@@ -285,6 +287,7 @@ class TrainingRun:
             sample_task=lambda: rng.choice(self.train_tasks), pipeline=cfg.pipeline,
             groups_per_step=cfg.tasks_per_step, group_size=cfg.group_size, version=self.version,
             normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,
+            engines_back=watch.wait_back,
         )
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
                    unit="step")

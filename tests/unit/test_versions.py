@@ -68,3 +68,13 @@ def test_staleness_is_one_rule_for_groups_tokens_and_summaries() -> None:
         token_staleness(5, [3, 4], [1])
     assert staleness_stats([2, 1, 0]) == {"staleness_mean": 1.0, "staleness_max": 2}
     assert staleness_stats([]) == {"staleness_mean": 0.0, "staleness_max": 0}
+
+
+def test_the_weights_version_runs_one_ahead_while_an_update_is_made_live() -> None:
+    from agentrl.versions import PolicyVersion
+
+    v = PolicyVersion(4)
+    assert v.weights == v.value == 4
+    v.updating()
+    assert (v.value, v.weights) == (4, 5), "the trainer holds the next version's weights until the bump"
+    assert v.bump() == 5 and v.weights == 5

@@ -322,3 +322,27 @@ def test_top_logprobs_are_read_by_id_from_either_route() -> None:
     for c in content:
         c["top_logprobs"] = []
     assert parse_generate({"choices": [{"token_ids": [5, 6], "logprobs": {"content": content}}]}, "x").top_logprobs is None
+
+
+async def test_a_request_on_an_engine_that_leaves_the_rotation_is_retried_elsewhere() -> None:
+    """Engine A's host is lost: its request would hang until the read timeout. When A leaves the rotation
+    (the health watch gives up on it) the request is abandoned and sent to B; A's next spell in rotation
+    starts clean."""
+    started = asyncio.Event()
+
+    async def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.host == "a":
+            started.set()
+            await asyncio.sleep(3600)  # a lost host: no answer, no error
+        return httpx.Response(200, json=_gen_body([4]))
+
+    async with _client(handler, endpoints=(A, B), timeout_s=600) as c:
+        c.pool.endpoints[1].outstanding = 5  # A is picked first
+        request = asyncio.ensure_future(c.generate([1], max_tokens=1))
+        await asyncio.wait_for(started.wait(), 5)
+        c.pool.mark_down(A, "health check failed")
+        gen = await asyncio.wait_for(request, 5)
+        assert gen.endpoint == B and gen.token_ids == [4]
+        assert c.pool.endpoints[0].outstanding == 0
+        c.pool.mark_up(A)
+        assert not c.pool.endpoints[0].left.is_set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agentrl.inference.client import InferenceClient, InferenceError, NoEnginesError
@@ -68,3 +70,28 @@ async def test_watch_drops_an_unresponsive_engine_and_notices_none_is_left() -> 
         await watch.check()
         assert watch.lost.is_set()
         assert calls == [], "an engine that does not answer is never republished to"
+
+
+async def test_an_update_that_finds_no_engine_waits_until_one_is_back_at_the_trainers_version() -> None:
+    """The last engine was out of rotation when a weight update ran: the update waits for it to answer again;
+    it comes back with the version the trainer's weights have (``version()``), once, whoever brings it back."""
+    async with InferenceClient([DEAD], timeout_s=2) as client:
+        client.pool.mark_down(DEAD, "health check failed")
+        healthy, calls = {DEAD: False}, []
+
+        async def health(urls: list[str], timeout_s: float) -> dict[str, bool]:
+            return {u: healthy[u] for u in urls}
+
+        async def republish(url: str, version: int) -> None:
+            calls.append((url, version))
+
+        client.health = health  # type: ignore[method-assign]
+        watch = EngineWatch(client, republish, lambda: 8, interval_s=0.01, lost_after_s=60.0)
+        waiting = asyncio.ensure_future(watch.wait_back())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await watch.check()  # a health round while the update waits
+        healthy[DEAD] = True
+        await watch.check()
+        assert await asyncio.wait_for(waiting, 5) == [DEAD]
+        assert calls == [(DEAD, 8)] and client.pool.live

@@ -229,7 +229,7 @@ async def test_step_record_keys_are_assembled_in_one_place() -> None:
     assert list(rec) == [
         "num_episodes", "num_rows", "num_failed", "num_trained", "num_zero_advantage", "reward_mean", "success", "model_tokens",
         "total_tokens", "turns_mean", "malformed_tool_calls", "stop_completed", "train_loss", "engine_ms", "update_s",
-        "groups_interrupted", "trained_on_version", "wait_s", "gen_s", "train_s", "sync_s", "step_s", "tokens_per_s",
+        "engines_waited_s_total", "groups_interrupted", "trained_on_version", "wait_s", "gen_s", "train_s", "sync_s", "step_s", "tokens_per_s",
         "trainer_idle_frac", "inference_idle_frac", "staleness_mean", "staleness_max", "mixed_version_episodes",
         "groups_in_flight", "interrupted_groups_total", "dropped_groups_total", "dropped_tokens_total",
         "failed_groups_total", "producer_wait_s_total", "staleness_hist"]
@@ -238,3 +238,43 @@ async def test_step_record_keys_are_assembled_in_one_place() -> None:
     assert list(line)[:4] == ["kind", "step", "version", "mode"] and line["kind"] == "train"
     assert list(line)[-4:] == ["engines_rejoined", "engines_live", "wall_s", "wall_train_s"]
     assert {k: line[k] for k in rec} == rec
+
+
+async def test_an_update_that_finds_no_engine_waits_for_one_and_publishes_again() -> None:
+    """The second step's weight update finds every engine out of rotation: the step waits in
+    ``engines_back`` (which returns once an engine is back), publishes the new version again and completes;
+    while it waits, the run's version says the trainer's weights are the next one. Without ``engines_back``
+    the step fails."""
+    from agentrl.inference.wire import NoEnginesError
+
+    published: list[int] = []
+
+    def losing_once(pub: FakePublisher) -> None:
+        publish = pub.publish
+
+        async def lost_once(version: int) -> dict[str, float]:
+            published.append(version)
+            if published.count(2) == 1 and version == 2:
+                raise NoEnginesError("every inference endpoint is out of rotation")
+            return await publish(version)
+
+        pub.publish = lost_once  # type: ignore[method-assign]
+
+    orch, engine, _, _, pub = make("sync")
+    losing_once(pub)
+    weights_while_waiting: list[tuple[int, int]] = []
+
+    async def engines_back() -> list[str]:
+        weights_while_waiting.append((orch.policy.value, orch.policy.weights))
+        return ["http://e"]
+
+    orch.engines_back = engines_back
+    recs = await run_steps(orch, 3)
+    assert published == [1, 2, 2, 3] and orch.version == engine.version == 3
+    assert weights_while_waiting == [(1, 2)] and orch.policy.weights == 3
+    assert recs[1]["engines_waited_s_total"] > 0 and [r["trained_on_version"] for r in recs] == [0, 1, 2]
+    published.clear()
+    orch, _, _, _, pub = make("sync")
+    losing_once(pub)
+    with pytest.raises(NoEnginesError):
+        await run_steps(orch, 2)
