@@ -63,26 +63,42 @@ class FirstTurnScripted:
         return gen
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+@pytest.fixture(scope="module")
+def family_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[ChatFormat, Any]]]:
+    """Every family's engine, started at once (a start is mostly one core's work: on a machine of two, four
+    starts side by side take about half as long as one after another), stopped at the module's end."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from concurrent.futures import ThreadPoolExecutor
+
     from transformers import AutoTokenizer
 
     from agentrl.inference import VLLMServer, VLLMServerConfig
 
-    family = FAMILIES[request.param]
-    model_dir: Path = build_family_model(family, tmp_path_factory.mktemp(request.param.replace(".", "_")))
-    chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), family.tool_parser, model_dir=model_dir)
-    # eager: this checks chat templates and tool parsers on the engine, not compiled kernels, and a compile costs
-    # each family's engine about 20 s of start-up
-    cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=1024, enable_lora=False,
-                           worker_extension=None, startup_timeout_s=300, extra_args=["--enforce-eager"])
-    server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
-    server.start()
+    def prepare(name: str) -> tuple[ChatFormat, Any]:
+        family = FAMILIES[name]
+        model_dir: Path = build_family_model(family, tmp_path_factory.mktemp(name.replace(".", "_")))
+        chat = ChatFormat(AutoTokenizer.from_pretrained(model_dir), family.tool_parser, model_dir=model_dir)
+        # eager: this checks chat templates and tool parsers on the engine, not compiled kernels
+        cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=1024, enable_lora=False,
+                               worker_extension=None, startup_timeout_s=600, extra_args=["--enforce-eager"])
+        # not bound to core 0 as one engine is by default: four engines starting at once use every core
+        return chat, VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"), env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+
+    servers = {name: prepare(name) for name in FAMILIES}
     try:
-        yield request.param, chat, server
+        with ThreadPoolExecutor(len(servers)) as pool:
+            for started in [pool.submit(server.start) for _, server in servers.values()]:
+                started.result()
+        yield servers
     finally:
-        server.stop()
+        for _, server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family_server(request: pytest.FixtureRequest, family_servers: dict[str, tuple[ChatFormat, Any]]) -> tuple:
+    chat, server = family_servers[request.param]
+    return request.param, chat, server
 
 
 async def test_multi_turn_episode_on_the_engine(family_server: tuple[str, ChatFormat, Any]) -> None:
