@@ -94,24 +94,34 @@ def test_conflicting_mode_and_untrainable_sampling_are_clear_errors() -> None:
     assert r.returncode == 2 and "greedy decoding has no sampling distribution" in r.stderr
 
 
-def test_doctor_reports_a_family_and_refuses_the_wrong_parser(tmp_path: Path) -> None:
-    """`agentrl doctor --json` ends with one JSON object; a failing check exits 1 and names the flag."""
+def test_doctor_reports_a_family_and_refuses_the_wrong_parser(monkeypatch, tmp_path: Path) -> None:
+    """`agentrl doctor --json` ends with one JSON object; a failing check exits 1 and names the flag (run in
+    this process: each of the three runs would otherwise import vLLM's tool parsers anew)."""
+    from typer.testing import CliRunner
+
+    from agentrl import cli
     from tests.fixtures_families import FAMILIES, build_family_tokenizer
 
+    monkeypatch.setattr(cli, "_setup", lambda verbose: None)  # keep pytest's own logging and signal handlers
     build_family_tokenizer(FAMILIES["llama3.1"], tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    r = run("doctor", "--model", str(tmp_path), "--tool-parser", "llama3_json", "--json", timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(r.stdout.strip().splitlines()[-1])
+
+    def doctor(*args: str) -> tuple[int, str]:
+        r = CliRunner().invoke(cli.app, ["doctor", "--model", str(tmp_path), *args])
+        return r.exit_code, r.stdout
+
+    code, out = doctor("--tool-parser", "llama3_json", "--json")
+    assert code == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
     assert report["tool_parser"] == "llama3_json" and report["problems"] == []
     assert report["chat_template_appends_only"] and report["roundtrip_ok"] and report["observation_delta_ok"]
     assert "<|eot_id|>" in report["stop_tokens"] and len(report["stop_token_ids"]) == 3
-    r = run("doctor", "--model", str(tmp_path), "--json", timeout=300)  # hermes cannot read Llama's calls
-    assert r.returncode == 1
-    report = json.loads(r.stdout.strip().splitlines()[-1])
+    code, out = doctor("--json")  # hermes cannot read Llama's calls
+    assert code == 1
+    report = json.loads(out.strip().splitlines()[-1])
     assert not report["roundtrip_ok"] and "--tool-parser llama3_json" in report["problems"][0]
-    r = run("doctor", "--model", str(tmp_path), "--tool-parser", "nope", timeout=300)
-    assert r.returncode == 1 and "unknown tool parser 'nope'" in r.stdout
+    code, out = doctor("--tool-parser", "nope")
+    assert code == 1 and "unknown tool parser 'nope'" in out
 
 
 def test_full_weight_rl_is_accepted_and_what_it_cannot_do_refused_at_config_time(tmp_path: Path) -> None:
@@ -132,14 +142,19 @@ def test_a_whole_model_given_as_adapter_points_to_model(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"evaluate it with --model {tmp_path}" in r.stderr
 
 
-def test_train_refuses_a_model_that_fails_the_doctor_naming_the_flag(tmp_path: Path) -> None:
+def test_train_refuses_a_model_that_fails_the_doctor_naming_the_flag(monkeypatch, tmp_path: Path) -> None:
     """`agentrl train` runs the doctor's checks before starting anything: Llama 3.1's JSON tool calls are not
     read by the default hermes parser, and the error names the flag that fixes it."""
+    from typer.testing import CliRunner
+
+    from agentrl import cli
     from tests.fixtures_families import FAMILIES, build_family_tokenizer
 
+    monkeypatch.setattr(cli, "_setup", lambda verbose: None)  # keep pytest's own logging and signal handlers
+    monkeypatch.chdir(tmp_path)
     model = tmp_path / "llama"
     build_family_tokenizer(FAMILIES["llama3.1"], model)
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    r = run("train", "--env", "calc", "--model", str(model), "--steps", "1", timeout=300, cwd=tmp_path)
-    assert r.returncode == 2, r.stdout + r.stderr
+    r = CliRunner().invoke(cli.app, ["train", "--env", "calc", "--model", str(model), "--steps", "1"])
+    assert r.exit_code == 2, r.output
     assert "fails agentrl doctor's checks" in r.stderr and "--tool-parser llama3_json" in r.stderr
