@@ -149,3 +149,5 @@ def hosts(n: int) -> Iterator[list[Host]]:
     finally:
         for ns in made:
             _remove(ns)
+        for k in range(n):  # a link left in this namespace by a step that failed half-way
+            _ip("link", "del", f"{PREFIX}{pid}v{k}", check=False)
