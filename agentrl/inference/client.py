@@ -145,9 +145,10 @@ class InferenceClient:
         name = model or self.model
         gen_body: dict[str, Any] = {"model": name, "token_ids": list(prompt_ids),
                                     "sampling_params": {**sp, "detokenize": False}}
-        cmpl_body: dict[str, Any] = {"model": name, "prompt": list(prompt_ids), "return_token_ids": True, **sp}
-        if top_logprobs:  # alternatives named by id, not by text
-            cmpl_body["return_tokens_as_token_ids"] = True
+        # the completions route lists each sampled token among its alternatives (even at logprobs=0): named by
+        # id, never by text, so the answer parses whether or not alternatives were asked for
+        cmpl_body: dict[str, Any] = {"model": name, "prompt": list(prompt_ids), "return_token_ids": True,
+                                     "return_tokens_as_token_ids": True, **sp}
         if cache_salt:
             gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
         tried: list[str] = []
@@ -171,6 +172,8 @@ class InferenceClient:
                 raise Retry(f"{ep.url}: {e}") from None
             finally:
                 ep.end(cost)
+            if not top_logprobs:
+                gen.top_logprobs = None  # the sampled token alone, which ``logprobs`` already holds
             if len(gen.logprobs) != len(gen.token_ids):
                 raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
                                      f"{len(gen.logprobs)} logprobs", endpoint=ep.url)

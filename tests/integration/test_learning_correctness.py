@@ -131,6 +131,7 @@ async def test_completions_fallback_tags_tokens_with_the_send_time_version(vllm_
                                          policy_version=lambda: state["version"])
         finally:
             await client.unload_lora_adapter(name)
+    assert traj.error is None, traj.error
     assert engine.generation is not None and engine.generation.weight_versions is None, "not the fallback route"
     assert state["version"] == 1 and traj.stop_reason is StopReason.MAX_TOKENS, traj.error
     model_versions = {v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m}

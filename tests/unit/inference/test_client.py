@@ -181,15 +181,20 @@ async def test_falls_back_to_completions_once() -> None:
         if req.url.path == "/inference/v1/generate":
             return httpx.Response(404, json={"detail": "Not Found"})
         body = json.loads(req.content)
-        assert body["prompt"] == [1, 2] and body["return_token_ids"] is True and body["logprobs"] == 0
-        return httpx.Response(200, json={"choices": [{"token_ids": [7, 2], "finish_reason": "stop",
-                                                       "logprobs": {"token_logprobs": [-1.0, -2.0]}}]})
+        assert body["prompt"] == [1, 2] and body["return_token_ids"] is True and body["logprobs"] in (0, 1)
+        # as vLLM answers: even at logprobs=0 each sampled token is listed among its alternatives, named by
+        # text (here "\n", which is no number) unless ids were asked for
+        name = "token_id:{}" if body.get("return_tokens_as_token_ids") else "\n{}"
+        tops = [{name.format(7): -1.0}, {name.format(2): -2.0}]
+        return httpx.Response(200, json={"choices": [{"token_ids": [7, 2], "finish_reason": "stop", "logprobs": {
+            "token_logprobs": [-1.0, -2.0], "top_logprobs": tops}}]})
 
     async with _client(handler) as c:
         for _ in range(3):
             g = await c.generate([1, 2], max_tokens=3)
-            assert (g.token_ids, g.logprobs, g.weight_versions) == ([7, 2], [-1.0, -2.0], None)
-    assert paths.count("/inference/v1/generate") == 1 and paths.count("/v1/completions") == 3
+            assert (g.token_ids, g.logprobs, g.weight_versions, g.top_logprobs) == ([7, 2], [-1.0, -2.0], None, None)
+        assert (await c.generate([1, 2], max_tokens=3, top_logprobs=1)).top_logprobs == [{7: -1.0}, {2: -2.0}]
+    assert paths.count("/inference/v1/generate") == 1 and paths.count("/v1/completions") == 4
 
 
 async def test_scale_out_disabled_403_falls_back() -> None:
