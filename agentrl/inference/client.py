@@ -12,7 +12,6 @@ prefix cache.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -37,6 +36,7 @@ from agentrl.inference.wire import (
     parse_generate,
     routing_rows,
 )
+from agentrl.utils.race import unless_set
 from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
 __all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", "InferenceClient", "InferenceError",
@@ -191,19 +191,10 @@ class InferenceClient:
         the rotation first: a lost host's connections would otherwise hang until their read timeout."""
         if ep.left.is_set():
             raise TransientError(f"{ep.url} is out of rotation ({ep.down})")
-        task = asyncio.ensure_future(request)
-        left = asyncio.ensure_future(ep.left.wait())
-        try:
-            await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            left.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if task.cancelled():
+        done = await unless_set(ep.left, request)
+        if done is None:
             raise TransientError(f"{ep.url} left the rotation ({ep.down}) with the request in flight")
-        return task.result()
+        return done.result()
 
     async def enable_routing_capture(self) -> dict[str, dict[str, Any]]:
         """Start MoE routing capture on every endpoint's workers (idempotent); per endpoint, the first

@@ -44,6 +44,7 @@ from agentrl.tracking.hub import TrackerHub
 from agentrl.tracking.samples import TABLE_COLUMNS, sample_rows, table_rows, write_samples
 from agentrl.utils import heap
 from agentrl.utils.atomic import write_atomic
+from agentrl.utils.race import unless_set
 from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.route import weight_publisher
 
@@ -256,16 +257,8 @@ class TrainingRun:
     async def _step(self, orch: Orchestrator, watch: EngineWatch) -> tuple[dict[str, Any], int, int]:
         """One orchestrator step, abandoned if every engine is lost; engines that came back rejoin after it.
         Its metrics, the engines that rejoined and those in rotation."""
-        step = asyncio.ensure_future(orch.step())
-        lost = asyncio.ensure_future(watch.lost.wait())
-        try:
-            await asyncio.wait({step, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-        if not step.done():
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await step
+        step = await unless_set(watch.lost, orch.step())
+        if step is None:
             raise EnginesLost(f"no inference engine has been in rotation for {watch.lost_after_s:.0f}s "
                               f"({watch.describe()})")
         try:
