@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrl.environment.base import Task, run_scope
 from agentrl.rollout.groups import RolloutWorkers
-from agentrl.rollout.stats import metric_means, rollout_stats
+from agentrl.rollout.stats import summarize
 
 
 async def evaluate(
@@ -21,12 +21,7 @@ async def evaluate(
         groups = await workers.run_groups(list(tasks), 1)
     finally:
         workers.sampling = sampling
-    trajs = [t for g in groups for t in g]
-    stats = rollout_stats(trajs)
-    out = {k: v for k, v in stats.as_metrics().items() if not k.startswith("num_zero")}
-    out.update(metric_means(trajs))
-    out["errors"] = sorted({(t.error or "").splitlines()[0] for t in trajs if t.failed})[:5]
-    return out
+    return summarize([t for g in groups for t in g])
 
 
 async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: float = 1.0) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.rollout.stats import metric_means
+from agentrl.rollout.stats import error_lines, metric_means
 from agentrl.utils.atomic import write_atomic
 from agentrl.utils.stats import binomial_stderr
 from agentrl.versions import group_oldest_version, staleness, staleness_stats
@@ -94,6 +94,7 @@ def step_metrics(
     mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
     return {
         **stats.as_metrics(),
+        "errors": error_lines([t for g in batch for t in g]),  # why the failed episodes failed
         **metric_means([t for g in batch for t in g]),  # per-episode env metrics, e.g. partial credit
         **{f"train_{k}": v for k, v in train.items() if isinstance(v, (int, float))},
         **update,

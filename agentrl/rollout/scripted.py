@@ -132,14 +132,10 @@ async def run_scripted(env_cls: type[Environment], tasks: Sequence[Task], policy
 
 
 def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
-    """Success rate, mean reward, stop reasons, failures and the mean of every trajectory metric."""
-    from agentrl.rollout.stats import metric_means, rollout_stats
+    """An evaluation's summary (:func:`agentrl.rollout.stats.summarize`) and the tasks left unsolved."""
+    from agentrl.rollout.stats import summarize as summary
 
-    out: dict[str, Any] = {k: v for k, v in rollout_stats(trajs).as_metrics().items() if not k.startswith("num_zero")}
-    out.update(metric_means(trajs))
-    out["unsolved"] = sorted(t.task_id for t in trajs if t.reward < 1.0)
-    out["errors"] = sorted({(t.error or "").splitlines()[0] for t in trajs if t.failed})[:5]
-    return out
+    return {**summary(trajs), "unsolved": sorted(t.task_id for t in trajs if t.reward < 1.0)}
 
 
 async def run_scripted_eval(cfg: Any, policy: str, *, n: int = 200, split: str = "test") -> dict[str, Any]:

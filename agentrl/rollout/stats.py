@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentrl.types import Trajectory
 
@@ -49,6 +50,12 @@ def metric_means(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {f"metric_{k}": sum(v) / len(v) for k, v in sorted(sums.items())}
 
 
+def error_lines(trajs: Sequence[Trajectory], limit: int = 5) -> list[str]:
+    """The distinct first lines of the failed episodes' errors (at most ``limit``, sorted): why they failed,
+    beside ``num_failed``."""
+    return sorted({(t.error or "").splitlines()[0] if t.error else "" for t in trajs if t.failed})[:limit]
+
+
 def episodes_of(trajs: Sequence[Trajectory]) -> list[list[Trajectory]]:
     """The rows of each episode, in first-seen order (rows share their ``episode_id``; a row without one is an
     episode of its own)."""
@@ -83,6 +90,15 @@ def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
         routing_coverage=_routing_coverage(trajs),
     )
+
+
+def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
+    """An evaluation's summary of ``trajs``: success rate, mean reward, stop reasons, the mean of every
+    episode metric, and why failed episodes failed (``errors``)."""
+    out: dict[str, Any] = {k: v for k, v in rollout_stats(trajs).as_metrics().items() if not k.startswith("num_zero")}
+    out.update(metric_means(trajs))
+    out["errors"] = error_lines(trajs)
+    return out
 
 
 def _routing_coverage(trajs: list[Trajectory]) -> float | None:
