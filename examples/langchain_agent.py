@@ -20,6 +20,7 @@ from blackbox_agent import calculate as evaluate  # the calculator of blackbox_a
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from pydantic import ValidationError
 
 
 @tool
@@ -45,7 +46,11 @@ def main() -> int:
             print(reply.content)
             return 0
         for call in reply.tool_calls:
-            messages.append(ToolMessage(calculate.invoke(call["args"]), tool_call_id=call["id"]))
+            try:
+                result = calculate.invoke(call["args"])
+            except ValidationError as e:  # arguments that are not {"expression": "..."}: the model is told
+                result = f"error: {e.errors()[0]['msg']}"
+            messages.append(ToolMessage(result, tool_call_id=call["id"]))
     return 0
 
 

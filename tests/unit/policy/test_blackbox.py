@@ -161,3 +161,26 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except FileNotFoundError:
         return False
+
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+WRONG_ARGS = '<tool_call>\n{"name": "calculate", "arguments": {"expr": "2 + 3"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("script", [["agents_sdk_agent.py"], ["langchain_agent.py"]])
+async def test_the_example_agents_end_an_episode_the_model_never_answers(tmp_path: Path, script: list[str]) -> None:
+    """A model that only ever calls the tool, half the time with arguments the tool does not take: the framework
+    examples end the episode unanswered (scored 0, trained on) instead of crashing into a failed episode (the
+    Agents SDK raises MaxTurnsExceeded, a LangChain tool a ValidationError)."""
+    pytest.importorskip("agents", reason="openai-agents is not installed (pip install 'agentrl[dev]')")
+    pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (pip install 'agentrl[dev]')")
+    from tests.unit.policy.scripted import CALL, scripted_chat
+
+    chat = scripted_chat()
+    service = PolicyService(PolicyConfig(port=0, token="x" * 32), Scripted(chat, [WRONG_ARGS, CALL] * 4), chat)
+    async with serving(service, "x" * 32) as url:
+        command = [sys.executable, str(EXAMPLES / script[0]), *script[1:]]
+        runner = BlackBoxRunner(AgentConfig(command=command, timeout_s=60), service, url, CalcEnv, SamplingConfig())
+        (row,) = await runner.run_group(TASK, 1)
+    assert not row.failed and row.reward == 0.0, row.error
+    assert row.num_turns >= 4, "the model's every call was answered and the episode ran to the agent's limit"
