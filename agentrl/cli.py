@@ -546,6 +546,12 @@ def bench_faults(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.faults", ctx)
 
 
+@bench_app.command("soak", context_settings=_PASSTHROUGH)
+def bench_soak(ctx: typer.Context) -> None:
+    """An async swe run through the env server with faults injected on a schedule (flags: --help)."""
+    _passthrough("agentrl.bench.soak", ctx)
+
+
 @bench_app.command("policy", context_settings=_PASSTHROUGH)
 def bench_policy(ctx: typer.Context) -> None:
     """The policy endpoint's overhead: engine calls direct vs through the endpoint (--calls, --tokens, --json)."""

@@ -207,12 +207,14 @@ async def run_load(
 
 
 class ServerProcess:
-    """``agentrl serve-env`` in a subprocess on a free loopback port, owned by this process."""
+    """``agentrl serve-env`` in a subprocess on a loopback port (a free one unless ``port``), owned by this
+    process."""
 
     def __init__(
         self,
         envs: list[str],
         *,
+        port: int = 0,
         token: str | None = None,
         extra: list[str] | None = None,
         log_path: Path | None = None,
@@ -220,6 +222,7 @@ class ServerProcess:
     ) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.envs = envs
+        self.port = port
         self.extra = list(extra or [])
         self._own_log = log_path is None
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="agentrl-env-server-", suffix=".log")[1])
@@ -233,7 +236,7 @@ class ServerProcess:
         """Start and wait until ``/health`` answers; raises RuntimeError with the log tail otherwise."""
         import httpx
 
-        cmd = [sys.executable, "-m", "agentrl.cli", "serve-env", "--host", "127.0.0.1", "--port", "0"]
+        cmd = [sys.executable, "-m", "agentrl.cli", "serve-env", "--host", "127.0.0.1", "--port", str(self.port)]
         for e in self.envs:
             cmd += ["--env", e]
         env = {**os.environ, "AGENTRL_ENV_TOKEN": self.token, **self.env_vars}

@@ -1,0 +1,360 @@
+"""``agentrl bench soak``: a long async run of the swe environment through the env server, with faults injected
+on a schedule, that must lose no data and leak nothing.
+
+The bench starts an env server (``agentrl serve-env``, sandboxes in Docker) serving the swe environment with
+short command limits (``bash_timeout_s`` 5 s, so a frozen sandbox outlasts them), two vLLM engines on the
+embedded tiny model (or uses a running one as A: ``--engine-a``; B is always the bench's own), and trains
+asynchronously against both for ``--minutes``. Once the first step is recorded, one fault every
+``--fault-every-s`` seconds, in turn:
+
+- ``engine_kill``: engine B is killed with SIGKILL and started again on its port (it rejoins at the current
+  version; A carries the run meanwhile);
+- ``sandbox_kill``: one running sandbox container of the env server is killed (``docker kill``), whatever
+  it was doing;
+- ``env_server_restart``: the env server is killed with SIGKILL and started again on the same port (its
+  sessions are gone; the run's requests to it are retried, then fail as episodes);
+- ``tool_hang``: every running sandbox of the env server is frozen (``docker pause``) for longer than a
+  command's time limit, then thawed: commands in flight hang past their timeout;
+- ``malformed_burst``: for a few seconds the run samples at temperature 2, so the model's output (its tool
+  calls included) is malformed.
+
+The driver's resident memory and open file descriptors are sampled every 2 s. The last line is one JSON
+object: ``steps_completed``, ``groups_lost_unrecorded`` (groups admitted but neither trained on, dropped,
+released nor buffered at the end: must be 0), ``episodes``, ``episodes_failed_by_cause`` (stop reason ->
+episodes), ``errors`` (distinct first lines), ``faults`` (each injected fault: when, and what it did),
+``rss_mib_start``/``rss_mib_end``/``rss_mib_per_hour`` (the driver's, from the first fault on: the slope
+of a least-squares line), ``fds_start``/``fds_end``, ``wall_s``, and ``sandboxes_left`` (containers of the
+env servers that exist once the bench has stopped them: must be 0).
+
+    agentrl bench soak --minutes 60 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.types import FAILED_STOP_REASONS
+
+FAULTS = ("engine_kill", "sandbox_kill", "env_server_restart", "tool_hang", "malformed_burst")
+"""The faults, in the order they are injected (then again from the first)."""
+
+SOAK_ENV = '''"""The swe environment with short command limits: a frozen sandbox outlasts them (``agentrl bench soak``)."""
+
+from typing import ClassVar
+
+from agentrl.envs.swe import SweEnv
+from agentrl.envs.swe.config import SweConfig
+
+
+class SoakSwe(SweEnv):
+    config: ClassVar[SweConfig] = SweConfig(bash_timeout_s=5.0, test_timeout_s=60.0)
+'''
+FREEZE_S = 12.0
+"""How long ``tool_hang`` keeps the sandboxes frozen: past ``bash_timeout_s`` (5 s) and its kill grace."""
+BURST_S = 8.0
+"""How long ``malformed_burst`` samples at ``BURST_TEMPERATURE``."""
+BURST_TEMPERATURE = 2.0
+
+
+def _records(path: Path, kind: str) -> list[dict[str, Any]]:
+    try:
+        return [r for r in read_jsonl(path) if r.get("kind") == kind]
+    except (OSError, ValueError):
+        return []
+
+
+def rss_mib() -> float:
+    """This process's resident memory (MiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def open_fds() -> int:
+    """This process's open file descriptors."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
+    """The least-squares slope of ``(seconds, value)`` points, per hour; None under two points."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    var = sum((t - mt) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return 3600 * sum((t - mt) * (v - mv) for t, v in points) / var
+
+
+class Faults:
+    """Injects the faults into one run: engine B, the env server, its sandboxes and the run's sampling."""
+
+    def __init__(self, run: Any, engine_b: Any, env_server: Any, work: Path, seed: int) -> None:
+        import docker
+
+        self.run, self.engine_b, self.env_server, self.work = run, engine_b, env_server, work
+        self.docker = docker.from_env(timeout=30)
+        self.rng = random.Random(seed)
+        self.restarting: asyncio.Task | None = None
+        self.servers: list[Any] = [engine_b]
+        """Every engine B started (stopped at the end)."""
+        self.env_servers: list[Any] = [env_server]
+        self.env_server_pids: list[int] = [env_server.pid]
+        """Every env server started (its sandboxes carry its pid)."""
+
+    def _containers(self, pid: int, *, running: bool) -> list[Any]:
+        """The sandbox containers started by the env server process ``pid`` (their ``agentrl.pid`` label):
+        the running ones, or all."""
+        label = {"label": f"agentrl.pid={pid}"}
+        if running:
+            return self.docker.containers.list(filters={**label, "status": "running"})
+        return self.docker.containers.list(all=True, filters=label)
+
+    def sandboxes(self) -> list[Any]:
+        """The env server's running sandbox containers."""
+        return self._containers(self.env_server.pid, running=True)
+
+    async def inject(self, name: str) -> dict[str, Any]:
+        """Inject fault ``name``; what it did."""
+        return await getattr(self, name)()
+
+    async def engine_kill(self) -> dict[str, Any]:
+        from agentrl.inference import VLLMServer
+
+        if self.restarting is not None and not self.restarting.done():
+            return {"ok": False, "detail": "engine B is still restarting from the last kill"}
+        server = self.engine_b
+        os.killpg(server.pgid, signal.SIGKILL)
+        await asyncio.to_thread(server.proc.wait, 30)
+
+        async def restart() -> None:
+            await asyncio.sleep(1.0)
+            again = VLLMServer(server.cfg.model_copy(update={"port": server.port}), server.log_dir)
+            self.servers.append(again)
+            await asyncio.to_thread(again.start)
+            self.engine_b = again
+
+        self.restarting = asyncio.create_task(restart())
+        return {"ok": True, "detail": f"SIGKILL to engine B ({server.url}); restarting on the same port"}
+
+    async def sandbox_kill(self) -> dict[str, Any]:
+        boxes = await asyncio.to_thread(self.sandboxes)
+        if not boxes:
+            return {"ok": False, "detail": "no sandbox was running"}
+        box = self.rng.choice(boxes)
+        await asyncio.to_thread(box.kill)
+        return {"ok": True, "detail": f"killed sandbox {box.short_id} ({len(boxes)} running)"}
+
+    async def env_server_restart(self) -> dict[str, Any]:
+        from agentrl.bench.env_server import ServerProcess
+
+        old = self.env_server
+        port = int(old.url.rsplit(":", 1)[1])
+        await asyncio.to_thread(old.kill)
+        t0 = time.perf_counter()
+        new = ServerProcess(old.envs, port=port, token=old.token, extra=old.extra,
+                            log_path=self.work / f"env-server-{len(self.env_servers)}.log")
+        self.env_servers.append(new)
+        await asyncio.to_thread(new.start, 120.0)
+        self.env_server = new
+        self.env_server_pids.append(new.pid)
+        return {"ok": True, "detail": f"SIGKILL to the env server; back on port {port} in "
+                                      f"{time.perf_counter() - t0:.1f}s"}
+
+    async def tool_hang(self) -> dict[str, Any]:
+        boxes = await asyncio.to_thread(self.sandboxes)
+        if not boxes:
+            return {"ok": False, "detail": "no sandbox was running"}
+        frozen = []
+        for box in boxes:
+            with contextlib.suppress(Exception):  # it may have ended meanwhile
+                await asyncio.to_thread(box.pause)
+                frozen.append(box)
+        await asyncio.sleep(FREEZE_S)
+        for box in frozen:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(box.unpause)
+        return {"ok": bool(frozen), "detail": f"froze {len(frozen)} sandboxes for {FREEZE_S:.0f}s"}
+
+    async def malformed_burst(self) -> dict[str, Any]:
+        workers = self.run.orch.runner
+        normal = workers.sampling
+        workers.sampling = normal.model_copy(update={"temperature": BURST_TEMPERATURE})
+        try:
+            await asyncio.sleep(BURST_S)
+        finally:
+            workers.sampling = normal
+        return {"ok": True, "detail": f"sampled at temperature {BURST_TEMPERATURE} for {BURST_S:.0f}s"}
+
+    async def close(self) -> None:
+        if self.restarting is not None:
+            self.restarting.cancel()
+            with contextlib.suppress(BaseException):
+                await self.restarting
+        for server in self.servers:
+            await asyncio.to_thread(server.stop)
+        for env_server in self.env_servers:
+            await asyncio.to_thread(env_server.stop)
+
+    def left_behind(self) -> int:
+        """Sandbox containers of the env servers that still exist (after :meth:`close`: must be 0)."""
+        return sum(len(self._containers(pid, running=False)) for pid in self.env_server_pids)
+
+
+async def _schedule(faults: Faults, metrics: Path, every_s: float, t0: float, log: list[dict[str, Any]]) -> None:
+    """After the first recorded step, inject one fault every ``every_s`` seconds, in ``FAULTS`` order."""
+    for _ in iter(int, 1):  # the run's metrics file is the only signal: poll it
+        if _records(metrics, "train"):
+            break
+        await asyncio.sleep(0.5)
+    for name in itertools.cycle(FAULTS):
+        at = time.perf_counter() - t0
+        try:
+            rec = await faults.inject(name)
+        except Exception as e:  # a fault that could not be injected is reported, and the soak goes on
+            rec = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
+        log.append({"fault": name, "at_s": round(at, 1), **rec})
+        await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - t0 - at)))
+
+
+async def _sample(points: list[tuple[float, float, int]], t0: float) -> None:
+    while True:
+        points.append((time.perf_counter() - t0, rss_mib(), open_fds()))
+        await asyncio.sleep(2.0)
+
+
+async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: str | None = None,
+                   seed: int = 0) -> dict[str, Any]:
+    """Run the soak in ``work``; ``engine_a``: the URL of a running engine on the embedded model (LoRA
+    enabled) to use as A, neither started nor stopped here."""
+    from agentrl.bench.env_server import ServerProcess
+    from agentrl.config.run import DEFAULT_MODEL, load_config
+    from agentrl.envs.swe import SweEnv
+    from agentrl.inference import VLLMServer, VLLMServerConfig
+    from agentrl.launch.stack import ensure_model
+    from agentrl.orchestrator.run import TrainingRun
+
+    work.mkdir(parents=True, exist_ok=True)
+    model = str(Path(ensure_model(DEFAULT_MODEL)).resolve())
+    (work / "soak_env.py").write_text(SOAK_ENV)
+    # the shortest issues leave room for a few turns in the engines' 1024-token window
+    shortest = sorted(SweEnv.tasks("all"), key=lambda t: len(t["problem_statement"]))[:4]
+    tasks = work / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in shortest))
+    scfg = VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,
+                            startup_timeout_s=600)
+    a = None if engine_a else VLLMServer(scfg, work / "engine-a")
+    b = VLLMServer(scfg, work / "engine-b")
+    env_server = ServerProcess([f"{work / 'soak_env.py'}:SoakSwe"], log_path=work / "env-server-0.log")
+    faults: Faults | None = None
+    result: dict[str, Any] = {}
+    try:
+        for server in (a, b):
+            if server is not None:
+                await asyncio.to_thread(server.start)
+        await asyncio.to_thread(env_server.start, 300.0)
+        cfg = load_config(None, {
+            "env": "swe", "env_url": env_server.url, "env_token": env_server.token, "name": "soak",
+            "output_dir": str(work / "runs"), "model": model, "steps": 100_000, "time_limit_min": minutes,
+            "mode": "async", "tasks": str(tasks), "eval_tasks": str(tasks), "tasks_per_step": 2, "group_size": 2,
+            "eval_every": 0, "eval_size": 2, "checkpoint_every": 0, "engine_warmup": False, "seed": seed,
+            "endpoints": [engine_a or a.url, b.url], "inference": {"max_model_len": 1024},
+            "sampling": {"max_context_tokens": 1024},
+        })
+        run = TrainingRun(cfg, progress=False)
+        metrics = run.run_dir / "metrics.jsonl"
+        faults = Faults(run, b, env_server, work, seed)
+        injected: list[dict[str, Any]] = []
+        points: list[tuple[float, float, int]] = []
+        t0 = time.perf_counter()
+        helpers = [asyncio.create_task(_schedule(faults, metrics, fault_every_s, t0, injected)),
+                   asyncio.create_task(_sample(points, t0))]
+        try:
+            await run.run()
+        finally:
+            for task in helpers:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        wall = time.perf_counter() - t0
+        points.append((wall, rss_mib(), open_fds()))
+        train = _records(metrics, "train")
+        groups = _records(metrics, "groups")[-1]
+        accounted = sum(groups[f"groups_{k}"] for k in ("consumed", "released", "dropped_stale",
+                                                         "dropped_capacity", "buffered"))
+        failed = {r.value: int(sum(t.get(f"stop_{r.value}", 0) for t in train)) for r in FAILED_STOP_REASONS}
+        first_fault = injected[0]["at_s"] if injected else 0.0
+        after = [(t, m) for t, m, _ in points if t >= first_fault]
+        fds_after = [f for t, _, f in points if t >= first_fault]
+        result = {
+            "minutes": minutes,
+            "steps_completed": len(train),
+            "groups_lost_unrecorded": int(groups["groups_admitted"] - accounted),
+            "groups_admitted": int(groups["groups_admitted"]),
+            "episodes": int(sum(t.get("num_episodes", 0) for t in train)),
+            "episodes_failed_by_cause": {k: v for k, v in sorted(failed.items()) if v},
+            "malformed_tool_calls": int(sum(t.get("malformed_tool_calls", 0) for t in train)),
+            "errors": sorted({e for t in train for e in t.get("errors", [])})[:10],
+            "faults": injected,
+            "engines_rejoined": int(sum(t.get("engines_rejoined", 0) for t in train)),
+            "rss_mib_start": round(after[0][1], 1) if after else None,
+            "rss_mib_end": round(points[-1][1], 1),
+            "rss_mib_per_hour": (None if (s := slope_per_hour(after)) is None else round(s, 1)),
+            "fds_start": fds_after[0] if fds_after else None,
+            "fds_end": points[-1][2],
+            "wall_s": round(wall, 1),
+        }
+    finally:
+        if faults is not None:
+            await faults.close()
+            result["sandboxes_left"] = await asyncio.to_thread(faults.left_behind)
+        else:
+            await asyncio.to_thread(env_server.stop)
+            await asyncio.to_thread(b.stop)
+        if a is not None:
+            await asyncio.to_thread(a.stop)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak; exit 1 when a group was lost unrecorded, no step completed or a sandbox was left."""
+    ap = argparse.ArgumentParser(prog="agentrl bench soak", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--minutes", type=float, default=60.0, help="how long the run trains")
+    ap.add_argument("--fault-every-s", type=float, default=30.0, help="seconds between two faults")
+    ap.add_argument("--seed", type=int, default=0, help="the run's seed and the choice of sandboxes to kill")
+    ap.add_argument("--work-dir", type=Path, default=None, help="engines' and servers' logs and the run "
+                                                                "(default: a temporary directory)")
+    ap.add_argument("--engine-a", default=None,
+                    help="URL of a running engine on the embedded model (LoRA enabled) to use as A")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-soak-") as tmp:
+        res = asyncio.run(run_soak(args.minutes, args.fault_every_s, Path(args.work_dir or tmp), args.engine_a,
+                                   args.seed))
+    if not args.json:
+        for k, v in res.items():
+            print(f"{k:<26} {v}")
+    print(json.dumps(res))
+    ok = res["groups_lost_unrecorded"] == 0 and res["steps_completed"] > 0 and res.get("sandboxes_left") == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

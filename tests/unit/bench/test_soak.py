@@ -1,0 +1,39 @@
+"""``agentrl bench soak``'s pure parts: the memory slope, the driver's own readings, the fault rotation."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agentrl.bench.soak import FAULTS, FREEZE_S, SOAK_ENV, Faults, open_fds, rss_mib, slope_per_hour
+
+
+def test_the_slope_is_per_hour_and_needs_two_distinct_times() -> None:
+    assert slope_per_hour([(0.0, 100.0), (1800.0, 150.0), (3600.0, 200.0)]) == pytest.approx(100.0)
+    assert slope_per_hour([(0.0, 5.0), (10.0, 5.0)]) == 0.0
+    assert slope_per_hour([(3.0, 1.0)]) is None and slope_per_hour([(3.0, 1.0), (3.0, 2.0)]) is None
+    # least squares, not the end points: one outlier in the middle does not make a trend
+    assert slope_per_hour([(0.0, 10.0), (1.0, 90.0), (2.0, 10.0)]) == pytest.approx(0.0)
+
+
+def test_the_drivers_readings_see_its_own_memory_and_descriptors() -> None:
+    before, fds = rss_mib(), open_fds()
+    r, w = os.pipe()
+    try:
+        assert open_fds() == fds + 2
+    finally:
+        os.close(r)
+        os.close(w)
+    blob = bytearray(64 << 20)
+    assert rss_mib() > before + 50
+    del blob
+
+
+def test_every_fault_has_an_injector_and_the_env_is_swe_with_short_limits() -> None:
+    assert len(set(FAULTS)) == len(FAULTS) == 5
+    assert all(callable(getattr(Faults, name, None)) for name in FAULTS)
+    namespace: dict = {}
+    exec(compile(SOAK_ENV, "soak_env.py", "exec"), namespace)
+    env = namespace["SoakSwe"]
+    assert env.name == "swe" and env.config.bash_timeout_s + 1 < FREEZE_S, "a frozen command outlasts its limit"
