@@ -115,6 +115,9 @@ class Faults:
         self.servers: list[Any] = [engine_b]
         """Every engine B started (stopped at the end)."""
         self.env_servers: list[Any] = [env_server]
+        self.pending: list[asyncio.Future] = []
+        """Starts of engines and env servers running in threads: awaited by :meth:`close` (cancelling a fault
+        does not stop its thread, which would otherwise start a process after the bench stopped them all)."""
         self.env_server_pids: list[int] = [env_server.pid]
         """Every env server started (its sandboxes carry its pid)."""
 
@@ -129,6 +132,12 @@ class Faults:
     def sandboxes(self) -> list[Any]:
         """The env server's running sandbox containers."""
         return self._containers(self.env_server.pid, running=True)
+
+    async def _start(self, start: Any, *args: Any) -> None:
+        """``start(*args)`` in a thread, finished even if the fault is cancelled (see ``pending``)."""
+        future = asyncio.ensure_future(asyncio.to_thread(start, *args))
+        self.pending.append(future)
+        await asyncio.shield(future)
 
     async def inject(self, name: str) -> dict[str, Any]:
         """Inject fault ``name``; what it did."""
@@ -147,7 +156,7 @@ class Faults:
             await asyncio.sleep(1.0)
             again = VLLMServer(server.cfg.model_copy(update={"port": server.port}), server.log_dir)
             self.servers.append(again)
-            await asyncio.to_thread(again.start)
+            await self._start(again.start)
             self.engine_b = again
 
         self.restarting = asyncio.create_task(restart())
@@ -171,7 +180,7 @@ class Faults:
         new = ServerProcess(old.envs, port=port, token=old.token, extra=old.extra,
                             log_path=self.work / f"env-server-{len(self.env_servers)}.log")
         self.env_servers.append(new)
-        await asyncio.to_thread(new.start, 120.0)
+        await self._start(new.start, 120.0)
         self.env_server = new
         self.env_server_pids.append(new.pid)
         return {"ok": True, "detail": f"SIGKILL to the env server; back on port {port} in "
@@ -207,6 +216,7 @@ class Faults:
             self.restarting.cancel()
             with contextlib.suppress(BaseException):
                 await self.restarting
+        await asyncio.gather(*self.pending, return_exceptions=True)
         for server in self.servers:
             await asyncio.to_thread(server.stop)
         for env_server in self.env_servers:
