@@ -35,41 +35,52 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.orchestrator.metrics import groups_lost_unrecorded, records_of
 
 
-def _records(path: Path, kind: str) -> list[dict[str, Any]]:
-    try:
-        return [r for r in read_jsonl(path) if r.get("kind") == kind]
-    except (OSError, ValueError):
-        return []
+async def kill_engine(server: Any) -> None:
+    """SIGKILL to ``server``'s process group (its engine core and workers too), as a crash would."""
+    os.killpg(server.pgid, signal.SIGKILL)
+    await asyncio.to_thread(server.proc.wait, 30)
+
+
+def engine_again(server: Any) -> Any:
+    """A new (not started) vLLM server of ``server``'s config on its port, logging beside it."""
+    from agentrl.inference import VLLMServer
+
+    return VLLMServer(server.cfg.model_copy(update={"port": server.port}), server.log_dir)
 
 
 async def _fault(run: Any, metrics: Path, server: Any, kill_after_step: int, restart_after_s: float,
                  steps_after_rejoin: int, events: dict[str, Any]) -> None:
     """Kill ``server`` while the step after ``kill_after_step`` generates; start it again later; once it
     rejoined, let ``run`` do ``steps_after_rejoin`` more steps."""
-    from agentrl.inference import VLLMServer
-
     for _ in iter(int, 1):  # the run's metrics file is the only signal: poll it
-        if any(r["step"] >= kill_after_step for r in _records(metrics, "train")):
+        if any(r["step"] >= kill_after_step for r in records_of(metrics, "train")):
             break
         await asyncio.sleep(0.2)
     await asyncio.sleep(0.5)  # into the next step's generation
-    os.killpg(server.pgid, signal.SIGKILL)
-    await asyncio.to_thread(server.proc.wait, 30)
+    await kill_engine(server)
     events["killed_at_s"] = time.perf_counter()
     await asyncio.sleep(restart_after_s)
-    again = VLLMServer(server.cfg.model_copy(update={"port": server.port}), server.log_dir)
+    again = engine_again(server)
     await asyncio.to_thread(again.start)
     events["restarted"] = again
     events["restarted_after_s"] = time.perf_counter() - events["killed_at_s"]
     for _ in iter(int, 1):
-        back = [r["step"] for r in _records(metrics, "train") if r.get("engines_rejoined")]
+        back = [r["step"] for r in records_of(metrics, "train") if r.get("engines_rejoined")]
         if back:
             run.cfg.steps = min(run.cfg.steps, back[0] + steps_after_rejoin)  # read between steps
             return
         await asyncio.sleep(0.5)
+
+
+def engine_pair_config(model: str) -> Any:
+    """The server config of the two engines of a fault benchmark (the embedded model, LoRA, a 1024 window)."""
+    from agentrl.inference import VLLMServerConfig
+
+    return VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,
+                            startup_timeout_s=600)
 
 
 async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: float, steps_after_rejoin: int,
@@ -77,13 +88,12 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
     """Run the benchmark in ``work``; ``engine_a`` is the URL of a running engine on the embedded model (with
     LoRA) to use as A, which is then neither started nor stopped here. B is always the bench's own."""
     from agentrl.config.run import DEFAULT_MODEL, load_config
-    from agentrl.inference import InferenceClient, VLLMServer, VLLMServerConfig
+    from agentrl.inference import InferenceClient, VLLMServer
     from agentrl.launch.stack import ensure_model
     from agentrl.orchestrator.run import TrainingRun
 
     model = str(Path(ensure_model(DEFAULT_MODEL)).resolve())
-    scfg = VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,
-                            startup_timeout_s=600)
+    scfg = engine_pair_config(model)
     a = None if engine_a else VLLMServer(scfg, work / "engine-a")
     b = VLLMServer(scfg, work / "engine-b")
     events: dict[str, Any] = {}
@@ -112,11 +122,8 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
                     await fault
         wall = time.perf_counter() - t0
         fault_error = None if fault.cancelled() else fault.exception()
-        train = _records(metrics, "train")
-        groups = _records(metrics, "groups")[-1]
-        admitted = groups["groups_admitted"]
-        accounted = sum(groups[f"groups_{k}"] for k in ("consumed", "released", "dropped_stale",
-                                                         "dropped_capacity", "buffered"))
+        train = records_of(metrics, "train")
+        groups = records_of(metrics, "groups")[-1]
         served, weights_match = None, False
         if events.get("restarted") is not None:
             gens = []
@@ -130,8 +137,8 @@ async def run_faults(max_steps: int, kill_after_step: int, restart_after_s: floa
         return {
             "steps_requested": run.cfg.steps,
             "steps_completed": len(train),
-            "groups_lost_unrecorded": int(admitted - accounted),
-            "groups_admitted": int(admitted),
+            "groups_lost_unrecorded": groups_lost_unrecorded(groups),
+            "groups_admitted": int(groups["groups_admitted"]),
             "episodes_failed_by_fault": int(sum(r.get("stop_inference_error", 0) for r in train)),
             "episodes_failed": int(sum(r.get("num_failed", 0) for r in train)),
             "engine_killed": "killed_at_s" in events,

@@ -38,14 +38,13 @@ import itertools
 import json
 import os
 import random
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.orchestrator.metrics import read_jsonl
+from agentrl.orchestrator.metrics import groups_lost_unrecorded, records_of
 from agentrl.types import FAILED_STOP_REASONS
 
 FAULTS = ("engine_kill", "sandbox_kill", "env_server_restart", "tool_hang", "malformed_burst")
@@ -68,12 +67,6 @@ BURST_S = 8.0
 """How long ``malformed_burst`` samples at ``BURST_TEMPERATURE``."""
 BURST_TEMPERATURE = 2.0
 
-
-def _records(path: Path, kind: str) -> list[dict[str, Any]]:
-    try:
-        return [r for r in read_jsonl(path) if r.get("kind") == kind]
-    except (OSError, ValueError):
-        return []
 
 
 def rss_mib() -> float:
@@ -144,17 +137,16 @@ class Faults:
         return await getattr(self, name)()
 
     async def engine_kill(self) -> dict[str, Any]:
-        from agentrl.inference import VLLMServer
+        from agentrl.bench.faults import engine_again, kill_engine
 
         if self.restarting is not None and not self.restarting.done():
             return {"ok": False, "detail": "engine B is still restarting from the last kill"}
         server = self.engine_b
-        os.killpg(server.pgid, signal.SIGKILL)
-        await asyncio.to_thread(server.proc.wait, 30)
+        await kill_engine(server)
 
         async def restart() -> None:
             await asyncio.sleep(1.0)
-            again = VLLMServer(server.cfg.model_copy(update={"port": server.port}), server.log_dir)
+            again = engine_again(server)
             self.servers.append(again)
             await self._start(again.start)
             self.engine_b = again
@@ -230,7 +222,7 @@ class Faults:
 async def _schedule(faults: Faults, metrics: Path, every_s: float, t0: float, log: list[dict[str, Any]]) -> None:
     """After the first recorded step, inject one fault every ``every_s`` seconds, in ``FAULTS`` order."""
     for _ in iter(int, 1):  # the run's metrics file is the only signal: poll it
-        if _records(metrics, "train"):
+        if records_of(metrics, "train"):
             break
         await asyncio.sleep(0.5)
     for name in itertools.cycle(FAULTS):
@@ -254,9 +246,10 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
     """Run the soak in ``work``; ``engine_a``: the URL of a running engine on the embedded model (LoRA
     enabled) to use as A, neither started nor stopped here."""
     from agentrl.bench.env_server import ServerProcess
+    from agentrl.bench.faults import engine_pair_config
     from agentrl.config.run import DEFAULT_MODEL, load_config
     from agentrl.envs.swe import SweEnv
-    from agentrl.inference import VLLMServer, VLLMServerConfig
+    from agentrl.inference import VLLMServer
     from agentrl.launch.stack import ensure_model
     from agentrl.orchestrator.run import TrainingRun
 
@@ -267,8 +260,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
     shortest = sorted(SweEnv.tasks("all"), key=lambda t: len(t["problem_statement"]))[:4]
     tasks = work / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(t) + "\n" for t in shortest))
-    scfg = VLLMServerConfig(model=model, dtype="float32", max_model_len=1024, max_lora_rank=16, max_loras=2,
-                            startup_timeout_s=600)
+    scfg = engine_pair_config(model)
     a = None if engine_a else VLLMServer(scfg, work / "engine-a")
     b = VLLMServer(scfg, work / "engine-b")
     env_server = ServerProcess([f"{work / 'soak_env.py'}:SoakSwe"], log_path=work / "env-server-0.log")
@@ -304,10 +296,8 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
                     await task
         wall = time.perf_counter() - t0
         points.append((wall, rss_mib(), open_fds()))
-        train = _records(metrics, "train")
-        groups = _records(metrics, "groups")[-1]
-        accounted = sum(groups[f"groups_{k}"] for k in ("consumed", "released", "dropped_stale",
-                                                         "dropped_capacity", "buffered"))
+        train = records_of(metrics, "train")
+        groups = records_of(metrics, "groups")[-1]
         failed = {r.value: int(sum(t.get(f"stop_{r.value}", 0) for t in train)) for r in FAILED_STOP_REASONS}
         first_fault = injected[0]["at_s"] if injected else 0.0
         after = [(t, m) for t, m, _ in points if t >= first_fault]
@@ -315,7 +305,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         result = {
             "minutes": minutes,
             "steps_completed": len(train),
-            "groups_lost_unrecorded": int(groups["groups_admitted"] - accounted),
+            "groups_lost_unrecorded": groups_lost_unrecorded(groups),
             "groups_admitted": int(groups["groups_admitted"]),
             "episodes": int(sum(t.get("num_episodes", 0) for t in train)),
             "episodes_failed_by_cause": {k: v for k, v in sorted(failed.items()) if v},

@@ -64,6 +64,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def records_of(path: Path, kind: str) -> list[dict[str, Any]]:
+    """The records of ``kind`` in the metrics file ``path`` so far ([] while it does not exist yet)."""
+    try:
+        return [r for r in read_jsonl(path) if r.get("kind") == kind]
+    except (OSError, ValueError):
+        return []
+
+
+def groups_lost_unrecorded(books: dict[str, Any]) -> int:
+    """Groups of a run's final ``groups`` record that were admitted but neither consumed, released, dropped nor
+    buffered: lost without a record (must be 0)."""
+    accounted = sum(books[f"groups_{k}"] for k in ("consumed", "released", "dropped_stale", "dropped_capacity",
+                                                   "buffered"))
+    return int(books["groups_admitted"] - accounted)
+
+
 def step_metrics(
     batch: list[list[Trajectory]],
     stats: BatchStats,
