@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.utils.lifeline import own_process, release_process
+
 SANDBOX_ENVS = ("swe", "shell", "agentrl.bench.shell_env:ShellEnv")
 """Environments known to start a sandbox per session (the bench builds the image first)."""
 
@@ -245,6 +247,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [*cmd, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        own_process(self.proc.pid)  # ended with this process, even when this process is SIGKILLed
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -281,6 +284,8 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+        if self.proc is not None and self.proc.poll() is not None:
+            release_process(self.proc.pid)
 
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (graceful: sessions closed, sandboxes removed), then SIGKILL after ``timeout_s``."""
@@ -292,6 +297,7 @@ class ServerProcess:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
+        release_process(self.proc.pid)
         if self._own_log and self.proc.returncode == 0:  # keep the log of a failed run only
             self.log_path.unlink(missing_ok=True)
         return self.proc.returncode

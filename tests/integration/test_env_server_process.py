@@ -16,7 +16,7 @@ import pytest
 from agentrl.bench.env_server import ServerProcess, containers_of_pid, run_load
 from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
 from tests.conftest import require
-from tests.procs import command_line, descendants
+from tests.procs import command_line, descendants, start_time
 
 pytestmark = pytest.mark.integration
 
@@ -135,3 +135,31 @@ async def test_a_killed_servers_containers_go_with_it_or_at_the_next_start(sandb
                 server.kill()
         if third is not None:
             third.stop()
+
+
+def test_a_sigkilled_owner_takes_its_env_server_with_it(tmp_path: Path) -> None:
+    """A benchmark or test that started an env server and is SIGKILLed leaves no server behind."""
+    import subprocess
+    import sys
+
+    code = ("import time; from agentrl.bench.env_server import ServerProcess; "
+            "s = ServerProcess(['calc']).start(); print(s.pid, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    server_pid = started = None
+    try:
+        assert owner.stdout is not None
+        server_pid = int(owner.stdout.readline())
+        started = start_time(server_pid)
+        assert started is not None
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(10)
+        t0 = time.monotonic()
+        while start_time(server_pid) == started:
+            assert time.monotonic() - t0 < 15, f"the env server outlived its owner: {command_line(server_pid)}"
+            time.sleep(0.2)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        if server_pid is not None and started is not None and start_time(server_pid) == started:
+            os.kill(server_pid, signal.SIGKILL)
