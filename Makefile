@@ -11,6 +11,8 @@ STACK ?= cpu
 TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml setup.py Makefile | sha1sum | cut -c1-12)
 PYTEST_ARGS ?= --durations=30
+# pytest workers (pytest-xdist): a test file runs whole on one worker; 0 runs in one process.
+TEST_WORKERS ?= 2
 TRAIN_ARGS ?=
 
 .PHONY: install test test-unit train lint model clean
@@ -34,10 +36,10 @@ endif
 	@touch $@
 
 test: install
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 train: install
 	$(VENV)/bin/agentrl train --env calc --full $(TRAIN_ARGS)

@@ -6,7 +6,17 @@ import os
 
 import pytest
 
+from tests import prebuild
+
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+"""This process's pytest-xdist worker (``gw0``, ``gw1``, ...); empty when the session runs in one process."""
+
+# vLLM's CPU build binds an engine's threads to core 0 unless told otherwise: the engines of two workers
+# would share that core while the other idles. Each worker's engines compute on a core of their own.
+if WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(int(WORKER[2:]) % (os.cpu_count() or 1))
 
 # The suite never reaches an outside host: the trackers and the Hugging Face hub run offline, analytics off
 # (set before any test imports them; child processes such as vLLM servers inherit it).
@@ -29,6 +39,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import shutil
 
     shutil.rmtree(getattr(config, "_agentrl_trackio_dir", ""), ignore_errors=True)
+    prebuild.stop()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files whose tests need the embedded model run after those that need none, and the model is built in
+    the background meanwhile (by the first worker only; the others wait on the build's lock when they get
+    there). Within each part, files marked ``long`` come first, so that none ends the session alone; otherwise
+    files keep their order (a stable sort; run with xdist's ``--no-loadscope-reorder``)."""
+    needs = {item.path for item in items if prebuild.MODEL_FIXTURE in item.fixturenames}
+    long = {item.path for item in items if item.get_closest_marker("long") is not None}
+    items.sort(key=lambda item: (item.path in needs, item.path not in long))
+    if needs and WORKER in ("", "gw0"):
+        prebuild.start()
 
 
 def require(ok: bool, reason: str) -> None:

@@ -16,9 +16,13 @@ CARD_FILE = "README.md"
 
 
 def _hub_id(model: str) -> str | None:
-    """``model`` when it reads as a hub id (``owner/name``, not a local directory): the card's ``base_model``."""
+    """``model`` when it reads as a hub id (``owner/name``, not a local directory): the card's ``base_model``.
+    The embedded models' directory (``models/tiny``, built on demand) is local even before it exists."""
+    from agentrl.config.run import DEFAULT_MODEL
+
     parts = model.split("/")
-    return model if len(parts) == 2 and all(parts) and not Path(model).exists() else None
+    embedded = parts[0] == Path(DEFAULT_MODEL).parent.name
+    return model if len(parts) == 2 and all(parts) and not embedded and not Path(model).exists() else None
 
 
 def _success(rec: dict[str, Any] | None) -> str:

@@ -216,4 +216,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without the interpreter's finalisation: it destroys C++ objects of torch's libraries whose threads
+    # may still run, which std::terminate()s the process (SIGABRT after "process group destroyed", seen on a
+    # loaded machine), turning a clean stop into a failed rank. Everything of ours is closed by now.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

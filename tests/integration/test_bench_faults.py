@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 async def test_a_run_survives_a_killed_engine_and_takes_it_back(vllm_server, tmp_path: Path) -> None:

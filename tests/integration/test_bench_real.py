@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_bench_pipeline_real_mode(vllm_server, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

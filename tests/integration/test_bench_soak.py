@@ -12,7 +12,7 @@ import pytest
 from agentrl.sandbox import engine_reachable
 from tests.conftest import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 async def test_a_soak_under_every_fault_loses_nothing_and_leaks_nothing(vllm_server, tmp_path: Path) -> None:

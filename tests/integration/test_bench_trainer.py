@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def test_bench_trainer_reports_padded_and_packed_side_by_side() -> None:

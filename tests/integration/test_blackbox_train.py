@@ -23,7 +23,7 @@ from agentrl.config.run import load_config
 from agentrl.orchestrator.metrics import read_jsonl
 from agentrl.orchestrator.run import TrainingRun
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # the agent programs trained together, one after another over each task's episodes

@@ -26,7 +26,7 @@ from tests.conftest import require
 from tests.hosts import Host
 from tests.unit.environment.test_loading import AGENTRL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ENV_TOKEN = "lost-engine-env-token-0123456789"
 RUN_TOML = """steps = 6

@@ -26,7 +26,7 @@ from agentrl.types import StopReason
 from tests.conftest import require
 from tests.fixtures_families import FAMILIES, build_family_model
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 class ShortCalc(CalcEnv):

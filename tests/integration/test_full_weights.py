@@ -26,7 +26,7 @@ from agentrl.versions import engine_label, token_versions
 from agentrl.weight_sync.full import FullWeightSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PROMPT = [(i * 13) % 390 + 5 for i in range(32)]
 N_TOKENS = 900  # prompt + completion within the session server's max_model_len (1024)

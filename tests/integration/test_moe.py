@@ -16,6 +16,8 @@ import pytest
 import agentrl
 from tests.conftest import require
 
+pytestmark = pytest.mark.long
+
 log = logging.getLogger(__name__)
 
 

@@ -22,7 +22,7 @@ from agentrl.environment.base import ToolArgumentError
 from agentrl.orchestrator.metrics import read_jsonl
 from tests.unit.environment.test_loading import AGENTRL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 pytest.importorskip("openenv.core.env_server.mcp_environment", reason="openenv-core is a test dependency")
 ROOT = Path(__file__).resolve().parents[2]
 

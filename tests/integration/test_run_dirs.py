@@ -19,7 +19,7 @@ from agentrl.orchestrator.run import TrainingRun
 from tests.procs import command_line, descendants, start_time
 from tests.unit.environment.test_loading import AGENTRL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 def _digests(d: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from agentrl.sandbox import build_image, engine_reachable, gc
 from agentrl.types import StopReason
 from tests.conftest import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -23,7 +23,7 @@ from agentrl.tracking.base import Tracker
 from agentrl.tracking.records import TrackerRecord
 from tests import tracker_readers as read
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 TRACKERS = ["tensorboard", "wandb", "mlflow", "trackio"]
 RAISING = f"{__name__}:RaisesOnLog"
