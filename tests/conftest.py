@@ -45,13 +45,37 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files whose tests need the embedded model run after those that need none, and the model is built in
     the background meanwhile (by the first worker only; the others wait on the build's lock when they get
-    there). Within each part, files marked ``long`` come first, so that none ends the session alone; otherwise
-    files keep their order (a stable sort; run with xdist's ``--no-loadscope-reorder``)."""
+    there, and all yield the cores to it). Within each part, files marked ``long`` come first, so that none
+    ends the session alone; otherwise files keep their order (a stable sort; run with xdist's
+    ``--no-loadscope-reorder``)."""
+    _unique_node_ids(items)
     needs = {item.path for item in items if prebuild.MODEL_FIXTURE in item.fixturenames}
     long = {item.path for item in items if item.get_closest_marker("long") is not None}
     items.sort(key=lambda item: (item.path in needs, item.path not in long))
     if needs and WORKER in ("", "gw0"):
         prebuild.start()
+    if needs and WORKER:
+        # the build is the one thing every later test waits for: the workers, and all they start from now on,
+        # yield the cores to it (a lower priority for all of them alike, so it changes nothing between them)
+        os.nice(prebuild.WORKER_NICE)
+
+
+def _unique_node_ids(items: list[pytest.Item]) -> None:
+    """Give items that share a node id one of their own, from their name: schemathesis names each operation's
+    test ``test_x[GET /path]`` but gives them all the node id ``...::test_x``, and xdist, which schedules by
+    node id, would run only the first of them."""
+    from collections import Counter
+
+    seen = Counter(item.nodeid for item in items)
+    for item in items:
+        if seen[item.nodeid] > 1 and item.parent is not None:
+            if hasattr(item.parent, "id"):  # pytest 9: the node id is derived from a structured id
+                item._id = item.parent.id.child(item.name)  # type: ignore[attr-defined]
+            else:
+                item._nodeid = f"{item.parent.nodeid}::{item.name}"
+    left = [nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1]
+    if left:
+        raise pytest.UsageError(f"tests share node ids (xdist would run only one of each): {left[:5]}")
 
 
 def require(ok: bool, reason: str) -> None:
