@@ -45,7 +45,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files whose tests need the embedded model run after those that need none, and the model is built in
     the background meanwhile (by the first worker only; the others wait on the build's lock when they get
-    there, and all yield the cores to it). Within each part, files marked ``long`` come first, so that none
+    there). Within each part, files marked ``long`` come first, so that none
     ends the session alone; otherwise files keep their order (a stable sort; run with xdist's
     ``--no-loadscope-reorder``)."""
     _unique_node_ids(items)
@@ -54,10 +54,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.sort(key=lambda item: (item.path in needs, item.path not in long))
     if needs and WORKER in ("", "gw0"):
         prebuild.start()
-    if needs and WORKER:
-        # the build is the one thing every later test waits for: the workers, and all they start from now on,
-        # yield the cores to it (a lower priority for all of them alike, so it changes nothing between them)
-        os.nice(prebuild.WORKER_NICE)
 
 
 def _unique_node_ids(items: list[pytest.Item]) -> None:

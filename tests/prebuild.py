@@ -16,9 +16,6 @@ from pathlib import Path
 MODEL_FIXTURE = "tiny_model_dir"
 """The session fixture that needs the embedded model (directly or through another fixture)."""
 ROOT = Path(__file__).resolve().parents[1]
-WORKER_NICE = 10
-"""How much the test workers lower their priority once the build runs (10: the build gets about nine tenths
-of the cores it asks for)."""
 
 _proc: subprocess.Popen | None = None
 _BUILD = ("import sys; from pathlib import Path; from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model; "
