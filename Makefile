@@ -13,6 +13,7 @@ STAMP := $(VENV)/.agentrl-$(STACK)-$(shell cat pyproject.toml setup.py Makefile 
 PYTEST_ARGS ?= --durations=30
 # pytest workers (pytest-xdist): a test file runs whole on one worker; 0 runs in one process.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 TRAIN_ARGS ?=
 
 .PHONY: install test test-unit train lint model clean
@@ -36,10 +37,10 @@ endif
 	@touch $@
 
 test: install
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS)
 
 test-unit: install
-	$(PY) -m pytest tests/unit -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 train: install
 	$(VENV)/bin/agentrl train --env calc --full $(TRAIN_ARGS)

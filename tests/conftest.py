@@ -45,9 +45,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files whose tests need the embedded model run after those that need none, and the model is built in
     the background meanwhile (by the first worker only; the others wait on the build's lock when they get
-    there). Within each part, files marked ``long`` come first, so that none
-    ends the session alone; otherwise files keep their order (a stable sort; run with xdist's
-    ``--no-loadscope-reorder``)."""
+    there). Within each part, files marked ``long`` come first, so that none ends the session alone;
+    otherwise files keep their order (a stable sort; run with xdist's ``--no-loadscope-reorder``)."""
     _unique_node_ids(items)
     needs = {item.path for item in items if prebuild.MODEL_FIXTURE in item.fixturenames}
     long = {item.path for item in items if item.get_closest_marker("long") is not None}

@@ -18,8 +18,16 @@ MODEL_FIXTURE = "tiny_model_dir"
 ROOT = Path(__file__).resolve().parents[1]
 
 _proc: subprocess.Popen | None = None
-_BUILD = ("import sys; from pathlib import Path; from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model; "
-          "build_tiny_model(Path(sys.argv[1]) / DEFAULT_TINY_DIR, progress=False)")
+_BUILD = ("import sys; from agentrl.modelgen import build_tiny_model; "
+          "build_tiny_model(sys.argv[1], progress=False)")
+
+
+def model_dir() -> Path:
+    """The session's embedded model: the default directory of this checkout, reused by later sessions and by
+    ``make train``."""
+    from agentrl.modelgen import DEFAULT_TINY_DIR
+
+    return ROOT / DEFAULT_TINY_DIR
 
 
 def start() -> None:
@@ -32,7 +40,7 @@ def start() -> None:
     log = ROOT / ".pytest_cache"
     log.mkdir(exist_ok=True)
     with (log / "tiny-model-build.log").open("w") as err:
-        _proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(ROOT)], cwd=ROOT, stdin=subprocess.DEVNULL,
+        _proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(model_dir())], cwd=ROOT, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     own_process(_proc.pid)
 

@@ -68,7 +68,6 @@ BURST_S = 8.0
 BURST_TEMPERATURE = 2.0
 
 
-
 def rss_mib() -> float:
     """This process's resident memory (MiB)."""
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -19,9 +19,10 @@ log = logging.getLogger(__name__)
 def tiny_model_dir() -> Path:
     """The embedded tiny model (warmed up on calc), built on demand into the default directory and reused
     by later sessions and by ``make train`` (the build is a no-op when it is up to date)."""
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+    from agentrl.modelgen import build_tiny_model
+    from tests.prebuild import model_dir
 
-    return build_tiny_model(Path(__file__).resolve().parents[2] / DEFAULT_TINY_DIR, progress=False)
+    return build_tiny_model(model_dir(), progress=False)
 
 
 @pytest.fixture(scope="session")
