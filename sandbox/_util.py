@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 LABEL_PREFIX = "agentrl."
 OWNER_LABEL = "agentrl.owner"
+HOST_ENV = "AGENTRL_SANDBOX_HOST"
+"""Overrides the host name in ``agentrl.host``: drivers that share one Docker engine and one host name, but
+must not sweep each other's containers (see :func:`host_identity`), each set a value of their own."""
 
 # Run as the sandbox user after a timeout: kill every process that user owns (kill -1 spares the caller
 # and PID 1; the keeper uid's init/timer are out of reach). Escapes via setsid/nohup/double fork die too.
@@ -37,6 +40,13 @@ def proc_start_time(pid: int) -> str:
     return fields[19] if fields is not None else ""
 
 
+def host_identity() -> str:
+    """The host part of a container's driver identity (``agentrl.host``): ``$AGENTRL_SANDBOX_HOST``, else the
+    host name. ``gc`` judges a driver dead only on its own host identity, so a driver never sweeps the
+    containers of drivers under another one."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
 def build_labels(owner: str, lifetime_s: float, *, pid: int | None = None, host: str | None = None,
                  now: float | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The labels of a sandbox container: extra labels first, then the ``agentrl.*`` ones (which win)."""
@@ -47,7 +57,7 @@ def build_labels(owner: str, lifetime_s: float, *, pid: int | None = None, host:
         OWNER_LABEL: owner,
         "agentrl.pid": str(pid),
         "agentrl.pidstart": proc_start_time(pid),
-        "agentrl.host": host or socket.gethostname(),
+        "agentrl.host": host or host_identity(),
         "agentrl.created": str(int(now)),
         "agentrl.expires": str(int(now + lifetime_s + 0.999)),
     })

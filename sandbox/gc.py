@@ -1,21 +1,21 @@
 """Garbage collection of sandbox containers, by label (works after a crash or ``kill -9`` of a driver).
 
 A container is removed when (a) it belongs to ``owner``; (b) its driver process, on this host, is dead
-(pid gone, or reused: the recorded start time differs); (c) its ``agentrl.expires`` time has passed or it
-has stopped. Its tmpfs workspace volume goes with it.
+(pid gone, or reused: the recorded start time differs; "this host" is the host identity,
+``$AGENTRL_SANDBOX_HOST`` or the host name); (c) its ``agentrl.expires`` time has passed or it has stopped.
+Its tmpfs workspace volume goes with it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import time
 from typing import Any
 
 from ._engine import SandboxUnavailable, make_client
-from ._util import OWNER_LABEL, proc_start_time
+from ._util import OWNER_LABEL, host_identity, proc_start_time
 
 log = logging.getLogger("agentrl.sandbox")
 
@@ -62,7 +62,7 @@ def gc(owner: str | None = None, all_dead: bool = True, expired: bool = True, *,
     client = client or make_client(docker_host, timeout=30)
     removed: list[str] = []
     try:
-        host, now = socket.gethostname(), time.time()
+        host, now = host_identity(), time.time()
         containers = client.api.containers(all=True, filters={"label": OWNER_LABEL})
         for c in containers:
             why = removal_reason(c.get("Labels") or {}, c.get("State", ""), owner=owner, all_dead=all_dead,

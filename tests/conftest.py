@@ -18,6 +18,14 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(int(WORKER[2:]) % (os.cpu_count() or 1))
 
+# Each worker is a host of its own for the sandboxes' driver identity: a worker's start-up sweep of dead drivers'
+# containers must not remove those a test on another worker has just orphaned on purpose (by killing their
+# driver) and is about to inspect.
+if WORKER.startswith("gw") and "AGENTRL_SANDBOX_HOST" not in os.environ:
+    import socket
+
+    os.environ["AGENTRL_SANDBOX_HOST"] = f"{socket.gethostname()}-{WORKER}"
+
 # The suite never reaches an outside host: the trackers and the Hugging Face hub run offline, analytics off
 # (set before any test imports them; child processes such as vLLM servers inherit it).
 os.environ.update({

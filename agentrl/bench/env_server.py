@@ -311,17 +311,16 @@ class ServerProcess:
 
 def containers_of_pid(pid: int) -> list[str]:
     """Ids of sandbox containers whose driver was process ``pid`` on this host ([] without an engine)."""
-    import socket
-
     from agentrl.sandbox import engine_reachable
     from agentrl.sandbox._engine import make_client
+    from agentrl.sandbox._util import host_identity
 
     if not engine_reachable()[0]:
         return []
     client = make_client(None, 30)
     try:
         found = client.api.containers(
-            all=True, filters={"label": [f"agentrl.pid={pid}", f"agentrl.host={socket.gethostname()}"]}
+            all=True, filters={"label": [f"agentrl.pid={pid}", f"agentrl.host={host_identity()}"]}
         )
         return [c["Id"] for c in found]
     finally:

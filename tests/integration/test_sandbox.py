@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from agentrl.sandbox import (
     engine_reachable,
     gc,
 )
+from agentrl.sandbox._util import host_identity
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration
@@ -137,7 +137,7 @@ async def test_labels_and_close_removes(sandbox_image: str, owner: str) -> None:
     attrs = client.api.inspect_container(box.id)
     labels = attrs["Config"]["Labels"]
     assert labels["agentrl.owner"] == owner and labels["agentrl.pid"] == str(os.getpid())
-    assert labels["agentrl.host"] == socket.gethostname()
+    assert labels["agentrl.host"] == host_identity()
     assert int(labels["agentrl.expires"]) - int(labels["agentrl.created"]) in (120, 121)
     assert attrs["HostConfig"]["NetworkMode"] == "none" and attrs["HostConfig"]["ReadonlyRootfs"]
     assert attrs["Config"]["Cmd"] == ["sleep", "120"]

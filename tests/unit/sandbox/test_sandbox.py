@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from agentrl.sandbox import SandboxConfig, SandboxPool, SandboxUnavailable
 from agentrl.sandbox._util import (
+    HOST_ENV,
     FrameParser,
     OutputBuffer,
     build_labels,
@@ -38,6 +39,15 @@ def test_labels() -> None:
     assert labels["agentrl.host"] == "h"
     assert (labels["agentrl.created"], labels["agentrl.expires"]) == ("1000", "1060")
     assert labels["team"] == "rl"
+
+
+def test_host_identity_is_the_host_name_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.delenv(HOST_ENV, raising=False)
+    assert build_labels("run-1", 60)["agentrl.host"] == socket.gethostname()
+    monkeypatch.setenv(HOST_ENV, "worker-3")
+    assert build_labels("run-1", 60)["agentrl.host"] == "worker-3"
 
 
 def test_output_buffer_fits_and_truncates() -> None:
