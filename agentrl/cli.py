@@ -540,15 +540,10 @@ def bench_modes(ctx: typer.Context) -> None:
     _passthrough("agentrl.bench.modes", ctx)
 
 
-@bench_app.command("faults", context_settings=_PASSTHROUGH)
-def bench_faults(ctx: typer.Context) -> None:
-    """A real training run on two engines that kills one mid-step and restarts it (flags: --help)."""
-    _passthrough("agentrl.bench.faults", ctx)
-
-
 @bench_app.command("soak", context_settings=_PASSTHROUGH)
 def bench_soak(ctx: typer.Context) -> None:
-    """An async swe run through the env server with faults injected on a schedule (flags: --help)."""
+    """An async swe run through the env server with faults injected on a schedule, an engine SIGKILLed and
+    restarted among them (flags: --help)."""
     _passthrough("agentrl.bench.soak", ctx)
 
 

@@ -4,8 +4,8 @@ on a schedule, that must lose no data and leak nothing.
 The bench starts an env server (``agentrl serve-env``, sandboxes in Docker) serving the swe environment with
 short command limits (``bash_timeout_s`` 5 s, so a frozen sandbox outlasts them), two vLLM engines on the
 embedded tiny model (or uses a running one as A: ``--engine-a``; B is always the bench's own), and trains
-asynchronously against both for ``--minutes``. Once the first step is recorded, one fault every
-``--fault-every-s`` seconds, in turn:
+asynchronously against both. Once the first step is recorded, one fault every ``--fault-every-s`` seconds, in
+turn (``--faults`` picks a subset):
 
 - ``engine_kill``: engine B is killed with SIGKILL and started again on its port (it rejoins at the current
   version; A carries the run meanwhile);
@@ -18,15 +18,23 @@ asynchronously against both for ``--minutes``. Once the first step is recorded, 
 - ``malformed_burst``: for a few seconds the run samples at temperature 2, so the model's output (its tool
   calls included) is malformed.
 
+After ``--minutes`` no new fault starts; the run goes on until engine B is up and in rotation again (at most
+``--rejoin-wait-s``), trains one more step on both engines, and stops. The bench then asks B which policy
+version it serves and compares B's greedy answer with A's: a restarted engine must hold the run's final
+adapter itself, not only its version label.
+
 The driver's resident memory and open file descriptors are sampled every 2 s. The last line is one JSON
 object: ``steps_completed``, ``groups_lost_unrecorded`` (groups admitted but neither trained on, dropped,
 released nor buffered at the end: must be 0), ``episodes``, ``episodes_failed_by_cause`` (stop reason ->
 episodes), ``errors`` (distinct first lines), ``faults`` (each injected fault: when, and what it did),
-``rss_mib_start``/``rss_mib_end``/``rss_mib_per_hour`` (the driver's, from the first fault on: the slope
-of a least-squares line), ``fds_start``/``fds_end``, ``wall_s``, and ``sandboxes_left`` (containers of the
-env servers that exist once the bench has stopped them: must be 0).
+``engines_rejoined`` (rejoins of a restarted engine), ``engines_live_at_end``, ``final_version``,
+``version_served_by_b``, ``version_after_rejoin_ok`` (B serves the final version), ``weights_after_rejoin_match``
+(B's greedy tokens are A's, logprobs within 1e-4), ``rss_mib_start``/``rss_mib_end``/``rss_mib_per_hour`` (the
+driver's, from the first fault on: the slope of a least-squares line), ``fds_start``/``fds_end``, ``wall_s``, and
+``sandboxes_left`` (containers of the env servers that exist once the bench has stopped them: must be 0).
 
     agentrl bench soak --minutes 60 --json
+    agentrl bench soak --minutes 5 --faults engine_kill     # the engine fault alone
 """
 
 from __future__ import annotations
@@ -66,6 +74,9 @@ FREEZE_S = 12.0
 BURST_S = 8.0
 """How long ``malformed_burst`` samples at ``BURST_TEMPERATURE``."""
 BURST_TEMPERATURE = 2.0
+REJOIN_WAIT_S = 600.0
+"""After the faults, how long the run waits for engine B to be back in rotation (a vLLM start on a loaded CPU
+takes minutes)."""
 
 
 def rss_mib() -> float:
@@ -218,20 +229,50 @@ class Faults:
         return sum(len(self._containers(pid, running=False)) for pid in self.env_server_pids)
 
 
-async def _schedule(faults: Faults, metrics: Path, every_s: float, t0: float, log: list[dict[str, Any]]) -> None:
-    """After the first recorded step, inject one fault every ``every_s`` seconds, in ``FAULTS`` order."""
+async def _schedule(faults: Faults, names: tuple[str, ...], metrics: Path, every_s: float, t0: float,
+                    stop: asyncio.Event, log: list[dict[str, Any]]) -> None:
+    """After the first recorded step, inject one fault every ``every_s`` seconds, ``names`` in turn, until
+    ``stop`` is set (a fault under way is finished first: a frozen sandbox is always thawed)."""
     for _ in iter(int, 1):  # the run's metrics file is the only signal: poll it
-        if records_of(metrics, "train"):
+        if records_of(metrics, "train") or stop.is_set():
             break
         await asyncio.sleep(0.5)
-    for name in itertools.cycle(FAULTS):
+    for name in itertools.cycle(names):
+        if stop.is_set():
+            return
         at = time.perf_counter() - t0
         try:
             rec = await faults.inject(name)
         except Exception as e:  # a fault that could not be injected is reported, and the soak goes on
             rec = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
         log.append({"fault": name, "at_s": round(at, 1), **rec})
-        await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - t0 - at)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, every_s - (time.perf_counter() - t0 - at)))
+
+
+async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Path, until_s: float, t0: float,
+                  rejoin_wait_s: float, stop: asyncio.Event) -> bool:
+    """At ``until_s``: no new fault; once engine B is up and both engines are in rotation again (a step with two
+    live engines recorded after that), one more step, then the run stops. Whether B was back in time (after
+    ``rejoin_wait_s`` without it, the run stops after its next step)."""
+    await asyncio.sleep(max(0.0, until_s - (time.perf_counter() - t0)))
+    stop.set()
+    with contextlib.suppress(BaseException):
+        await schedule
+    if faults.restarting is not None:
+        with contextlib.suppress(BaseException):
+            await faults.restarting
+    seen = len(records_of(metrics, "train"))
+    deadline = time.perf_counter() + rejoin_wait_s
+    while time.perf_counter() < deadline:
+        back = [r["step"] for r in records_of(metrics, "train")[seen:] if r.get("engines_live") == 2]
+        if back:
+            run.cfg.steps = min(run.cfg.steps, back[0] + 1)  # read between steps
+            return True
+        await asyncio.sleep(0.5)
+    steps = records_of(metrics, "train")
+    run.cfg.steps = min(run.cfg.steps, (steps[-1]["step"] if steps else 0) + 1)
+    return False
 
 
 async def _sample(points: list[tuple[float, float, int]], t0: float) -> None:
@@ -241,11 +282,12 @@ async def _sample(points: list[tuple[float, float, int]], t0: float) -> None:
 
 
 async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: str | None = None,
-                   seed: int = 0) -> dict[str, Any]:
+                   seed: int = 0, faults_injected: tuple[str, ...] = FAULTS,
+                   rejoin_wait_s: float = REJOIN_WAIT_S) -> dict[str, Any]:
     """Run the soak in ``work``; ``engine_a``: the URL of a running engine on the embedded model (LoRA
-    enabled) to use as A, neither started nor stopped here."""
+    enabled) to use as A, neither started nor stopped here; ``faults_injected``: which faults, in turn."""
     from agentrl.bench.env_server import ServerProcess
-    from agentrl.bench.faults import engine_pair_config
+    from agentrl.bench.faults import engine_pair_config, same_policy
     from agentrl.config.run import DEFAULT_MODEL, load_config
     from agentrl.envs.swe import SweEnv
     from agentrl.inference import VLLMServer
@@ -272,7 +314,9 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         await asyncio.to_thread(env_server.start, 300.0)
         cfg = load_config(None, {
             "env": "swe", "env_url": env_server.url, "env_token": env_server.token, "name": "soak",
-            "output_dir": str(work / "runs"), "model": model, "steps": 100_000, "time_limit_min": minutes,
+            "output_dir": str(work / "runs"), "model": model, "steps": 100_000,
+            # a backstop only: the run stops one step after engine B is back in rotation (see _finish)
+            "time_limit_min": minutes + (rejoin_wait_s + 600) / 60,
             "mode": "async", "tasks": str(tasks), "eval_tasks": str(tasks), "tasks_per_step": 2, "group_size": 2,
             "eval_every": 0, "eval_size": 2, "checkpoint_every": 0, "engine_warmup": False, "seed": seed,
             "endpoints": [engine_a or a.url, b.url], "inference": {"max_model_len": 1024},
@@ -284,10 +328,15 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         injected: list[dict[str, Any]] = []
         points: list[tuple[float, float, int]] = []
         t0 = time.perf_counter()
-        helpers = [asyncio.create_task(_schedule(faults, metrics, fault_every_s, t0, injected)),
-                   asyncio.create_task(_sample(points, t0))]
+        stop = asyncio.Event()
+        schedule = asyncio.create_task(_schedule(faults, faults_injected, metrics, fault_every_s, t0, stop,
+                                                 injected))
+        finish = asyncio.create_task(_finish(run, faults, schedule, metrics, minutes * 60, t0, rejoin_wait_s,
+                                             stop))
+        helpers = [schedule, finish, asyncio.create_task(_sample(points, t0))]
         try:
-            await run.run()
+            summary = await run.run()
+            b_back = finish.done() and not finish.cancelled() and finish.exception() is None and finish.result()
         finally:
             for task in helpers:
                 task.cancel()
@@ -295,6 +344,9 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
                     await task
         wall = time.perf_counter() - t0
         points.append((wall, rss_mib(), open_fds()))
+        served, weights_match = None, False
+        if b_back:
+            served, weights_match = await same_policy(engine_a or a.url, faults.engine_b.url, cfg.adapter_name)
         train = records_of(metrics, "train")
         groups = records_of(metrics, "groups")[-1]
         failed = {r.value: int(sum(t.get(f"stop_{r.value}", 0) for t in train)) for r in FAILED_STOP_REASONS}
@@ -312,6 +364,11 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
             "errors": sorted({e for t in train for e in t.get("errors", [])})[:10],
             "faults": injected,
             "engines_rejoined": int(sum(t.get("engines_rejoined", 0) for t in train)),
+            "engines_live_at_end": train[-1].get("engines_live") if train else None,
+            "final_version": summary["steps"],
+            "version_served_by_b": served,
+            "version_after_rejoin_ok": served == str(summary["steps"]),
+            "weights_after_rejoin_match": weights_match,
             "rss_mib_start": round(after[0][1], 1) if after else None,
             "rss_mib_end": round(points[-1][1], 1),
             "rss_mib_per_hour": (None if (s := slope_per_hour(after)) is None else round(s, 1)),
@@ -332,26 +389,36 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the soak; exit 1 when a group was lost unrecorded, no step completed or a sandbox was left."""
+    """Run the soak; exit 1 when a group was lost unrecorded, no step completed, a sandbox was left, or engine B
+    did not end up serving the run's final policy."""
     ap = argparse.ArgumentParser(prog="agentrl bench soak", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    ap.add_argument("--minutes", type=float, default=60.0, help="how long the run trains")
+    ap.add_argument("--minutes", type=float, default=60.0, help="how long faults are injected")
     ap.add_argument("--fault-every-s", type=float, default=30.0, help="seconds between two faults")
+    ap.add_argument("--faults", default=",".join(FAULTS),
+                    help=f"which faults, comma-separated, injected in turn (default: all: {','.join(FAULTS)})")
+    ap.add_argument("--rejoin-wait-s", type=float, default=REJOIN_WAIT_S,
+                    help="after the faults, how long to wait for engine B to be back in rotation")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed and the choice of sandboxes to kill")
     ap.add_argument("--work-dir", type=Path, default=None, help="engines' and servers' logs and the run "
                                                                 "(default: a temporary directory)")
     ap.add_argument("--engine-a", default=None,
                     help="URL of a running engine on the embedded model (LoRA enabled) to use as A")
     args = ap.parse_args(argv)
+    names = tuple(n.strip() for n in args.faults.split(",") if n.strip())
+    unknown = sorted(set(names) - set(FAULTS))
+    if unknown or not names:
+        ap.error(f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULTS)}")
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-soak-") as tmp:
         res = asyncio.run(run_soak(args.minutes, args.fault_every_s, Path(args.work_dir or tmp), args.engine_a,
-                                   args.seed))
+                                   args.seed, names, args.rejoin_wait_s))
     if not args.json:
         for k, v in res.items():
             print(f"{k:<26} {v}")
     print(json.dumps(res))
-    ok = res["groups_lost_unrecorded"] == 0 and res["steps_completed"] > 0 and res.get("sandboxes_left") == 0
+    ok = (res["groups_lost_unrecorded"] == 0 and res["steps_completed"] > 0 and res.get("sandboxes_left") == 0
+          and res["version_after_rejoin_ok"] and res["weights_after_rejoin_match"])
     return 0 if ok else 1
 
 

@@ -1,6 +1,7 @@
 """`agentrl bench soak` on real parts, the CI version: a 2.5-minute async swe run through a real env server
 (sandboxes in Docker) on two engines, with every kind of fault injected once or more, loses no group,
-leaks neither memory nor descriptors past absolute bounds, and leaves no sandbox behind."""
+leaks neither memory nor descriptors past absolute bounds, and leaves no sandbox behind; the engine it killed
+and restarted comes back into rotation and ends serving the run's final adapter (version and weights)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ async def test_a_soak_under_every_fault_loses_nothing_and_leaks_nothing(vllm_ser
     assert {f["fault"] for f in faults if f["ok"]} == set(FAULTS), faults
     assert res["groups_lost_unrecorded"] == 0 and res["groups_admitted"] > 0, res
     assert res["steps_completed"] >= 3, res
+    # B was killed (SIGKILL, mid-step), restarted on its port, taken back with the current adapter, then trained on
+    assert res["engines_rejoined"] >= 1 and res["engines_live_at_end"] == 2, res
+    assert res["version_after_rejoin_ok"] and res["weights_after_rejoin_match"], res
     assert res["sandboxes_left"] == 0, res
     assert res["fds_end"] - res["fds_start"] <= 32, res
     assert res["rss_mib_end"] - res["rss_mib_start"] <= 400, res

@@ -37,3 +37,11 @@ def test_every_fault_has_an_injector_and_the_env_is_swe_with_short_limits() -> N
     exec(compile(SOAK_ENV, "soak_env.py", "exec"), namespace)
     env = namespace["SoakSwe"]
     assert env.name == "swe" and env.config.bash_timeout_s + 1 < FREEZE_S, "a frozen command outlasts its limit"
+
+
+def test_an_unknown_fault_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl.bench.soak import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--faults", "engine_kill,disk_full"])
+    assert exc.value.code == 2 and "unknown disk_full" in capsys.readouterr().err
