@@ -108,10 +108,13 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
 class Faults:
     """Injects the faults into one run: engine B, the env server, its sandboxes and the run's sampling."""
 
-    def __init__(self, run: Any, engine_b: Any, env_server: Any, work: Path, seed: int) -> None:
+    def __init__(self, run: Any, engine_b: Any, env_server: Any, work: Path, seed: int,
+                 max_engine_kills: int | None = None) -> None:
         import docker
 
         self.run, self.engine_b, self.env_server, self.work = run, engine_b, env_server, work
+        self.engine_kills_left = max_engine_kills
+        """How many more times ``engine_kill`` may be injected (None: no limit)."""
         self.docker = docker.from_env(timeout=30)
         self.rng = random.Random(seed)
         self.restarting: asyncio.Task | None = None
@@ -142,6 +145,10 @@ class Faults:
         self.pending.append(future)
         await asyncio.shield(future)
 
+    def can_inject(self, name: str) -> bool:
+        """Whether fault ``name`` may still be injected (``engine_kill`` has a budget)."""
+        return name != "engine_kill" or self.engine_kills_left is None or self.engine_kills_left > 0
+
     async def inject(self, name: str) -> dict[str, Any]:
         """Inject fault ``name``; what it did."""
         return await getattr(self, name)()
@@ -152,6 +159,8 @@ class Faults:
         if self.restarting is not None and not self.restarting.done():
             return {"ok": False, "detail": "engine B is still restarting from the last kill"}
         server = self.engine_b
+        if self.engine_kills_left is not None:
+            self.engine_kills_left -= 1
         await kill_engine(server)
 
         async def restart() -> None:
@@ -240,6 +249,10 @@ async def _schedule(faults: Faults, names: tuple[str, ...], metrics: Path, every
     for name in itertools.cycle(names):
         if stop.is_set():
             return
+        if not faults.can_inject(name):  # its budget is spent: the next one takes its turn
+            if not any(faults.can_inject(n) for n in names):
+                await stop.wait()
+            continue
         at = time.perf_counter() - t0
         try:
             rec = await faults.inject(name)
@@ -283,9 +296,10 @@ async def _sample(points: list[tuple[float, float, int]], t0: float) -> None:
 
 async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: str | None = None,
                    seed: int = 0, faults_injected: tuple[str, ...] = FAULTS,
-                   rejoin_wait_s: float = REJOIN_WAIT_S) -> dict[str, Any]:
+                   rejoin_wait_s: float = REJOIN_WAIT_S, max_engine_kills: int | None = None) -> dict[str, Any]:
     """Run the soak in ``work``; ``engine_a``: the URL of a running engine on the embedded model (LoRA
-    enabled) to use as A, neither started nor stopped here; ``faults_injected``: which faults, in turn."""
+    enabled) to use as A, neither started nor stopped here; ``faults_injected``: which faults, in turn;
+    ``max_engine_kills``: at most this many ``engine_kill`` (then the rotation skips it)."""
     from agentrl.bench.env_server import ServerProcess
     from agentrl.bench.faults import engine_pair_config, same_policy
     from agentrl.config.run import DEFAULT_MODEL, load_config
@@ -324,7 +338,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         })
         run = TrainingRun(cfg, progress=False)
         metrics = run.run_dir / "metrics.jsonl"
-        faults = Faults(run, b, env_server, work, seed)
+        faults = Faults(run, b, env_server, work, seed, max_engine_kills)
         injected: list[dict[str, Any]] = []
         points: list[tuple[float, float, int]] = []
         t0 = time.perf_counter()
@@ -398,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-every-s", type=float, default=30.0, help="seconds between two faults")
     ap.add_argument("--faults", default=",".join(FAULTS),
                     help=f"which faults, comma-separated, injected in turn (default: all: {','.join(FAULTS)})")
+    ap.add_argument("--max-engine-kills", type=int, default=None,
+                    help="kill engine B at most this many times (default: whenever its turn comes)")
     ap.add_argument("--rejoin-wait-s", type=float, default=REJOIN_WAIT_S,
                     help="after the faults, how long to wait for engine B to be back in rotation")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed and the choice of sandboxes to kill")
@@ -412,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULTS)}")
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-soak-") as tmp:
         res = asyncio.run(run_soak(args.minutes, args.fault_every_s, Path(args.work_dir or tmp), args.engine_a,
-                                   args.seed, names, args.rejoin_wait_s))
+                                   args.seed, names, args.rejoin_wait_s, args.max_engine_kills))
     if not args.json:
         for k, v in res.items():
             print(f"{k:<26} {v}")

@@ -24,14 +24,17 @@ async def test_a_soak_under_every_fault_loses_nothing_and_leaks_nothing(vllm_ser
     # engine A is the session's engine; B, the one killed and restarted, is the bench's own
     # the faults start with the first step (about 40 s in, the trainer's start-up) and take about 15 s each,
     # the env server's restart and the frozen sandboxes included: all five fit into the run
-    res = await run_soak(minutes=2.5, fault_every_s=12.0, work=tmp_path, engine_a=vllm_server.url)
+    # B is killed once: a second kill would find it restarting, or make the soak wait for a second restart
+    res = await run_soak(minutes=2.5, fault_every_s=12.0, work=tmp_path, engine_a=vllm_server.url,
+                         max_engine_kills=1)
     (tmp_path / "result.json").write_text(json.dumps(res, indent=1))
     faults = res["faults"]
-    # every kind of fault landed at least once (a second engine kill finds B still restarting, for one)
+    # every kind of fault landed at least once
     assert {f["fault"] for f in faults if f["ok"]} == set(FAULTS), faults
     assert res["groups_lost_unrecorded"] == 0 and res["groups_admitted"] > 0, res
     assert res["steps_completed"] >= 3, res
     # B was killed (SIGKILL, mid-step), restarted on its port, taken back with the current adapter, then trained on
+    assert [f["fault"] for f in faults].count("engine_kill") == 1, faults
     assert res["engines_rejoined"] >= 1 and res["engines_live_at_end"] == 2, res
     assert res["version_after_rejoin_ok"] and res["weights_after_rejoin_match"], res
     assert res["sandboxes_left"] == 0, res
