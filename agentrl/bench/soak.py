@@ -270,11 +270,9 @@ async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Pat
     ``rejoin_wait_s`` without it, the run stops after its next step)."""
     await asyncio.sleep(max(0.0, until_s - (time.perf_counter() - t0)))
     stop.set()
-    with contextlib.suppress(BaseException):
-        await schedule
-    if faults.restarting is not None:
-        with contextlib.suppress(BaseException):
-            await faults.restarting
+    # wait for the fault under way and B's restart to end, whatever their outcome (asyncio.wait raises neither's
+    # error), while a cancellation of this task still goes through
+    await asyncio.wait([t for t in (schedule, faults.restarting) if t is not None])
     seen = len(records_of(metrics, "train"))
     deadline = time.perf_counter() + rejoin_wait_s
     while time.perf_counter() < deadline:

@@ -45,3 +45,23 @@ def test_an_unknown_fault_is_refused_by_name(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as exc:
         main(["--faults", "engine_kill,disk_full"])
     assert exc.value.code == 2 and "unknown disk_full" in capsys.readouterr().err
+
+
+async def test_the_finish_is_cancelled_while_it_waits_for_a_fault(tmp_path) -> None:
+    """The run can end (its time-limit backstop) while the finish waits for the fault under way: cancelling the
+    finish ends it at once, and the fault's own task is left to the bench's teardown."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from agentrl.bench.soak import _finish
+
+    fault = asyncio.create_task(asyncio.sleep(60))  # a fault under way, e.g. frozen sandboxes
+    faults = SimpleNamespace(restarting=None)
+    finish = asyncio.create_task(_finish(SimpleNamespace(), faults, fault, tmp_path / "metrics.jsonl", 0.0,
+                                         time.perf_counter(), 600.0, asyncio.Event()))
+    await asyncio.sleep(0.05)
+    finish.cancel()
+    done, _ = await asyncio.wait([finish], timeout=2)
+    assert finish in done and finish.cancelled() and not fault.done()
+    fault.cancel()
