@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from agentrl.sandbox._util import HOST_ENV
 from tests import prebuild
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -28,10 +29,10 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 # Each worker is a host of its own for the sandboxes' driver identity: a worker's start-up sweep of dead drivers'
 # containers must not remove those a test on another worker has just orphaned on purpose (by killing their
 # driver) and is about to inspect.
-if WORKER.startswith("gw") and "AGENTRL_SANDBOX_HOST" not in os.environ:
+if WORKER.startswith("gw") and HOST_ENV not in os.environ:
     import socket
 
-    os.environ["AGENTRL_SANDBOX_HOST"] = f"{socket.gethostname()}-{WORKER}"
+    os.environ[HOST_ENV] = f"{socket.gethostname()}-{WORKER}"
 
 # The suite never reaches an outside host: the trackers and the Hugging Face hub run offline, analytics off
 # (set before any test imports them; child processes such as vLLM servers inherit it).
