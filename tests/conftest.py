@@ -7,6 +7,7 @@ import os
 import pytest
 
 from agentrl.sandbox._util import HOST_ENV
+from agentrl.utils.threads import short_spin
 from tests import prebuild
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -19,12 +20,9 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if WORKER.startswith("gw") and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(int(WORKER[2:]) % (os.cpu_count() or 1))
 
-# The suite loads the cores well past their count (two workers, their engines and trainers, the model's build),
-# and an OpenMP thread that waits at a barrier spins for up to 300,000 iterations first (libgomp's default when
-# it sees no more threads than cores): spinning threads take the cores from those that have work. A short spin
-# keeps the numbers the same and the speed alone: the model's build (60 warm-up steps, two threads) took 252 s
-# beside two busy processes with the default and 88 s with this, and 38 s against 39 s on an idle machine.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+# The suite loads the cores well past their count (two workers, their engines and trainers, the model's build):
+# the short OpenMP spin that agentrl gives its own children goes to every process of the session.
+short_spin(os.environ)
 
 # Each worker is a host of its own for the sandboxes' driver identity: a worker's start-up sweep of dead drivers'
 # containers must not remove those a test on another worker has just orphaned on purpose (by killing their

@@ -28,6 +28,7 @@ from agentrl.config.inference import VLLMServerConfig
 from agentrl.errors import EngineError
 from agentrl.utils.lifeline import own_process, release_process
 from agentrl.utils.procs import stat_fields
+from agentrl.utils.threads import short_spin
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 
@@ -222,6 +223,7 @@ class VLLMServer:
         if self.cfg.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.cpu_cores
         env.setdefault("PYTHONUNBUFFERED", "1")
+        short_spin(env)  # the engine often shares its cores with the trainer
         env.update(self.extra_env)
         return env
 

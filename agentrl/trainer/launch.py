@@ -14,6 +14,7 @@ from typing import Any
 import agentrl
 from agentrl.config.trainer import DistributedConfig, TrainerConfig
 from agentrl.utils.lifeline import own_process, release_process
+from agentrl.utils.threads import short_spin
 
 JOIN_FILE = "trainer_join.json"
 """Written into the run directory when the trainer spans several nodes: what ``agentrl trainer-node``
@@ -100,4 +101,4 @@ def worker_env(orchestrator: str, authkey: bytes, extra: dict[str, str] | None =
     env["AGENTRL_TRAINER_ADDR"] = orchestrator
     env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    return dict(short_spin(env))  # the ranks often share their cores with an engine

@@ -32,3 +32,19 @@ def test_core_lists_are_validated(bad: str) -> None:
 
 def test_count_cores() -> None:
     assert count_cores("0") == 1 and count_cores("0-3,6") == 5 and count_cores("2,4-5") == 3
+
+
+def test_engines_and_trainer_ranks_spin_briefly_unless_told_otherwise(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine and the ranks share cores on a CPU machine: each gets libgomp's short spin, and a value the
+    user set in the environment is kept."""
+    from agentrl.trainer.launch import worker_env
+    from agentrl.utils.threads import SPIN
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    server = VLLMServer(VLLMServerConfig(model="m"), tmp_path)
+    assert server._env()["GOMP_SPINCOUNT"] == SPIN["GOMP_SPINCOUNT"]
+    assert worker_env("127.0.0.1:1", b"k")["GOMP_SPINCOUNT"] == SPIN["GOMP_SPINCOUNT"]
+    monkeypatch.setenv("GOMP_SPINCOUNT", "123")
+    assert server._env()["GOMP_SPINCOUNT"] == "123"
+    assert worker_env("127.0.0.1:1", b"k")["GOMP_SPINCOUNT"] == "123"
