@@ -346,6 +346,10 @@ class InferenceClient:
         """Resume generation on every endpoint (or those of ``only``)."""
         await self._broadcast("POST", "/resume", only=only)
 
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s engine binding (its episode is over), so that the bindings of a long run do not pile up."""
+        self.pool.forget(key)
+
     def take_out(self, url: str, reason: str) -> None:
         """Take ``url`` out of rotation (e.g. a failed weight load left it with a mix of two versions): no
         request goes there until it rejoins with the current weights."""

@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from agentrl.config.run import SamplingConfig
 from agentrl.environment.base import Environment, Task
@@ -131,6 +132,18 @@ async def _loop(
     tools = env.tool_schemas()
     traj.prompt_ids = chat.prompt_ids([m.to_openai() for m in messages], tools)
     key = uuid.uuid4().hex
+    try:
+        await _turns(episode, traj, client, chat, sampling, model, policy_version, tools, key)
+    finally:
+        if (forget := getattr(client, "forget", None)) is not None:  # the episode's engine binding
+            forget(key)
+    await episode.score()
+
+
+async def _turns(episode: Episode, traj: Trajectory, client: Generator, chat: ChatFormat, sampling: SamplingConfig,
+                 model: str | None, policy_version: Callable[[], int], tools: list[dict[str, Any]], key: str) -> None:
+    env = episode.env
+    assert env is not None
     while not episode.done:
         used = len(traj.prompt_ids) + len(traj.completion_ids)
         budget = min(env.max_tokens_per_turn, sampling.max_context_tokens - used)
@@ -170,4 +183,3 @@ async def _loop(
             last = gen.token_ids[-1] if gen.token_ids else None
             _append(traj, chat.observation_ids([r.message.to_openai() for r in results], tools, ended_with=last),
                     model=False)
-    await episode.score()

@@ -124,3 +124,30 @@ async def test_failures_are_recorded_as_data(chat: ChatFormat) -> None:
 
     traj = await run_episode(Adder, {"id": "t"}, Dead(), chat, SamplingConfig())
     assert traj.stop_reason == StopReason.INFERENCE_ERROR and traj.failed and "refused" in traj.error
+
+
+async def test_an_episode_releases_its_engine_binding_however_it_ends(chat: ChatFormat) -> None:
+    """The key an episode's turns stick to one engine with is forgotten when it ends (a long run would pile
+    them up otherwise), after a completed episode as after a failed one."""
+    from agentrl.inference.routing import EndpointPool
+
+    class Bound(Scripted):
+        def __init__(self, texts: list[str], fail: bool = False) -> None:
+            super().__init__(chat, texts)
+            self.pool, self.fail = EndpointPool(["http://a", "http://b"]), fail
+
+        async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
+            self.pool.pick(kw["key"])
+            if self.fail:
+                raise InferenceError("http://a refused")
+            return await super().generate(prompt_ids, **kw)
+
+        def forget(self, key: str) -> None:
+            self.pool.forget(key)
+
+    done = Bound([call("add", a=3, b=4), "The answer is 7."])
+    traj = await run_episode(Adder, {"id": "t"}, done, chat, SamplingConfig())
+    assert traj.stop_reason == StopReason.COMPLETED and not done.pool._sticky
+    failed = Bound([], fail=True)
+    traj = await run_episode(Adder, {"id": "t"}, failed, chat, SamplingConfig())
+    assert traj.stop_reason == StopReason.INFERENCE_ERROR and not failed.pool._sticky
