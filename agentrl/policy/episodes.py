@@ -14,6 +14,7 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,8 @@ class EpisodeBook:
         self._finished: OrderedDict[str, None] = OrderedDict()  # in the order they finished
         self._retired: set[str] = set()
         self.expired = 0
+        self.on_finish: Callable[[PolicyEpisode], None] | None = None
+        """Called with each episode as it ends (the service releases its engine binding)."""
 
     @property
     def open_count(self) -> int:
@@ -131,6 +134,8 @@ class EpisodeBook:
         del self._open[ep.id]
         self._finished[ep.id] = None
         self._forget_old()
+        if self.on_finish is not None:
+            self.on_finish(ep)
 
     def expire(self, ep: PolicyEpisode) -> None:
         self.expired += 1

@@ -42,6 +42,8 @@ class PolicyService:
         """The engine model to sample from (the run's adapter name; None: the client's default)."""
         self.policy_version = policy_version
         self.book = EpisodeBook(config.episode_ttl_s, config.max_open_episodes, config.max_kept_episodes)
+        if (forget := getattr(client, "forget", None)) is not None:  # an episode's calls stick to one engine
+            self.book.on_finish = lambda ep: forget(ep.id)
         self.responses = ResponseStore(config.max_stored_responses)
         self.calls = 0
 

@@ -49,3 +49,22 @@ def test_creating_finding_and_ending_episodes_never_walks_the_book() -> None:
         assert book.by_key(key) is ep and book.get(ep.id) is ep
         book.finish(ep, "ended", reward=1.0)
     assert len(book.episodes) == 3 and book.open_count == 0
+
+
+def test_an_ended_or_expired_episode_releases_its_engine_binding() -> None:
+    """The service's engine client keeps an episode's calls on one engine by the episode's id; the binding is
+    dropped as the episode ends, whether it is rewarded, closed or expires."""
+    from agentrl.config.policy import PolicyConfig
+    from agentrl.policy.service import PolicyService
+    from tests.unit.policy.scripted import Scripted, scripted_chat
+
+    chat = scripted_chat()
+    engine = Scripted(chat, [])
+    forgotten: list[str] = []
+    engine.forget = forgotten.append  # type: ignore[attr-defined]
+    book = PolicyService(PolicyConfig(token="t" * 32, episode_ttl_s=60), engine, chat).book
+    (a, _), (b, _) = book.create(), book.create()
+    book.finish(a, "ended", reward=1.0)
+    book.expire(b)
+    book.finish(a, "closed")  # already over: not released twice
+    assert forgotten == [a.id, b.id]
