@@ -29,6 +29,7 @@ import httpx
 
 from agentrl.environment.base import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
 from agentrl.errors import EnvError
+from agentrl.http.tls import tls_context
 from agentrl.types import Message
 from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
@@ -103,7 +104,7 @@ class _Retrying:
         )
 
     def request_sync(self, method: str, path: str, *, params: dict[str, Any] | None = None) -> Any:
-        with httpx.Client(timeout=self.timeout, headers=self.headers) as http:
+        with httpx.Client(timeout=self.timeout, headers=self.headers, verify=tls_context()) as http:
 
             def attempt(_: int) -> Any:
                 try:
@@ -287,6 +288,7 @@ class RemoteEnvironment(Environment):
                 headers=self._http_cfg.headers,
                 limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
                 transport=type(self).transport,
+                verify=tls_context(),
             )
         return self._http
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from agentrl.http.tls import tls_context
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.inference.wire import (
     VLLM_NOT_FOUND,
@@ -86,6 +87,7 @@ class InferenceClient:
                 limits=httpx.Limits(max_connections=per, max_keepalive_connections=per),
                 transport=transport,
                 headers=headers,
+                verify=tls_context(),
             )
             for _ in range(shards)
         ]

@@ -351,3 +351,20 @@ async def test_a_request_on_an_engine_that_leaves_the_rotation_is_retried_elsewh
         assert c.pool.endpoints[0].outstanding == 0
         c.pool.mark_up(A)
         assert not c.pool.endpoints[0].left.is_set()
+
+
+async def test_clients_share_one_tls_context() -> None:
+    """Building a TLS context reads the whole CA bundle (tens of ms of a blocked event loop): the engine
+    client's pools and each remote episode's client reuse the process's one context."""
+    from agentrl.environment.remote import RemoteEnvironment
+    from agentrl.http.tls import tls_context
+
+    def context_of(http: httpx.AsyncClient) -> object:
+        return http._transport._pool._ssl_context  # type: ignore[attr-defined]
+
+    async with InferenceClient(["http://a:1", "http://b:2"]) as client:
+        assert {id(context_of(p)) for p in client._pools} == {id(tls_context())}
+    episodes = [RemoteEnvironment(url="http://env:1") for _ in range(2)]
+    assert all(context_of(e._client()) is tls_context() for e in episodes)
+    for e in episodes:
+        await e._client().aclose()
