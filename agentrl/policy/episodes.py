@@ -62,6 +62,11 @@ class PolicyEpisode:
                 "rows": [{**r.as_dict(), "reward": self.reward} for r in self.rows]}
 
 
+RETIRED_PER_KEPT = 10
+"""Retired keys remembered per kept episode: an agent still using a key that old hears that its episode is over;
+one older still hears that the key is unknown (a long-lived endpoint's memory stays bounded)."""
+
+
 class EpisodeBook:
     """Every episode of an endpoint, by id and by key (keys are kept hashed). Creating, finding and ending an
     episode cost the same however many episodes the book holds."""
@@ -75,7 +80,7 @@ class EpisodeBook:
         self._digests: dict[str, str] = {}  # episode id -> its key's digest
         self._open: dict[str, PolicyEpisode] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()  # in the order they finished
-        self._retired: set[str] = set()
+        self._retired: OrderedDict[str, None] = OrderedDict()  # the newest RETIRED_PER_KEPT * max_kept
         self.expired = 0
         self.on_finish: Callable[[PolicyEpisode], None] | None = None
         """Called with each episode as it ends (the service releases its engine binding)."""
@@ -163,4 +168,6 @@ class EpisodeBook:
             del self.episodes[ep_id]
             d = self._digests.pop(ep_id)
             del self._keys[d]
-            self._retired.add(d)
+            self._retired[d] = None
+            while len(self._retired) > RETIRED_PER_KEPT * self.max_kept:
+                self._retired.popitem(last=False)

@@ -68,3 +68,20 @@ def test_an_ended_or_expired_episode_releases_its_engine_binding() -> None:
     book.expire(b)
     book.finish(a, "closed")  # already over: not released twice
     assert forgotten == [a.id, b.id]
+
+
+def test_retired_keys_are_bounded() -> None:
+    """A long-lived endpoint remembers only the newest retired keys: the oldest of them reads as unknown."""
+    from agentrl.policy.episodes import RETIRED_PER_KEPT
+
+    book = EpisodeBook(ttl_s=60, max_open=10, max_kept=1)
+    keys = []
+    for _ in range(RETIRED_PER_KEPT + 3):
+        ep, key = book.create()
+        book.finish(ep, "ended", reward=1.0)
+        keys.append(key)
+    assert len(book._retired) == RETIRED_PER_KEPT
+    with pytest.raises(ApiError, match="expired: its episode is over"):
+        book.by_key(keys[-2])  # retired recently
+    with pytest.raises(ApiError, match="invalid API key"):
+        book.by_key(keys[0])  # retired long ago: forgotten
