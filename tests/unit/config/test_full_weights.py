@@ -110,3 +110,13 @@ def test_nccl_sync_is_for_full_weights_and_starts_the_engines_transfer_engine(tm
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
     plain = load_config(None, {"env": "calc", **FULL}).resolved()
     assert "--weight-transfer-config" not in VLLMServer(plain.inference, tmp_path).build_command()
+
+
+def test_the_embedded_presets_serve_the_model_in_the_trainers_dtype() -> None:
+    """The embedded model is float32 and so is the trainer's compute: the engine of a preset run samples in
+    float32 too (vLLM's ``auto`` would cast it to 16 bits), unless the run says otherwise."""
+    for env in ("calc", "swe"):
+        cfg = load_config(None, {"env": env})
+        assert cfg.inference.dtype == cfg.trainer.dtype == "float32", env
+    assert load_config(None, {"env": "calc", "inference": {"dtype": "bfloat16"}}).inference.dtype == "bfloat16"
+    assert load_config(None, {"env": "weather.py:Weather"}).inference.dtype == "auto"  # no preset: vLLM's choice
