@@ -13,7 +13,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 from agentrl.config.run import SamplingConfig
 from agentrl.environment.base import Environment, Task
@@ -133,53 +132,46 @@ async def _loop(
     traj.prompt_ids = chat.prompt_ids([m.to_openai() for m in messages], tools)
     key = uuid.uuid4().hex
     try:
-        await _turns(episode, traj, client, chat, sampling, model, policy_version, tools, key)
+        while not episode.done:
+            used = len(traj.prompt_ids) + len(traj.completion_ids)
+            budget = min(env.max_tokens_per_turn, sampling.max_context_tokens - used)
+            if budget <= 0:
+                episode.end(StopReason.MAX_TOKENS)
+                break
+            sent = policy_version()
+            t_gen = time.perf_counter()
+            try:
+                gen = await client.generate(
+                    traj.prompt_ids + traj.completion_ids,
+                    max_tokens=budget,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    stop_token_ids=list(chat.stop_token_ids),
+                    model=model,
+                    key=key,
+                    cache_salt=f"policy-v{sent}",
+                    **({"routing_from": traj.routing.n} if traj.routing is not None else {}),
+                )
+            except ContextLengthError:
+                episode.end(StopReason.MAX_TOKENS)
+                break
+            finally:
+                traj.timings.generate_s += time.perf_counter() - t_gen
+            versions = token_versions(gen, sent)
+            prompt_len = used
+            _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions)
+            if traj.routing is not None and gen.routing is not None:
+                _extend_routing(traj, gen.routing, prompt_len, versions, sent)
+            parsed = chat.parse(chat.decode(gen.token_ids), tools)
+            cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
+            calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]
+            results = await episode.step(parsed.content, calls, cut=cut)
+            if not episode.done:
+                last = gen.token_ids[-1] if gen.token_ids else None
+                _append(traj, chat.observation_ids([r.message.to_openai() for r in results], tools, ended_with=last),
+                        model=False)
     finally:
         if (forget := getattr(client, "forget", None)) is not None:  # the episode's engine binding
             forget(key)
     await episode.score()
-
-
-async def _turns(episode: Episode, traj: Trajectory, client: Generator, chat: ChatFormat, sampling: SamplingConfig,
-                 model: str | None, policy_version: Callable[[], int], tools: list[dict[str, Any]], key: str) -> None:
-    env = episode.env
-    assert env is not None
-    while not episode.done:
-        used = len(traj.prompt_ids) + len(traj.completion_ids)
-        budget = min(env.max_tokens_per_turn, sampling.max_context_tokens - used)
-        if budget <= 0:
-            episode.end(StopReason.MAX_TOKENS)
-            break
-        sent = policy_version()
-        t_gen = time.perf_counter()
-        try:
-            gen = await client.generate(
-                traj.prompt_ids + traj.completion_ids,
-                max_tokens=budget,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                stop_token_ids=list(chat.stop_token_ids),
-                model=model,
-                key=key,
-                cache_salt=f"policy-v{sent}",
-                **({"routing_from": traj.routing.n} if traj.routing is not None else {}),
-            )
-        except ContextLengthError:
-            episode.end(StopReason.MAX_TOKENS)
-            break
-        finally:
-            traj.timings.generate_s += time.perf_counter() - t_gen
-        versions = token_versions(gen, sent)
-        prompt_len = used
-        _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions)
-        if traj.routing is not None and gen.routing is not None:
-            _extend_routing(traj, gen.routing, prompt_len, versions, sent)
-        parsed = chat.parse(chat.decode(gen.token_ids), tools)
-        cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
-        calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]
-        results = await episode.step(parsed.content, calls, cut=cut)
-        if not episode.done:
-            last = gen.token_ids[-1] if gen.token_ids else None
-            _append(traj, chat.observation_ids([r.message.to_openai() for r in results], tools, ended_with=last),
-                    model=False)

@@ -101,4 +101,5 @@ def worker_env(orchestrator: str, authkey: bytes, extra: dict[str, str] | None =
     env["AGENTRL_TRAINER_ADDR"] = orchestrator
     env["AGENTRL_TRAINER_AUTHKEY"] = authkey.hex()
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return dict(short_spin(env))  # the ranks often share their cores with an engine
+    short_spin(env)  # the ranks often share their cores with an engine
+    return env

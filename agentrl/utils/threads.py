@@ -16,8 +16,7 @@ SPIN = {"GOMP_SPINCOUNT": "10000"}
 """The OpenMP settings every child process gets unless its environment already sets them."""
 
 
-def short_spin(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
-    """``env`` with :data:`SPIN`'s settings where it has none of its own (the user's choice wins); returned."""
+def short_spin(env: MutableMapping[str, str]) -> None:
+    """Give ``env`` :data:`SPIN`'s settings where it has none of its own (the user's choice wins)."""
     for key, value in SPIN.items():
         env.setdefault(key, value)
-    return env
