@@ -29,6 +29,7 @@ from agentrl.config.run import SamplingConfig
 from agentrl.environment.base import Environment, Task
 from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.service import PolicyService
+from agentrl.policy.thread import EndpointHost, SameLoop
 from agentrl.rollout.episode import EnvFailure, Episode, error_text
 from agentrl.types import Message, StopReason, Trajectory
 from agentrl.utils.lifeline import own_process, release_process
@@ -45,9 +46,11 @@ class BlackBoxRunner:
     """Runs GRPO groups of an agent program's episodes (a :class:`~agentrl.orchestrator.parts.GroupRunner`)."""
 
     def __init__(self, agent: AgentConfig, service: PolicyService, base_url: str, env_cls: type[Environment],
-                 sampling: SamplingConfig, *, run_id: str = "") -> None:
+                 sampling: SamplingConfig, *, run_id: str = "", host: EndpointHost | None = None) -> None:
         self.agent = agent
         self.service = service
+        self.host = host or SameLoop()
+        """Where the endpoint serves: the episodes' bookkeeping runs there (their locks live there)."""
         self.base_url = base_url
         self.env_cls = env_cls
         self.run_id = run_id
@@ -91,23 +94,12 @@ class BlackBoxRunner:
             except EnvFailure:
                 await opening.close()
                 return [self._failed(task, group_id, StopReason.ENV_ERROR, opening.error, t0)]
-            ep, key = self.service.book.create(task_id=str(task.get("id", "")), group_id=group_id)
+            ep, key = await self.host.run(self._create(task_id=str(task.get("id", "")), group_id=group_id))
             payload = {"id": task.get("id"), "messages": messages}
             if self.agent.reward == "agent":
                 payload["task"] = task
             stop, error = await self._launch(ep, key, payload)
-            book = self.service.book
-            async with ep.lock:  # a call the program left in flight is recorded first
-                if stop is not None:
-                    book.finish(ep, "closed", error=error)
-                elif self.agent.reward == "agent":
-                    if ep.open:
-                        book.finish(ep, "closed", error="the agent program exited without posting a reward")
-                        stop, error = StopReason.ENV_ERROR, ep.error
-                    elif ep.status != "ended":
-                        stop, error = StopReason.ENV_ERROR, ep.error
-                else:
-                    book.finish(ep, "ended")
+            stop, error = await self.host.run(self._close(ep, stop, error))
             if stop is None and not ep.rows:
                 stop, error = StopReason.ENV_ERROR, "the agent program made no call to the policy endpoint"
             reward, metrics = 0.0, {}
@@ -123,6 +115,27 @@ class BlackBoxRunner:
             if stop is not None:
                 return [self._failed(task, group_id, stop, error, t0, ep)]
             return self._rows(task, group_id, ep, reward, metrics, t0)
+
+    async def _create(self, **labels: str) -> tuple[PolicyEpisode, str]:
+        return self.service.book.create(**labels)
+
+    async def _close(self, ep: PolicyEpisode, stop: StopReason | None,
+                     error: str | None) -> tuple[StopReason | None, str | None]:
+        """End ``ep`` once its program has exited (after a call it left in flight is recorded); the episode's
+        failure, if any."""
+        book = self.service.book
+        async with ep.lock:
+            if stop is not None:
+                book.finish(ep, "closed", error=error)
+            elif self.agent.reward == "agent":
+                if ep.open:
+                    book.finish(ep, "closed", error="the agent program exited without posting a reward")
+                    return StopReason.ENV_ERROR, ep.error
+                if ep.status != "ended":
+                    return StopReason.ENV_ERROR, ep.error
+            else:
+                book.finish(ep, "ended")
+        return stop, error
 
     async def _launch(self, ep: PolicyEpisode, key: str, payload: dict[str, Any]) -> tuple[StopReason | None, str | None]:
         """Run the program to its end; (None, None) when it exited 0, else the failure."""
@@ -184,16 +197,19 @@ class BlackBoxRunner:
 async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Callable[[], int],
                           env_cls: type[Environment], run_id: str = "") -> AsyncIterator[BlackBoxRunner]:
     """A training run's policy endpoint (loopback, a fresh token, the run's policy model, sampling and policy
-    version) serving in this event loop, and the runner of ``cfg.agent``'s program over it."""
+    version) serving on an event loop of its own (:mod:`agentrl.policy.thread`; its generations run on this
+    loop's engine client), and the runner of ``cfg.agent``'s program over it."""
     from agentrl.config.policy import PolicyConfig
     from agentrl.http.auth import generate_token
-    from agentrl.policy.run import serving
+    from agentrl.policy.thread import EndpointThread, LoopGenerator
 
     pcfg = PolicyConfig(port=0, max_context_tokens=cfg.sampling.max_context_tokens,
                         temperature=cfg.sampling.temperature, episode_ttl_s=cfg.agent.timeout_s + 60)
-    service = PolicyService(pcfg, client, chat, model=cfg.policy_model, policy_version=policy_version)
-    async with serving(service, generate_token()) as url:
-        yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id)
+    service = PolicyService(pcfg, LoopGenerator(client, asyncio.get_running_loop()), chat, model=cfg.policy_model,
+                            policy_version=policy_version)
+    endpoint = EndpointThread(service)
+    async with endpoint.serving(generate_token()) as url:
+        yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id, host=endpoint)
 
 
 def _plain(m: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,11 @@ async def serving(service: PolicyService, token: str) -> AsyncIterator[str]:
     cfg = service.config
     sock = bind_socket(cfg.host, cfg.port)
     url = url_of(sock)
-    app = create_app(service, token, public_url=url)
+    try:
+        app = create_app(service, token, public_url=url)
+    except BaseException:
+        sock.close()
+        raise
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5, server_header=False))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
