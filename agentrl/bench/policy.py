@@ -65,6 +65,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.launch.stack import load_chat_format
     from agentrl.policy.run import serving
     from agentrl.policy.service import PolicyService
+    from agentrl.policy.thread import EndpointThread, LoopGenerator
 
     model = await bench_model(args.model)
     async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024,
@@ -74,8 +75,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         convs = [[{"role": "system", "content": CalcEnv.system_prompt}, {"role": "user", "content": t["question"]}]
                  for t in CalcEnv.tasks("test")[: args.calls]]
         async with InferenceClient([engine], timeout_s=600) as client:
-            service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024), _Forced(client), chat)
-            async with serving(service, TOKEN) as url, \
+            engine_side: Any = _Forced(client)
+            if args.serve_in == "thread":  # as a training run serves it: its own loop, the client on this one
+                engine_side = LoopGenerator(engine_side, asyncio.get_running_loop())
+            service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024), engine_side, chat)
+            host = EndpointThread(service).serving(TOKEN) if args.serve_in == "thread" else serving(service, TOKEN)
+            async with host as url, \
                     openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=600) as base:
                 async def direct(messages: list[dict[str, Any]]) -> None:
                     gen = await client.generate(chat.prompt_ids(messages, tools), max_tokens=args.tokens,
@@ -130,7 +135,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     d_lat, e_lat, s_lat = (statistics.median(lat[k]) for k in ("direct", "endpoint", "sdk"))
     out: dict[str, Any] = {
         "bench": "policy", "calls": len(convs), "tokens_per_call": args.tokens, "rounds": args.rounds,
-        "concurrency": args.concurrency, "engine_cores": args.engine_cores, "endpoint_cores": args.endpoint_cores,
+        "concurrency": args.concurrency, "serve_in": args.serve_in, "engine_cores": args.engine_cores,
+        "endpoint_cores": args.endpoint_cores,
         "direct_latency_ms": d_lat * 1e3, "endpoint_latency_ms": e_lat * 1e3,
         "overhead_ms_per_call": (e_lat - d_lat) * 1e3, "latency_ratio": e_lat / d_lat,
         "sdk_latency_ms": s_lat * 1e3, "sdk_overhead_ms_per_call": (s_lat - d_lat) * 1e3}
@@ -234,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                         "core 0 on a machine without a GPU and with 2 or more cores; none: no pinning)")
     parser.add_argument("--endpoint-cores", default="auto", help="CPU: pin this process (the endpoint and its "
                         "clients) to these cores (auto: the cores the engine does not have)")
+    parser.add_argument("--serve-in", choices=("thread", "loop"), default="thread",
+                        help="thread: the endpoint on an event loop of its own, its generations on the engine "
+                        "client's loop (as a training run serves it); loop: all on one loop (as serve-policy does)")
     add_engine_args(parser)
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)

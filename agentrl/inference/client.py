@@ -22,6 +22,7 @@ import httpx
 
 from agentrl.http.tls import tls_context
 from agentrl.inference.routing import Endpoint, EndpointPool
+from agentrl.inference.stream import OnTokens, stream_generate
 from agentrl.inference.wire import (
     VLLM_NOT_FOUND,
     ContextLengthError,
@@ -116,7 +117,8 @@ class InferenceClient:
     async def generate(self, prompt_ids: list[int], *, max_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                        top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
                        key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
-                       ignore_eos: bool = False, routing_from: int | None = None, top_logprobs: int = 0) -> Generation:
+                       ignore_eos: bool = False, routing_from: int | None = None, top_logprobs: int = 0,
+                       on_tokens: OnTokens | None = None) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
         Every sampling parameter is sent (penalties and ``min_p`` neutral), so a model's own sampling
@@ -133,6 +135,10 @@ class InferenceClient:
 
         ``top_logprobs``: also return each sampled token's ``top_logprobs`` most likely alternatives
         (``Generation.top_logprobs``).
+
+        ``on_tokens``: stream the generation, handing each run of new ids to ``on_tokens`` as the engine sends
+        them (the whole output at once on the completions fallback, or with ``routing_from``). Once ids have
+        been handed on, a failure is not retried on another engine (it would sample other ids): it raises.
         """
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
@@ -155,6 +161,12 @@ class InferenceClient:
             gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
         tried: list[str] = []
         cost = len(prompt_ids) + max_tokens
+        delivered = 0
+
+        def forward(ids: list[int]) -> None:
+            nonlocal delivered
+            delivered += len(ids)
+            on_tokens(ids)  # type: ignore[misc]
 
         async def attempt(_: int) -> Generation:
             ep = self.pool.pick(key, avoid=tried)  # NoEnginesError when every endpoint is out of rotation
@@ -162,11 +174,17 @@ class InferenceClient:
             if routing_from is not None:
                 gen_body["request_id"] = uuid.uuid4().hex  # names the request whose routing is taken
             try:
-                gen = await self._unless_it_leaves(ep, self._generate_on(ep, gen_body, cmpl_body))
+                gen = await self._unless_it_leaves(ep, self._generate_on(
+                    ep, gen_body, cmpl_body, stream=forward if on_tokens and routing_from is None else None))
                 if routing_from is not None:
                     gen.routing = await self._routing_of(ep, gen, gen_body["request_id"], routing_from)
+                    if on_tokens:
+                        forward(list(gen.token_ids))
             except TransientError as e:
                 tried.append(ep.url)
+                if delivered:
+                    raise InferenceError(f"{ep.url} failed after streaming {delivered} tokens: {e}",
+                                         endpoint=ep.url) from None
                 # a refused connection means no server: out of rotation at once (a dropped connection or a
                 # timeout is retried elsewhere, and the health watch decides about the engine)
                 if e.refused and len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate: {e}"):
@@ -225,11 +243,21 @@ class InferenceClient:
         return routing_rows(rec)
 
     async def _generate_on(self, ep: Endpoint, gen_body: dict[str, Any], cmpl_body: dict[str, Any],
-                           parsers: tuple[Any, Any] = (parse_generate, parse_completions)) -> Any:
+                           parsers: tuple[Any, Any] = (parse_generate, parse_completions),
+                           stream: OnTokens | None = None) -> Any:
         """One generation request on ``ep``: the token-in/out route, or ``/v1/completions`` where that route
-        is unavailable (detected once); the answer is read by ``parsers`` (one per route)."""
+        is unavailable (detected once); the answer is read by ``parsers`` (one per route). ``stream``: the
+        token route streamed, its new ids handed to ``stream`` as they come (on the fallback: all at the end)."""
         if ep.mode != "completions":
             try:
+                if stream is not None:
+                    body = await stream_generate(self._pick_pool(), ep.url + _GENERATE, gen_body, stream)
+                    ep.mode = "generate"
+                    try:
+                        return parsers[0](body, ep.url)
+                    except (ValueError, KeyError, IndexError, TypeError) as e:
+                        raise InferenceError(f"{ep.url} streamed an unexpected answer ({type(e).__name__}: {e})",
+                                             endpoint=ep.url) from e
                 r = await self._send(ep, "POST", _GENERATE, json=gen_body)
                 ep.mode = "generate"
                 return parse_body(parsers[0], r, ep.url)
@@ -238,7 +266,10 @@ class InferenceClient:
                     log.warning("%s; falling back to %s on %s", e, _COMPLETIONS, ep.url)
                     ep.mode = "completions"
         r = await self._send(ep, "POST", _COMPLETIONS, json=cmpl_body)
-        return parse_body(parsers[1], r, ep.url)
+        gen = parse_body(parsers[1], r, ep.url)
+        if stream is not None:
+            stream(list(gen.token_ids))
+        return gen
 
     async def _call(self, ep: Endpoint, method: str, path: str, **kw: Any) -> httpx.Response:
         """One admin call on one endpoint, retrying transient failures with backoff (:class:`EngineRefused`

@@ -31,7 +31,7 @@ from agentrl.policy.episodes import PolicyEpisode
 from agentrl.policy.messages import ChatRequest
 from agentrl.policy.responses import ResponsesRequest
 from agentrl.policy.service import PolicyService
-from agentrl.policy.stream import response_events, sse_events
+from agentrl.policy.stream import LiveTurn, response_events, sse_events
 
 EpisodeId = Annotated[str, Path(min_length=1, max_length=64, description="Episode id from POST /v1/episodes.")]
 
@@ -127,11 +127,18 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
     async def chat_completions(body: ChatRequest, who: Caller = Depends(caller)) -> dict[str, Any] | StreamingResponse:
         """An OpenAI chat completion (streamed as server-sent events with ``stream=true``); recorded in the
         caller's episode."""
-        completion = await service.complete(body, who.episode)
-        if not body.stream:
-            return completion
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(sse_events(completion, usage), media_type="text/event-stream")
+        markers = service.live_markers(body) if body.stream else None
+        if markers is None:
+            completion = await service.complete(body, who.episode)
+            if not body.stream:
+                return completion
+            return StreamingResponse(sse_events(completion, usage), media_type="text/event-stream")
+        turn = LiveTurn(service.chat.decode, markers, body.model or service.config.served_model)
+        # the call runs in a task of its own: a client that goes away mid-stream leaves it to finish and be recorded
+        task = service.keep(asyncio.ensure_future(service.complete(body, who.episode, on_tokens=turn.push)))
+        await turn.opened(task)
+        return StreamingResponse(turn.events(task, usage), media_type="text/event-stream")
 
     @app.post("/v1/responses", tags=["openai"], response_model=None)
     async def responses(body: ResponsesRequest, who: Caller = Depends(caller)) -> dict[str, Any] | StreamingResponse:

@@ -18,6 +18,7 @@ from typing import Any
 from agentrl.config.policy import PolicyConfig
 from agentrl.http.errors import ApiError
 from agentrl.inference.client import Generation
+from agentrl.inference.stream import OnTokens
 from agentrl.inference.wire import ContextLengthError, InferenceError
 from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.policy.messages import ChatRequest, check_request, forced_call, normalize_all, tools_key
@@ -46,26 +47,54 @@ class PolicyService:
             self.book.on_finish = lambda ep: forget(ep.id)
         self.responses = ResponseStore(config.max_stored_responses)
         self.calls = 0
+        self._running: set[asyncio.Future[Any]] = set()
+
+    def keep(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Hold a call's task until it ends (a streamed call outlives its response when the client leaves);
+        its error, if nobody reads it, is dropped quietly (it was answered or the client is gone)."""
+        self._running.add(task)
+        task.add_done_callback(lambda t: (self._running.discard(t), t.cancelled() or t.exception()))
+        return task
 
     def temperature(self, req: ChatRequest) -> float:
         if self.config.temperature is not None:
             return self.config.temperature
         return 1.0 if req.temperature is None else req.temperature
 
-    async def complete(self, req: ChatRequest, episode: PolicyEpisode | None) -> dict[str, Any]:
-        """Answer one request as an OpenAI ``chat.completion``; record it in ``episode`` (None: not recorded)."""
+    def live_markers(self, req: ChatRequest) -> list[str] | None:
+        """Where a streamed turn's text must be held back (the start of a tool call, the stop sequences), or
+        None when ``req`` is not streamed token by token: ``n > 1``, ``logprobs``, a forced tool call, or a
+        template whose tool calls cannot be located (those turns are sent whole once sampled)."""
+        if (req.n or 1) > 1 or req.logprobs or forced_call(req.tool_choice) is not None:
+            return None
+        markers = list(req.stops)
+        if req.tools and req.tool_choice != "none":
+            try:
+                opening = self.chat.call_opening(req.tools, None)
+            except ValueError:
+                return None
+            marker = opening.split(maxsplit=1)[0] if opening.strip() else ""
+            if not marker:
+                return None
+            markers.append(marker)
+        return markers
+
+    async def complete(self, req: ChatRequest, episode: PolicyEpisode | None,
+                       on_tokens: OnTokens | None = None) -> dict[str, Any]:
+        """Answer one request as an OpenAI ``chat.completion``; record it in ``episode`` (None: not recorded).
+        ``on_tokens`` (with ``n = 1``): gets the sampled ids as the engine streams them."""
         check_request(req)
         messages = normalize_all(req.messages)
         tools = req.tools or None
         if episode is None:
-            return await self._call([], messages, tools, req)
+            return await self._call([], messages, tools, req, on_tokens=on_tokens)
         # One call of an episode at a time, and the generation runs in a task of its own: a client that
         # disconnects (cancelling this handler) leaves the call to finish and be recorded in order.
         async with episode.lock:
             if not episode.open:
                 raise ApiError(401, "this episode's API key has expired: its episode is over")
             episode.last_seen = time.monotonic()
-            task = asyncio.ensure_future(self._call(episode.rows, messages, tools, req, episode))
+            task = asyncio.ensure_future(self._call(episode.rows, messages, tools, req, episode, on_tokens))
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -88,7 +117,8 @@ class PolicyService:
         return response
 
     async def _call(self, rows: list[Row], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                    req: ChatRequest, episode: PolicyEpisode | None = None) -> dict[str, Any]:
+                    req: ChatRequest, episode: PolicyEpisode | None = None,
+                    on_tokens: OnTokens | None = None) -> dict[str, Any]:
         temperature = self.temperature(req)
         try:
             plan = plan_call(rows, self.chat, messages, tools, tools_key(tools), temperature)
@@ -106,7 +136,8 @@ class PolicyService:
         budget = min(asked, self.config.max_tokens_per_call, room)
         sent = self.policy_version()
         try:
-            gens = await asyncio.wait_for(self._sample(plan.prompt_ids, budget, temperature, req, episode, sent),
+            gens = await asyncio.wait_for(self._sample(plan.prompt_ids, budget, temperature, req, episode, sent,
+                                                       on_tokens),
                                           self.config.generate_timeout_s)
             versions = [token_versions(gen, sent) for gen in gens]
         except ContextLengthError as e:
@@ -146,16 +177,16 @@ class PolicyService:
                            param="tool_choice") from None
 
     async def _sample(self, prompt_ids: list[int], budget: int, temperature: float, req: ChatRequest,
-                      episode: PolicyEpisode | None, sent: int) -> list[Generation]:
+                      episode: PolicyEpisode | None, sent: int, on_tokens: OnTokens | None = None) -> list[Generation]:
         """``req.n`` generations of one prompt, at once (choice ``i`` seeded ``seed + i`` when seeded); the
-        others are cancelled if one fails."""
+        others are cancelled if one fails. ``on_tokens``: the first choice's ids as they are sampled."""
         top_p = 1.0 if self.config.temperature is not None else (req.top_p or 1.0)
         tasks = [asyncio.ensure_future(self.client.generate(
             prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p,
             stop_token_ids=list(self.chat.stop_token_ids), model=self.model, key=episode.id if episode else None,
             **({"seed": req.seed + i} if req.seed is not None else {}),
             **({"top_logprobs": req.top_logprobs} if req.logprobs and req.top_logprobs else {}),
-            cache_salt=f"policy-v{sent}"))
+            cache_salt=f"policy-v{sent}", **({"on_tokens": on_tokens} if on_tokens and i == 0 else {})))
             for i in range(req.n or 1)]
         try:
             return list(await asyncio.gather(*tasks))

@@ -50,6 +50,9 @@ class LoopGenerator:
         self.loop = loop
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
+        if (on_tokens := kw.get("on_tokens")) is not None:  # streamed ids reach the caller's loop, in order
+            caller = asyncio.get_running_loop()
+            kw["on_tokens"] = lambda ids: caller.call_soon_threadsafe(on_tokens, ids)
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
             self.client.generate(prompt_ids, **kw), self.loop))
 

@@ -3,6 +3,7 @@ protocol; :class:`agentrl.inference.InferenceClient` is the real one, unit tests
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,4 +27,5 @@ class Generator(Protocol):
         seed: int | None = None,
         cache_salt: str | None = None,
         top_logprobs: int = 0,
+        on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation: ...

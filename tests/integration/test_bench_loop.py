@@ -48,6 +48,7 @@ def test_bench_policy_reports_both_paths(vllm_server, tiny_model_dir: Path, caps
     assert len(out) == 1, "--json prints only the JSON line"
     r = json.loads(out[-1])
     assert r["bench"] == "policy" and r["calls"] == 4 and r["tokens_per_call"] == 8
+    assert r["serve_in"] == "thread", "by default the endpoint serves as in a training run: on its own loop"
     for key in ("direct_latency_ms", "endpoint_latency_ms", "direct_calls_per_s_4", "endpoint_calls_per_s_4",
                 "endpoint_only_ms", "endpoint_only_per_s", "sdk_client_ms", "sdk_latency_ms", "sdk_calls_per_s_4"):
         assert r[key] > 0, (key, r[key])

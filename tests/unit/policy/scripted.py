@@ -34,13 +34,20 @@ class Scripted:
         self.prompts: list[list[int]] = []
         self.outputs: list[list[int]] = []
         self.kwargs: list[dict[str, Any]] = []
+        self.streamed = False
+        """Whether the last call was streamed (given ``on_tokens``)."""
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Generation:
         self.prompts.append(list(prompt_ids))
+        on_tokens = kw.pop("on_tokens", None)
         self.kwargs.append(kw)
         await asyncio.sleep(self.delay)
         ids = [*self.chat.encode(self.texts.pop(0)), self.chat.eos_token_id]
         self.outputs.append(ids)
+        self.streamed = on_tokens is not None
+        for t in ids if on_tokens else ():  # streamed one id at a time, as an engine's chunks come
+            on_tokens([t])
+            await asyncio.sleep(0)
         top = kw.get("top_logprobs", 0)  # the sampled id first, then made-up alternatives
         tops = [{t: -0.5, **{(t + k) % 400: -0.5 - k for k in range(1, top)}} for t in ids] if top else None
         return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], endpoint="scripted",
