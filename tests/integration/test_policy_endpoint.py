@@ -208,6 +208,39 @@ async def test_streamed_and_n_choices_record_token_faithful_rows(vllm_server, ch
                 assert len(choice.logprobs.content) > 0 and all(t.logprob <= 0.0 for t in choice.logprobs.content)
 
 
+async def test_a_stream_arrives_token_by_token_from_the_engine(vllm_server, chat: ChatFormat) -> None:
+    """A streamed call is streamed by the engine too: its text comes in many chunks while the turn is sampled,
+    through the endpoint on its own event loop (as a training run serves it), and adds up to the unstreamed
+    answer of the same greedy call; both record the same row."""
+    from agentrl.policy.thread import EndpointThread, LoopGenerator
+
+    question = "Write one long sentence about the number seven."
+    async with InferenceClient([vllm_server.url]) as client:
+        await client.set_weight_version("0")
+        rec = Recording(client, ignore_eos=True)  # a fixed length: every turn has text to stream
+        service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024),
+                                LoopGenerator(rec, asyncio.get_running_loop()), chat)
+        async with EndpointThread(service).serving(TOKEN) as url:
+            rows, texts, pieces = {}, {}, 0
+            for stream in (False, True):
+                ep = await _episode(url)
+                async with openai.AsyncOpenAI(base_url=ep["base_url"], api_key=ep["api_key"], max_retries=0,
+                                              timeout=120) as sdk:
+                    kw: dict[str, Any] = {"model": "policy", "messages": [{"role": "user", "content": question}],
+                                          "temperature": 0.0, "max_tokens": 24}
+                    if stream:
+                        deltas = [c.choices[0].delta.content async for c in await sdk.chat.completions.create(
+                            **kw, stream=True) if c.choices and c.choices[0].delta.content]
+                        texts[stream], pieces = "".join(deltas), len(deltas)
+                    else:
+                        texts[stream] = (await sdk.chat.completions.create(**kw)).choices[0].message.content
+                rows[stream] = (await _trajectory(url, ep, 1.0))["rows"]
+    keys = ("prompt_ids", "completion_ids", "loss_mask", "versions")
+    assert [{k: r[k] for k in keys} for r in rows[True]] == [{k: r[k] for k in keys} for r in rows[False]]
+    assert texts[True] == texts[False] and len(rows[True][0]["completion_ids"]) == 24
+    assert pieces > 3, f"the text came in {pieces} pieces: it was not streamed as it was sampled"
+
+
 async def test_a_forced_tool_call_and_top_logprobs_on_the_engine(vllm_server, chat: ChatFormat) -> None:
     """A named ``tool_choice``: the engine is sent the prompt plus the template's opening of that call and
     continues it (greedy, so what it writes is fixed by the model); the row keeps the opening as context.
