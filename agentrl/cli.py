@@ -133,7 +133,8 @@ _TRAIN_FLAGS = {
     "task_columns": "--task-column",
     "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
     "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
-    "agent.command": "--agent", "agent.reward": "--agent-reward", "placement.inference_gpus": "--inference-gpus",
+    "agent.command": "--agent", "agent.reward": "--agent-reward", "agent.image": "--agent-image",
+    "placement.inference_gpus": "--inference-gpus",
     "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full", "tracking.report_to": "--report-to",
     "seed": "--seed",
 }
@@ -178,6 +179,9 @@ def train(
              "OPENAI_API_KEY and AGENTRL_TASK; docs/blackbox.md).")] = None,
     agent_reward: Annotated[str | None, typer.Option(
         help="Who scores a black-box episode: env (the environment's reward) or agent (the program posts it).")] = None,
+    agent_image: Annotated[str | None, typer.Option(
+        help="Run each black-box agent program in a fresh container of this image, whose only network path is "
+             "the policy endpoint (needs a Docker engine on this host; docs/blackbox.md).")] = None,
     inference_gpus: Annotated[str | None, typer.Option(
         help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
     trainer_gpus: Annotated[str | None, typer.Option(
@@ -206,8 +210,8 @@ def train(
         "task_columns": _task_columns(task_column),
         "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
         "sampling": {"temperature": temperature} if temperature is not None else None,
-        "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward))
-                  if v is not None} or None,
+        "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward),
+                                    ("image", agent_image)) if v is not None} or None,
         "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
                       if v is not None} or None,
         "trainer": {"lora": False} if full else None,

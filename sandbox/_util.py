@@ -233,7 +233,9 @@ def container_kwargs(cfg: SandboxConfig, image: str, labels: dict[str, str]) -> 
         # by put_archive from the host (a plain --tmpfs mount is not), and removed with the container (v=True).
         "mounts": [{"Type": "volume", "Target": cfg.workspace, "ReadOnly": False,
                     "VolumeOptions": {"NoCopy": True, "DriverConfig": {
-                        "Name": "local", "Options": {"type": "tmpfs", "device": "tmpfs", "o": ws_opts}}}}],
+                        "Name": "local", "Options": {"type": "tmpfs", "device": "tmpfs", "o": ws_opts}}}},
+                   *({"Type": "bind", "Source": host, "Target": target, "ReadOnly": True}
+                     for host, target in cfg.binds.items())],
         "tmpfs": {"/tmp": f"rw,nosuid,nodev,size={cfg.tmp_mb}m,mode=1777"},
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges"],  # Docker's default seccomp profile stays on

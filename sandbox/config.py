@@ -89,6 +89,9 @@ class SandboxConfig(BaseModel):
     ``python3`` in the image, else (or if the helper keeps dying) commands use ``docker exec``."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables of the container (and every exec)."""
+    binds: dict[str, str] = Field(default_factory=dict)
+    """Host directories mounted read-only into the container: ``{host path: container path}``, both absolute
+    (an agent container gets the policy endpoint's socket this way)."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra container labels (the ``agentrl.*`` labels are always set and cannot be overridden)."""
     api_timeout_s: float = Field(30.0, ge=1, le=600)
@@ -97,6 +100,14 @@ class SandboxConfig(BaseModel):
     """Attempts for engine calls that fail transiently (5xx, connection errors)."""
     backoff_s: float = Field(0.2, ge=0.0, le=30)
     """Base delay of the exponential backoff between those attempts, seconds."""
+
+    @field_validator("binds")
+    @classmethod
+    def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
+        for host, target in v.items():
+            if not (host.startswith("/") and target.startswith("/")):
+                raise ValueError(f"binds need absolute paths on both sides, not {host!r}: {target!r}")
+        return v
 
     @field_validator("user", "keeper_user")
     @classmethod

@@ -74,4 +74,11 @@ class AgentConfig(BaseModel):
     memory_mb: int | None = Field(None, ge=16)
     """Address-space limit of one agent program, in MiB (``RLIMIT_AS``, inherited by what it starts): past it
     allocations fail, the program typically exits with a ``MemoryError``, and the episode is recorded as
-    failed. None: no limit."""
+    failed. None: no limit. With ``image``: the container's memory limit (default 1024)."""
+    image: str | None = None
+    """Run each agent program in a fresh container of this image (on the run's Docker engine, which must run
+    on this host) instead of on the host: no network but a loopback interface, on which the policy endpoint
+    is forwarded (``OPENAI_BASE_URL`` points there), a read-only root, no capabilities, a non-root user
+    (uid 1000), a writable ``/workspace`` and ``/tmp``. ``command`` runs inside it and must be in the
+    image, as must ``python3`` (the forwarder runs on it). The task is in ``AGENTRL_TASK`` only (not on
+    stdin). None: programs run on the host."""

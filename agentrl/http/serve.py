@@ -23,6 +23,25 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` (a stale file there is replaced), connectable by every user: what
+    reaches it is checked by the server's keys, as on a loopback port."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o666)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot serve on {path}: {e.strerror or e}") from e
+    return sock
+
+
 def url_of(sock: socket.socket) -> str:
     """``http://host:port`` of a bound socket."""
     host, port = sock.getsockname()[:2]

@@ -18,10 +18,13 @@ import json
 import logging
 import os
 import resource
+import shlex
+import shutil
 import signal
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from agentrl.config.policy import AgentConfig
@@ -36,6 +39,26 @@ from agentrl.utils.lifeline import own_process, release_process
 
 log = logging.getLogger("agentrl.policy")
 
+CONTAINER_MOUNT = "/agentrl"
+"""Where an agent container sees :func:`agent_mount`'s directory."""
+CONTAINER_PORT = 8780
+"""The loopback port of the policy endpoint inside an agent container."""
+
+
+@contextlib.contextmanager
+def agent_mount() -> Iterator[tuple[str, str]]:
+    """A private directory for agent containers: ``sock/`` for the endpoint's Unix socket (yielded as its
+    path, with the directory) and the forwarder ``forward.py``; removed afterwards."""
+    root = tempfile.mkdtemp(prefix="agentrl-agents-")
+    try:
+        os.chmod(root, 0o755)
+        os.mkdir(os.path.join(root, "sock"), 0o755)
+        shutil.copy(os.path.join(os.path.dirname(__file__), "forward.py"), os.path.join(root, "forward.py"))
+        os.chmod(os.path.join(root, "forward.py"), 0o644)
+        yield root, os.path.join(root, "sock", "policy.sock")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -46,11 +69,15 @@ class BlackBoxRunner:
     """Runs GRPO groups of an agent program's episodes (a :class:`~agentrl.orchestrator.parts.GroupRunner`)."""
 
     def __init__(self, agent: AgentConfig, service: PolicyService, base_url: str, env_cls: type[Environment],
-                 sampling: SamplingConfig, *, run_id: str = "", host: EndpointHost | None = None) -> None:
+                 sampling: SamplingConfig, *, run_id: str = "", host: EndpointHost | None = None,
+                 mount: str | None = None) -> None:
         self.agent = agent
         self.service = service
         self.host = host or SameLoop()
         """Where the endpoint serves: the episodes' bookkeeping runs there (their locks live there)."""
+        self.mount = mount
+        """With ``agent.image``: the host directory mounted into each agent container (the endpoint's socket
+        in ``sock/``, the forwarder ``forward.py``; see :func:`agent_mount`)."""
         self.base_url = base_url
         self.env_cls = env_cls
         self.run_id = run_id
@@ -140,6 +167,8 @@ class BlackBoxRunner:
     async def _launch(self, ep: PolicyEpisode, key: str, payload: dict[str, Any]) -> tuple[StopReason | None, str | None]:
         """Run the program to its end; (None, None) when it exited 0, else the failure."""
         data = json.dumps(payload)
+        if self.agent.image:
+            return await self._launch_in_container(ep, key, data)
         env = {**os.environ, "OPENAI_BASE_URL": f"{self.base_url}/v1", "OPENAI_API_KEY": key,
                "AGENTRL_EPISODE_ID": ep.id, "AGENTRL_TASK": data, "AGENTRL_RUN_ID": self.run_id}
         try:
@@ -167,6 +196,33 @@ class BlackBoxRunner:
         if proc.returncode != 0:
             tail = (err or b"").decode("utf-8", "replace").strip()[-1500:]
             return StopReason.ENV_ERROR, f"the agent program exited with status {proc.returncode}: {tail}"
+        return None, None
+
+    async def _launch_in_container(self, ep: PolicyEpisode, key: str, data: str) -> tuple[StopReason | None, str | None]:
+        """Run the program in a fresh container of ``agent.image`` (see :class:`~agentrl.config.policy.AgentConfig`),
+        removed when it ends, and with the run if the run dies first (the sandbox's ownership)."""
+        from agentrl.sandbox import DockerSandbox, SandboxConfig, SandboxError
+
+        assert self.agent.image and self.mount is not None, "agent containers need the endpoint's socket"
+        mem = self.agent.memory_mb or 1024
+        cfg = SandboxConfig(image=self.agent.image, mem_mb=max(mem, 64), workspace_mb=max(16, mem // 4),
+                            tmp_mb=max(16, mem // 8), headroom_mb=16, binds={self.mount: CONTAINER_MOUNT},
+                            lifetime_s=max(10, int(self.agent.timeout_s) + 60), default_timeout_s=self.agent.timeout_s,
+                            labels={"agentrl.role": "agent", "agentrl.episode": ep.id})
+        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{CONTAINER_PORT}/v1", "OPENAI_API_KEY": key,
+               "AGENTRL_EPISODE_ID": ep.id, "AGENTRL_TASK": data, "AGENTRL_RUN_ID": self.run_id, "HOME": "/tmp"}
+        argv = ["python3", f"{CONTAINER_MOUNT}/forward.py", f"{CONTAINER_MOUNT}/sock/policy.sock",
+                str(CONTAINER_PORT), "--", *self.agent.command]
+        try:
+            async with DockerSandbox(cfg) as box:
+                res = await box.exec(shlex.join(argv), timeout=self.agent.timeout_s, env=env)
+        except SandboxError as e:
+            return StopReason.ENV_ERROR, f"the agent's container failed: {error_text(e)}"
+        if res.timed_out:
+            return StopReason.WALL_TIMEOUT, f"TimeoutError: the agent program ran past {self.agent.timeout_s:g}s"
+        if res.exit_code != 0:
+            return StopReason.ENV_ERROR, (f"the agent program exited with status {res.exit_code} in its container: "
+                                          f"{res.output.strip()[-1500:]}")
         return None, None
 
     def _rows(self, task: Task, group_id: str, ep: PolicyEpisode, reward: float, metrics: dict[str, float],
@@ -208,8 +264,11 @@ async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Call
     service = PolicyService(pcfg, LoopGenerator(client, asyncio.get_running_loop()), chat, model=cfg.policy_model,
                             policy_version=policy_version)
     endpoint = EndpointThread(service)
-    async with endpoint.serving(generate_token()) as url:
-        yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id, host=endpoint)
+    with contextlib.ExitStack() as stack:
+        mount, uds = stack.enter_context(agent_mount()) if cfg.agent.image else (None, None)
+        async with endpoint.serving(generate_token(), uds) as url:
+            yield BlackBoxRunner(cfg.agent, service, url, env_cls, cfg.sampling, run_id=run_id, host=endpoint,
+                                 mount=mount)
 
 
 def _plain(m: dict[str, Any]) -> dict[str, Any]:

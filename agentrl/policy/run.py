@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from agentrl.config.policy import PolicyConfig
 from agentrl.http.auth import generate_token
-from agentrl.http.serve import bind_socket, url_of
+from agentrl.http.serve import bind_socket, bind_unix_socket, url_of
 from agentrl.policy.service import PolicyService
 
 log = logging.getLogger("agentrl.policy")
@@ -23,25 +24,30 @@ TOKEN_ENV = "AGENTRL_POLICY_TOKEN"
 
 
 @contextlib.asynccontextmanager
-async def serving(service: PolicyService, token: str) -> AsyncIterator[str]:
+async def serving(service: PolicyService, token: str, uds: str | None = None) -> AsyncIterator[str]:
     """Serve ``service`` on its configured host and port in this event loop until the block ends; yields the
-    base URL. Signals stay with the caller."""
+    base URL. ``uds``: also serve on a Unix socket at that path (agent containers reach the endpoint through
+    it). Signals stay with the caller."""
     import uvicorn
 
     from agentrl.policy.app import create_app
 
     cfg = service.config
     sock = bind_socket(cfg.host, cfg.port)
+    socks = [sock]
     url = url_of(sock)
     try:
+        if uds:
+            socks.append(bind_unix_socket(uds))
         app = create_app(service, token, public_url=url)
     except BaseException:
-        sock.close()
+        for s in socks:
+            s.close()
         raise
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5, server_header=False))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="policy-endpoint")
+    task = asyncio.create_task(server.serve(sockets=socks), name="policy-endpoint")
     try:
         while not server.started:
             if task.done():
@@ -53,14 +59,17 @@ async def serving(service: PolicyService, token: str) -> AsyncIterator[str]:
         server.should_exit = True
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=10)
-        sock.close()
+        for s in socks:
+            s.close()
+        if uds:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(uds)
 
 
 async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str], tool_parser: str,
                        log_dir: Path) -> None:
     """``agentrl serve-policy``: the engines (started here for ``model`` unless ``endpoints``), then the
     endpoint, until Ctrl-C or SIGTERM."""
-    import os
 
     from agentrl.config.run import load_config
     from agentrl.launch.stack import inference_stack

@@ -77,13 +77,13 @@ class EndpointThread:
         assert self.loop is not None, "the endpoint thread is not running"
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
-    async def _main(self, token: str, ready: concurrent.futures.Future[str]) -> None:
+    async def _main(self, token: str, uds: str | None, ready: concurrent.futures.Future[str]) -> None:
         from agentrl.policy.run import serving
 
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with serving(self.service, token) as url:
+            async with serving(self.service, token, uds) as url:
                 ready.set_result(url)
                 await self._stop.wait()
         except BaseException as e:
@@ -92,14 +92,14 @@ class EndpointThread:
             raise
 
     @contextlib.asynccontextmanager
-    async def serving(self, token: str) -> AsyncIterator[str]:
-        """Start the thread and its server; yields the base URL once it accepts connections; stops both when
-        the block ends."""
+    async def serving(self, token: str, uds: str | None = None) -> AsyncIterator[str]:
+        """Start the thread and its server (also on the Unix socket ``uds``, if given); yields the base URL once
+        it accepts connections; stops both when the block ends."""
         ready: concurrent.futures.Future[str] = concurrent.futures.Future()
 
         def main() -> None:
             with contextlib.suppress(BaseException):  # a start-up failure reaches the caller through ``ready``
-                asyncio.run(self._main(token, ready))
+                asyncio.run(self._main(token, uds, ready))
 
         self._thread = threading.Thread(target=main, name="policy-endpoint", daemon=True)
         self._thread.start()

@@ -130,7 +130,16 @@ def test_config_defaults_are_safe() -> None:
     assert kw["user"] == "1001:1001" != cfg.user == "1000:1000"
     assert "privileged" not in kw and "volumes" not in kw and "devices" not in kw
     assert "size=512m" in kw["mounts"][0]["VolumeOptions"]["DriverConfig"]["Options"]["o"]
+    assert len(kw["mounts"]) == 1, "no host directory is mounted unless asked"
     assert "nosuid" in kw["tmpfs"]["/tmp"]
+
+
+def test_binds_are_read_only_and_absolute() -> None:
+    kw = container_kwargs(SandboxConfig(binds={"/host/dir": "/agentrl"}), "img", {})
+    assert kw["mounts"][1] == {"Type": "bind", "Source": "/host/dir", "Target": "/agentrl", "ReadOnly": True}
+    for bad in ({"rel": "/x"}, {"/x": "rel"}):
+        with pytest.raises(ValidationError, match="absolute"):
+            SandboxConfig(binds=bad)
 
 
 def test_config_bounds() -> None:
