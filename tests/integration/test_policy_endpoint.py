@@ -217,7 +217,7 @@ async def test_a_stream_arrives_token_by_token_from_the_engine(vllm_server, chat
     question = "Write one long sentence about the number seven."
     async with InferenceClient([vllm_server.url]) as client:
         await client.set_weight_version("0")
-        rec = Recording(client, ignore_eos=True)  # a fixed length: every turn has text to stream
+        rec = Recording(client, ignore_eos=True)  # no early end of sequence: the turn has text to stream
         service = PolicyService(PolicyConfig(port=0, token=TOKEN, max_context_tokens=1024),
                                 LoopGenerator(rec, asyncio.get_running_loop()), chat)
         async with EndpointThread(service).serving(TOKEN) as url:
@@ -237,7 +237,7 @@ async def test_a_stream_arrives_token_by_token_from_the_engine(vllm_server, chat
                 rows[stream] = (await _trajectory(url, ep, 1.0))["rows"]
     keys = ("prompt_ids", "completion_ids", "loss_mask", "versions")
     assert [{k: r[k] for k in keys} for r in rows[True]] == [{k: r[k] for k in keys} for r in rows[False]]
-    assert texts[True] == texts[False] and len(rows[True][0]["completion_ids"]) == 24
+    assert texts[True] == texts[False] and len(rows[True][0]["completion_ids"]) > 8
     assert pieces > 3, f"the text came in {pieces} pieces: it was not streamed as it was sampled"
 
 
