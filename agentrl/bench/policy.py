@@ -130,6 +130,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     for n in args.concurrency:
                         for name, fn in paths:
                             thr.setdefault((name, n), []).append(await concurrent(fn, n))
+                streamed = await _stream_times(url, lean, convs, args.tokens)
                 await lean.close()
         own = await _endpoint_only(chat, convs, tools, args)
     d_lat, e_lat, s_lat = (statistics.median(lat[k]) for k in ("direct", "endpoint", "sdk"))
@@ -148,7 +149,29 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     f"throughput_ratio_rounds_{n}": [round(e / d, 3) for e, d in zip(thr[("endpoint", n)],
                                                                                      thr[("direct", n)], strict=True)]})
     out["throughput_ratio"] = min(out[f"throughput_ratio_{n}"] for n in args.concurrency)
-    return {**out, **own, "sdk_client_ms": _client_cost_ms()}
+    return {**out, **streamed, **own, "sdk_client_ms": _client_cost_ms()}
+
+
+async def _stream_times(url: str, lean: _Lean, convs: list[Any], tokens: int) -> dict[str, float]:
+    """Sequential streamed calls, one per new episode, without tools (so their text streams as it is sampled):
+    the median time to the first content chunk and to the end of the stream."""
+    import httpx
+
+    first, total = [], []
+    async with httpx.AsyncClient(timeout=600) as http:
+        for messages in convs:
+            ep = await lean.request("POST", "/v1/episodes")
+            body = {"model": "policy", "messages": messages, "temperature": 0.0, "max_tokens": tokens, "stream": True}
+            t0, t1 = time.perf_counter(), None
+            async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                   headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
+                async for line in r.aiter_lines():
+                    if t1 is None and '"delta": {"content": "' in line and '"content": ""' not in line:
+                        t1 = time.perf_counter()
+            t = time.perf_counter()
+            first.append((t1 or t) - t0)
+            total.append(t - t0)
+    return {"stream_first_content_ms": statistics.median(first) * 1e3, "stream_total_ms": statistics.median(total) * 1e3}
 
 
 class _Lean:
@@ -266,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
               f"endpoint (+{res['overhead_ms_per_call']:.1f} ms, x{res['latency_ratio']:.2f}); {passes}; "
               "the endpoint alone (an engine that answers at once): "
               f"{res['endpoint_only_ms']:.1f} ms per episode + call, {res['endpoint_only_per_s']:.0f}/s at once "
-              f"(GET /health: {res['health_ms']:.1f} ms)")
+              f"(GET /health: {res['health_ms']:.1f} ms); streamed: first text after {res['stream_first_content_ms']:.1f} ms "
+              f"of {res['stream_total_ms']:.1f} ms")
     print(json.dumps(res))
     return 0
 
