@@ -46,13 +46,14 @@ class _Instant:
 
 
 class _Forced:
-    """The run's client with fixed-length generations (``ignore_eos``), for equal work on both paths."""
+    """The run's client with fixed-length generations (``ignore_eos``, no stop tokens: not even the end of a
+    turn ends one), for equal work on both paths."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
     async def generate(self, prompt_ids: list[int], **kw: Any) -> Any:
-        return await self.inner.generate(prompt_ids, **{**kw, "ignore_eos": True})
+        return await self.inner.generate(prompt_ids, **{**kw, "ignore_eos": True, "stop_token_ids": []})
 
 
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,8 +85,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                     openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=600) as base:
                 async def direct(messages: list[dict[str, Any]]) -> None:
                     gen = await client.generate(chat.prompt_ids(messages, tools), max_tokens=args.tokens,
-                                                temperature=0.0, stop_token_ids=list(chat.stop_token_ids),
-                                                ignore_eos=True)
+                                                temperature=0.0, ignore_eos=True)
                     assert len(gen.token_ids) == args.tokens
 
                 lean = _Lean(url, max(args.concurrency))
