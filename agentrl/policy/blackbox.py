@@ -43,6 +43,8 @@ CONTAINER_MOUNT = "/agentrl"
 """Where an agent container sees :func:`agent_mount`'s directory."""
 CONTAINER_PORT = 8780
 """The loopback port of the policy endpoint inside an agent container."""
+SOCKET = "sock/policy.sock"
+"""The endpoint's Unix socket, relative to :func:`agent_mount`'s directory (on the host and in the container)."""
 
 
 @contextlib.contextmanager
@@ -52,10 +54,10 @@ def agent_mount() -> Iterator[tuple[str, str]]:
     root = tempfile.mkdtemp(prefix="agentrl-agents-")
     try:
         os.chmod(root, 0o755)
-        os.mkdir(os.path.join(root, "sock"), 0o755)
+        os.mkdir(os.path.join(root, os.path.dirname(SOCKET)), 0o755)
         shutil.copy(os.path.join(os.path.dirname(__file__), "forward.py"), os.path.join(root, "forward.py"))
         os.chmod(os.path.join(root, "forward.py"), 0o644)
-        yield root, os.path.join(root, "sock", "policy.sock")
+        yield root, os.path.join(root, SOCKET)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -211,7 +213,7 @@ class BlackBoxRunner:
                             labels={"agentrl.role": "agent", "agentrl.episode": ep.id})
         env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{CONTAINER_PORT}/v1", "OPENAI_API_KEY": key,
                "AGENTRL_EPISODE_ID": ep.id, "AGENTRL_TASK": data, "AGENTRL_RUN_ID": self.run_id, "HOME": "/tmp"}
-        argv = ["python3", f"{CONTAINER_MOUNT}/forward.py", f"{CONTAINER_MOUNT}/sock/policy.sock",
+        argv = ["python3", f"{CONTAINER_MOUNT}/forward.py", f"{CONTAINER_MOUNT}/{SOCKET}",
                 str(CONTAINER_PORT), "--", *self.agent.command]
         try:
             async with DockerSandbox(cfg) as box:
