@@ -36,6 +36,7 @@ from agentrl.inference.wire import (
     parse_body,
     parse_completions,
     parse_generate,
+    parse_json,
     routing_rows,
 )
 from agentrl.utils.race import unless_set
@@ -253,11 +254,7 @@ class InferenceClient:
                 if stream is not None:
                     body = await stream_generate(self._pick_pool(), ep.url + _GENERATE, gen_body, stream)
                     ep.mode = "generate"
-                    try:
-                        return parsers[0](body, ep.url)
-                    except (ValueError, KeyError, IndexError, TypeError) as e:
-                        raise InferenceError(f"{ep.url} streamed an unexpected answer ({type(e).__name__}: {e})",
-                                             endpoint=ep.url) from e
+                    return parse_json(parsers[0], lambda: body, ep.url, f"{ep.url} (streamed)")
                 r = await self._send(ep, "POST", _GENERATE, json=gen_body)
                 ep.mode = "generate"
                 return parse_body(parsers[0], r, ep.url)

@@ -7,6 +7,7 @@ Parses vLLM 0.32's ``/inference/v1/generate`` (tokens mode) and ``/v1/completion
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,8 +208,14 @@ def _token_id(token: str) -> int:
 
 def parse_body(parse: Any, r: httpx.Response, url: str) -> Generation:
     """Apply ``parse`` to ``r``'s JSON; a malformed body becomes an ``InferenceError``."""
+    return parse_json(parse, r.json, url, str(r.request.url), r.text[:300])
+
+
+def parse_json(parse: Any, load: Callable[[], Any], url: str, source: str, excerpt: str = "") -> Generation:
+    """Apply ``parse`` to the JSON ``load()`` returns (``source`` sent it: a response, or a stream that
+    assembled it); a malformed body becomes an ``InferenceError`` naming ``source``, with ``excerpt``."""
     try:
-        return parse(r.json(), url)
+        return parse(load(), url)
     except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise InferenceError(f"{r.request.url} returned an unexpected body ({type(e).__name__}: {e}): "
-                             f"{r.text[:300]}", endpoint=url) from e
+        raise InferenceError(f"{source} returned an unexpected body ({type(e).__name__}: {e})"
+                             + (f": {excerpt}" if excerpt else ""), endpoint=url) from e

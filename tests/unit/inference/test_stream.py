@@ -105,3 +105,14 @@ async def test_the_completions_fallback_hands_on_the_whole_output() -> None:
     async with _client(handler) as c:
         gen = await c.generate([1], max_tokens=8, on_tokens=got.append)
     assert got == [IDS] and gen.token_ids == IDS
+
+
+async def test_a_malformed_streamed_answer_is_an_inference_error_naming_the_stream() -> None:
+    bad = [{"version": "3", "start": "zero", "end": 4}]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return _sse(_chunk(IDS, "stop", bad), "data: [DONE]\n\n")
+
+    async with _client(handler) as c:
+        with pytest.raises(InferenceError, match=r"http://a:1 \(streamed\) returned an unexpected body \(ValueError"):
+            await c.generate([1], max_tokens=8, on_tokens=lambda ids: None)
