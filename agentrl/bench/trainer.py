@@ -15,8 +15,9 @@ The rank balance is measured by timing each rank's share of the batch alone, on 
 trainer (inside a FSDP step a rank's waiting is hidden in the collectives): ``rank_imbalance`` is the
 slowest share's time over the mean after balancing, ``rank_imbalance_unbalanced`` with today's dealing;
 ``rank_cost_imbalance(_unbalanced)`` give the same by the balancer's cost model (no timing noise).
-The model is a random Qwen2 whose window holds the mix (``--context``), the budget that window, so several
-trajectories share a row. Prints one JSON object as its last line.
+The model is a random Qwen2 whose window holds the mix (``--context``). The budget is by default what a
+run's defaults give that window (:func:`default_budget`: ``trainer.micro_batch_tokens`` over
+``sampling.max_context_tokens``, twice the window), so several trajectories share a row. Prints one JSON object as its last line.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ def make_samples(lengths: list[int], vocab: int, seed: int = 0) -> list[Any]:
                                behav_logprobs=[rng.uniform(-7.0, -5.0) if m else 0.0 for m in mask],
                                advantage=(1.0 if i % 2 else -1.0) * (0.5 + (i % 8) / 8), versions=[0] * n))
     return out
+
+
+def default_budget(context: int) -> int:
+    """The token budget a run's defaults give a ``context``-token window: the window scaled by the defaults'
+    ``trainer.micro_batch_tokens / sampling.max_context_tokens`` (4096 / 2048)."""
+    from agentrl.config.run import SamplingConfig
+    from agentrl.config.trainer import TrainerConfig
+
+    per_window = TrainerConfig.model_fields["micro_batch_tokens"].default
+    window = SamplingConfig.model_fields["max_context_tokens"].default
+    return context * per_window // window
 
 
 def padding_frac(lengths: list[int], world: int, budget: int) -> float:
@@ -138,7 +150,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     lengths = lengths_for(args.mix, args.samples, args.context, seed=args.seed)
     batch = make_samples(lengths, vocab, seed=args.seed)
-    budget = args.budget or args.context
+    budget = args.budget or default_budget(args.context)
     base = {"model_path": str(model_dir), "lr": 1e-6, "micro_batch_tokens": budget, "device": args.device,
             "dtype": args.dtype, "heartbeat_s": 30.0, "gradient_checkpointing": args.gradient_checkpointing}
     threads = max(1, (os.cpu_count() or 1) // args.nproc)
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="ranks the batch is dealt to for the balance figures (default: nproc, at least 2)")
     parser.add_argument("--size", choices=sorted(SIZES), default="small", help="random Qwen2 shape")
     parser.add_argument("--context", type=int, default=4096, help="the model's window; lengths are scaled to it")
-    parser.add_argument("--budget", type=int, default=0, help="micro_batch_tokens (default: the context)")
+    parser.add_argument("--budget", type=int, default=0, help="micro_batch_tokens (default: the defaults' budget per window, 2 x --context)")
     parser.add_argument("--samples", type=int, default=64, help="trajectories in the batch")
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of each trainer, in turn")
     parser.add_argument("--share-reps", type=int, default=3, help="timings of each rank's share (median)")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from agentrl.bench.trainer import lengths_for, make_samples, padding_frac
+from agentrl.bench.trainer import default_budget, lengths_for, make_samples, padding_frac
+from agentrl.config.run import SamplingConfig
+from agentrl.config.trainer import TrainerConfig
 
 
 def test_lengths_follow_the_mix_scaled_to_the_context() -> None:
@@ -26,3 +28,9 @@ def test_samples_train_three_quarters_of_each_trajectory() -> None:
     samples = make_samples([8, 40], vocab=300)
     assert [s.num_loss_tokens for s in samples] == [6, 30]
     assert {s.advantage > 0 for s in samples} == {True, False}
+
+
+def test_the_default_budget_scales_the_window_as_a_runs_defaults_do() -> None:
+    per_window = TrainerConfig(model_path="m").micro_batch_tokens / SamplingConfig().max_context_tokens
+    assert default_budget(4096) == round(4096 * per_window) == 8192
+    assert default_budget(512) == 1024
