@@ -154,8 +154,10 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _stream_times(url: str, lean: _Lean, convs: list[Any], tokens: int) -> dict[str, float]:
     """Sequential streamed calls, one per new episode, without tools (so their text streams as it is sampled):
-    the median time to the first content chunk and to the end of the stream."""
+    the median time to the first chunk with content and to the end of the stream."""
     import httpx
+
+    from agentrl.inference.stream import sse_data
 
     first, total = [], []
     async with httpx.AsyncClient(timeout=600) as http:
@@ -165,8 +167,10 @@ async def _stream_times(url: str, lean: _Lean, convs: list[Any], tokens: int) ->
             t0, t1 = time.perf_counter(), None
             async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
                                    headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
-                async for line in r.aiter_lines():
-                    if t1 is None and '"delta": {"content": "' in line and '"content": ""' not in line:
+                if r.status_code != 200:
+                    raise AssertionError(f"streamed call: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+                async for data in sse_data(r):
+                    if t1 is None and any(c.get("delta", {}).get("content") for c in json.loads(data).get("choices", [])):
                         t1 = time.perf_counter()
             t = time.perf_counter()
             first.append((t1 or t) - t0)

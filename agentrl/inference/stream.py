@@ -6,7 +6,7 @@ ids, logprobs, alternatives and weight-version spans)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -58,6 +58,17 @@ class StreamAssembler:
                              "finish_reason": self.finish_reason, "weight_versions": self.spans}]}
 
 
+async def sse_data(r: httpx.Response) -> AsyncIterator[str]:
+    """The ``data:`` payloads of a server-sent-event stream, in order, up to ``[DONE]``."""
+    async for line in r.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield data
+
+
 async def stream_generate(http: httpx.AsyncClient, url: str, body: dict[str, Any], on_tokens: OnTokens) -> dict[str, Any]:
     """POST ``body`` to ``url`` (a generate route) streamed; ``on_tokens`` gets each chunk's new ids; returns the
     unstreamed answer's body. Transport failures are ``TransientError``s, error answers as ``check_response``."""
@@ -67,12 +78,7 @@ async def stream_generate(http: httpx.AsyncClient, url: str, body: dict[str, Any
             if r.status_code >= 400:
                 await r.aread()
                 check_response(r, url)
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+            async for data in sse_data(r):
                 new = asm.add(data)
                 if new:
                     on_tokens(new)

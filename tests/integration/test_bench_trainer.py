@@ -20,8 +20,8 @@ def test_bench_trainer_reports_padded_and_packed_side_by_side() -> None:
         capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (res["mix"], res["nproc"], res["samples"], res["micro_batch_tokens"]) == ("math", 2, 12, 1024)
     # micro_batch_tokens: by default twice the window, as a run's defaults give it
+    assert (res["mix"], res["nproc"], res["samples"], res["micro_batch_tokens"]) == ("math", 2, 12, 1024)
     assert res["tokens"] > 12 * 8 and res["length_median"] <= res["length_max"] <= 512
     for key in ("tokens_per_s_padded", "tokens_per_s_packed", "packed_over_padded"):
         assert res[key] > 0, key
