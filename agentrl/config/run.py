@@ -179,6 +179,15 @@ class RunConfig(BaseModel):
     """Tasks (GRPO groups) per step."""
     group_size: int = Field(8, ge=1)
     """Rollouts per task (G); advantages are normalised within each group."""
+    skip_uniform_groups: bool = False
+    """Dynamic sampling (DAPO's): a finished group whose rewards are all equal (every episode failed, or every
+    one succeeded) gives GRPO no advantage and so no gradient; it is left out of the batch and its slot goes to
+    a new group, so a step trains on ``tasks_per_step`` groups that carry signal. Generation per step grows by
+    1 / (1 - the share of uniform groups); the skipped groups are counted (``skipped_groups``)."""
+    max_skips_per_step: float = Field(2.0, ge=0.0)
+    """With ``skip_uniform_groups``: at most this many times ``tasks_per_step`` groups are skipped in one
+    step; past it, uniform groups are kept (they give no gradient), so a policy whose every group is uniform
+    cannot stall a step."""
     max_concurrency: int = Field(128, ge=1)
     """Episodes in flight at once, across all groups."""
     seed: int = 0

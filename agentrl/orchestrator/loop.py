@@ -35,6 +35,7 @@ from agentrl.inference.wire import NoEnginesError
 from agentrl.orchestrator.buffer import RolloutBuffer
 from agentrl.orchestrator.metrics import step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
+from agentrl.orchestrator.samples import carries_signal, to_samples
 from agentrl.types import Trajectory
 from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.base import Publisher
@@ -101,6 +102,7 @@ class Orchestrator:
         normalize_std: bool = True,
         keep_failed: bool = False,
         engines_back: Callable[[], Awaitable[object]] | None = None,
+        max_skips_per_step: int = 0,
     ) -> None:
         self.runner = runner
         self.trainer = trainer
@@ -119,6 +121,11 @@ class Orchestrator:
         """Awaited when a weight update finds no engine in rotation; returns once one is back in rotation
         (the run bounds the wait), and the update is published again. None: the ``NoEnginesError`` ends
         the step."""
+        self.max_skips_per_step = max_skips_per_step
+        """Dynamic sampling: finished groups with no advantage (all rewards equal) skipped per step at most,
+        their slots going to new groups (0: every group is kept)."""
+        self.skips = {"step": 0, "total": 0, "tokens": 0}
+        """Skipped groups this step and in all, and the model tokens they held (generated, never trained)."""
         self.engines_waited_s = 0.0
         """Seconds weight updates have waited for an engine to return, in total."""
         self.buffer = RolloutBuffer(pipeline, groups_per_step, self.policy)
@@ -187,14 +194,18 @@ class Orchestrator:
             return
         finally:
             self.generating.exit()
+        if self.skips["step"] < self.max_skips_per_step and not carries_signal(group, keep_failed=self.keep_failed):
+            self.skips["step"] += 1
+            self.skips["total"] += 1
+            self.skips["tokens"] += sum(t.num_model_tokens for t in group)
+            self.buffer.release(admitted)  # its slot goes to a new group
+            return
         self.buffer.put(group, admitted)
 
     # -- trainer --------------------------------------------------------------------------------
 
     async def step(self) -> dict[str, Any]:
         """One optimizer step: wait for a batch, train on it, publish the new version; its metrics."""
-        from agentrl.orchestrator.samples import to_samples  # torch: imported late, so configs stay light
-
         t0 = time.perf_counter()
         batch = await self.buffer.get_batch(self.version)
         t1 = time.perf_counter()
@@ -223,6 +234,7 @@ class Orchestrator:
                 self.engines_waited_s += time.perf_counter() - t_wait
         update["engines_waited_s_total"] = self.engines_waited_s
         self.policy.bump()  # the one version change: the buffer wakes producers waiting on the bound
+        skipped, self.skips["step"] = self.skips["step"], 0
         t3 = time.perf_counter()
         step_s = t3 - self._last_step_end
         busy = self.generating.busy_s()
@@ -233,4 +245,5 @@ class Orchestrator:
             batch, stats, train=train_metrics, update=update, groups_interrupted=in_flight, trained_on=trained_on,
             times=(t0, t1, t2, t3), step_s=step_s, gen_s=gen_s, groups_in_flight=self.generating.active,
             interrupted_groups_total=self.interrupted_groups, failed_groups_total=self.failed_groups,
-            buffer=self.buffer.stats())
+            buffer=self.buffer.stats(), skipped={"groups": skipped, "total": self.skips["total"],
+                                                 "tokens": self.skips["tokens"]})

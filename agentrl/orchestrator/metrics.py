@@ -95,6 +95,7 @@ def step_metrics(
     interrupted_groups_total: int,
     failed_groups_total: int,
     buffer: dict[str, Any],
+    skipped: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """One train step's metrics, from its parts.
 
@@ -102,9 +103,11 @@ def step_metrics(
     reply (numbers kept, as ``train_<key>``); ``update``: the weight update's (``live_update``), with
     ``groups_interrupted`` groups in flight under it; ``trained_on``: the policy version trained; ``times``:
     (step began, batch taken, trained, published) on one clock; ``step_s``/``gen_s``: the step's wall time
-    and the time rollouts were in flight during it; ``buffer``: ``RolloutBuffer.stats()``. Staleness is
-    measured from each group's oldest model token.
+    and the time rollouts were in flight during it; ``buffer``: ``RolloutBuffer.stats()``; ``skipped``: the
+    groups dynamic sampling left out (this step's, in all, and their model tokens). Staleness is measured from
+    each group's oldest model token.
     """
+    skipped = skipped or {"groups": 0, "total": 0, "tokens": 0}
     t0, t1, t2, t3 = times
     lags = [staleness(trained_on, v) for g in batch if (v := group_oldest_version(g)) is not None]
     mixed = sum(len({v for v in t.versions if v >= 0}) > 1 for g in batch for t in g)
@@ -131,6 +134,9 @@ def step_metrics(
         "dropped_groups_total": buffer["dropped_stale"] + buffer["dropped_capacity"],
         "dropped_tokens_total": buffer["dropped_tokens"],
         "failed_groups_total": failed_groups_total,
+        "skipped_groups": skipped["groups"],
+        "skipped_groups_total": skipped["total"],
+        "skipped_tokens_total": skipped["tokens"],
         "producer_wait_s_total": buffer["producer_wait_s"],
         "staleness_hist": {str(k): v for k, v in buffer["staleness_hist"].items()},
     }

@@ -281,6 +281,8 @@ class TrainingRun:
             groups_per_step=cfg.tasks_per_step, group_size=cfg.group_size, version=self.version,
             normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,
             engines_back=watch.wait_back,
+            max_skips_per_step=(round(cfg.max_skips_per_step * cfg.tasks_per_step) if cfg.skip_uniform_groups
+                                else 0),
         )
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
                    unit="step")

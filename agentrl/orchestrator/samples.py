@@ -37,6 +37,13 @@ def group_advantages(
     return adv
 
 
+def carries_signal(group: list[Trajectory], *, keep_failed: bool = False) -> bool:
+    """Whether a group gives the loss any gradient: the rewards of its trained episodes (failed ones left
+    out unless ``keep_failed``, as :func:`to_samples` leaves them out) are not all equal."""
+    members = [t for t in group if (keep_failed or not t.failed) and t.completion_ids]
+    return len({float(rows[0].reward) for rows in episodes_of(members)}) > 1
+
+
 def to_samples(
     groups: list[list[Trajectory]], *, normalize_std: bool = True, keep_failed: bool = False
 ) -> tuple[list[TrainSample], BatchStats]:

@@ -232,7 +232,8 @@ async def test_step_record_keys_are_assembled_in_one_place() -> None:
         "engines_waited_s_total", "groups_interrupted", "trained_on_version", "wait_s", "gen_s", "train_s", "sync_s", "step_s", "tokens_per_s",
         "trainer_idle_frac", "inference_idle_frac", "staleness_mean", "staleness_max", "mixed_version_episodes",
         "groups_in_flight", "interrupted_groups_total", "dropped_groups_total", "dropped_tokens_total",
-        "failed_groups_total", "producer_wait_s_total", "staleness_hist"]
+        "failed_groups_total", "skipped_groups", "skipped_groups_total", "skipped_tokens_total",
+        "producer_wait_s_total", "staleness_hist"]
     line = train_record(rec, step=1, version=1, mode="sync", engines_rejoined=0, engines_live=1, wall_s=2.0,
                         wall_train_s=1.0)
     assert list(line)[:4] == ["kind", "step", "version", "mode"] and line["kind"] == "train"
@@ -278,3 +279,59 @@ async def test_an_update_that_finds_no_engine_waits_for_one_and_publishes_again(
     losing_once(pub)
     with pytest.raises(NoEnginesError):
         await run_steps(orch, 2)
+
+
+class UniformRunner(FakeRunner):
+    """Every ``uniform_every``-th group's episodes all score 0 (no advantage); ``uniform_every`` 1: every group."""
+
+    def __init__(self, engine: FakeEngine, uniform_every: int) -> None:
+        super().__init__(engine)
+        self.uniform_every = uniform_every
+
+    async def run_group(self, task: dict[str, Any], group_size: int) -> list[Trajectory]:
+        number = self.started + 1  # this group's; others start while it runs
+        group = await super().run_group(task, group_size)
+        if number % self.uniform_every == 0:
+            for t in group:
+                t.reward = 0.0
+        return group
+
+
+def make_skipping(uniform_every: int, max_skips: int, mode: str = "sync") -> tuple[Orchestrator, UniformRunner]:
+    orch, engine, _, trainer, pub = make(mode)
+    runner = UniformRunner(engine, uniform_every)
+    orch.runner = runner
+    orch.max_skips_per_step = max_skips
+    return orch, runner
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_dynamic_sampling_trains_only_groups_with_signal(mode: str) -> None:
+    from agentrl.orchestrator.samples import carries_signal
+
+    orch, runner = make_skipping(uniform_every=3, max_skips=8, mode=mode)
+    async with orch:
+        recs = []
+        for _ in range(4):
+            recs.append(await asyncio.wait_for(orch.step(), timeout=10))
+            assert len(orch.last_batch) == 4 and all(carries_signal(g) for g in orch.last_batch)
+    assert sum(r["skipped_groups"] for r in recs) == recs[-1]["skipped_groups_total"] > 0
+    assert recs[-1]["skipped_tokens_total"] == recs[-1]["skipped_groups_total"] * 2 * 4  # 2 episodes x 4 tokens
+    assert all(r["num_zero_advantage"] == 0 for r in recs)
+    books = orch.buffer.stats()
+    assert books["released"] >= recs[-1]["skipped_groups_total"]  # a skipped group's slot was freed
+
+
+async def test_dynamic_sampling_gives_up_after_its_budget() -> None:
+    """Every group is uniform: each step skips its budget, then trains on uniform groups instead of stalling."""
+    orch, runner = make_skipping(uniform_every=1, max_skips=3)
+    recs = await run_steps(orch, 3)
+    assert [r["skipped_groups"] for r in recs] == [3, 3, 3]
+    assert all(r["num_zero_advantage"] == 8 for r in recs)  # 4 uniform groups of 2 kept, no gradient
+
+
+async def test_without_dynamic_sampling_uniform_groups_are_kept() -> None:
+    orch, runner = make_skipping(uniform_every=2, max_skips=0)
+    recs = await run_steps(orch, 2)
+    assert all(r["skipped_groups"] == 0 for r in recs) and recs[-1]["skipped_groups_total"] == 0
+    assert sum(r["num_zero_advantage"] for r in recs) == 8  # 4 of the 8 groups, 2 episodes each

@@ -50,3 +50,17 @@ def test_rows_of_one_episode_share_one_advantage() -> None:
     # the metrics count episodes and rows apart: success is per episode (rows would give 0.75)
     assert (stats.num_episodes, stats.num_rows, stats.success, stats.reward_mean) == (2, 4, 0.5, 0.5)
     assert stats.turns_mean == 2.0 and stats.num_trained == 4, "turns: the calls of each episode, over its rows"
+
+
+def test_a_group_carries_signal_when_its_trained_rewards_differ() -> None:
+    from agentrl.orchestrator.samples import carries_signal
+
+    assert carries_signal([traj("a", 1.0), traj("a", 0.0)])
+    assert not carries_signal([traj("a", 1.0), traj("a", 1.0)])
+    assert not carries_signal([traj("a", 0.0), traj("a", 0.0)])
+    # a failed episode is not trained, so its reward does not count, unless failed episodes are kept
+    mixed_by_failure = [traj("a", 1.0), traj("a", 0.0, StopReason.ENV_ERROR)]
+    assert not carries_signal(mixed_by_failure) and carries_signal(mixed_by_failure, keep_failed=True)
+    # agreement with to_samples: no signal is exactly no trained sample
+    for group in ([traj("b", 1.0), traj("b", 1.0)], [traj("c", 0.5), traj("c", 0.0)], mixed_by_failure):
+        assert carries_signal(group) == bool(to_samples([group])[0])
