@@ -349,16 +349,39 @@ def doctor(
 @model_app.command("tiny")
 def model_tiny(
     out: Annotated[Path | None, typer.Option(help="Output directory (default: models/tiny, or models/tiny-moe with --moe).")] = None,
-    moe: Annotated[bool, typer.Option("--moe", help="Build the Mixture-of-Experts variant (Qwen3-MoE architecture: 8 experts, top-2, in every layer) instead of the dense Qwen2 model.")] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed (the build is deterministic; default: the built-in seed).")] = None,
-    warmup_steps: Annotated[int | None, typer.Option(help="Maximum supervised warm-up steps (it stops earlier once a probe of full calc episodes reaches its target success).")] = None,
-    force: Annotated[bool, typer.Option(help="Rebuild even if up to date.")] = False,
+    moe: Annotated[bool, typer.Option("--moe", help="The Mixture-of-Experts variant (Qwen3-MoE architecture: 8 experts, top-2, in every layer) instead of the dense Qwen2 model.")] = False,
+    build: Annotated[bool, typer.Option("--build", help="Rebuild from the recipe (minutes; the result depends on the CPU type and thread count) instead of installing the pinned model that ships with agentrl.")] = False,
+    seed: Annotated[int | None, typer.Option(help="With --build: the seed (default: the built-in seed).")] = None,
+    warmup_steps: Annotated[int | None, typer.Option(help="With --build: maximum supervised warm-up steps (it stops earlier once a probe of full calc episodes reaches its target success).")] = None,
+    force: Annotated[bool, typer.Option(help="With --build: rebuild even if up to date.")] = False,
 ) -> None:
-    """Build the embedded tiny model (Qwen2 architecture, or Qwen3-MoE with --moe; own tokenizer, short
-    warm-up on calc)."""
+    """Install the embedded tiny model (Qwen2, or Qwen3-MoE with --moe; own tokenizer, warmed up on calc):
+    the pinned files that ship with agentrl, checked by digest, or with --build a fresh build."""
     _setup(False)
-    from agentrl.modelgen import DEFAULT_TINY_DIR, DEFAULT_TINY_MOE_DIR, MOE_SHAPE, build_tiny_model
+    from agentrl.modelgen import (
+        DEFAULT_TINY_DIR,
+        DEFAULT_TINY_MOE_DIR,
+        MOE_SHAPE,
+        TINY,
+        TINY_MOE,
+        build_tiny_model,
+        install_pinned,
+    )
+    from agentrl.modelgen.pinned import file_sha256
 
+    out = out or (DEFAULT_TINY_MOE_DIR if moe else DEFAULT_TINY_DIR)
+    pinned = TINY_MOE if moe else TINY
+    if not build:
+        given = [flag for flag, v in (("--seed", seed), ("--warmup-steps", warmup_steps), ("--force", force or None))
+                 if v is not None]
+        if given:
+            _fail(f"{', '.join(given)} only apply to a build: add --build (the pinned model is installed as shipped)")
+        try:
+            install_pinned(out, pinned)
+        except (ValueError, RuntimeError, OSError) as e:
+            _fail(e)
+        typer.echo(f"{out} (pinned {pinned.label}, weights sha256 {pinned.weights_sha256[:16]})")
+        return
     kwargs: dict[str, Any] = {"force": force}
     if moe:
         kwargs["shape"] = MOE_SHAPE
@@ -366,8 +389,13 @@ def model_tiny(
         kwargs["seed"] = seed
     if warmup_steps is not None:
         kwargs["warmup_steps"] = warmup_steps
-    out = out or (DEFAULT_TINY_MOE_DIR if moe else DEFAULT_TINY_DIR)
-    typer.echo(str(build_tiny_model(out, **kwargs)))
+    try:
+        built = build_tiny_model(out, **kwargs)
+    except ValueError as e:
+        _fail(e)
+    weights = built / "model.safetensors"
+    same = weights.is_file() and file_sha256(weights) == pinned.weights_sha256
+    typer.echo(f"{built} (built here; its weights {'equal' if same else 'differ from'} the pinned {pinned.label}'s)")
 
 
 @app.command("trainer-node")
@@ -524,6 +552,12 @@ def bench_logprobs(ctx: typer.Context) -> None:
 def bench_routing(ctx: typer.Context) -> None:
     """MoE routing capture and replay on a real engine, and across a mid-episode weight update (--episodes, --json)."""
     _passthrough("agentrl.bench.routing", ctx)
+
+
+@bench_app.command("headroom", context_settings=_PASSTHROUGH)
+def bench_headroom(ctx: typer.Context) -> None:
+    """What RL can gain from a starting policy: held-out success sampled vs greedy, zero-advantage groups, entropy (--model, --json)."""
+    _passthrough("agentrl.bench.headroom", ctx)
 
 
 @bench_app.command("loop", context_settings=_PASSTHROUGH)

@@ -8,7 +8,6 @@ import pytest
 
 from agentrl.sandbox._util import HOST_ENV
 from agentrl.utils.threads import short_spin
-from tests import prebuild
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -53,20 +52,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import shutil
 
     shutil.rmtree(getattr(config, "_agentrl_trackio_dir", ""), ignore_errors=True)
-    prebuild.stop()
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files whose tests need the embedded model run after those that need none, and the model is built in
-    the background meanwhile (by the first worker only; the others wait on the build's lock when they get
-    there). Within each part, files marked ``long`` come first, so that none ends the session alone;
-    otherwise files keep their order (a stable sort; run with xdist's ``--no-loadscope-reorder``)."""
+    """Files marked ``long`` run first, so that none ends the session alone; otherwise files keep their order
+    (a stable sort; run with xdist's ``--no-loadscope-reorder``)."""
     _unique_node_ids(items)
-    needs = {item.path for item in items if prebuild.MODEL_FIXTURE in item.fixturenames}
     long = {item.path for item in items if item.get_closest_marker("long") is not None}
-    items.sort(key=lambda item: (item.path in needs, item.path not in long))
-    if needs and WORKER in ("", "gw0"):
-        prebuild.start()
+    items.sort(key=lambda item: item.path not in long)
 
 
 def _unique_node_ids(items: list[pytest.Item]) -> None:

@@ -37,14 +37,13 @@ def add_engine_args(parser: argparse.ArgumentParser, needs: str = "") -> None:
 
 
 async def bench_model(model: str | Path | None) -> str:
-    """The model directory to measure: ``model``, or the embedded tiny model (built if missing). The build
-    runs in a thread: it drives environment coroutines with ``asyncio.run`` of its own, which cannot run
-    inside the benchmark's event loop (and it would block that loop for minutes)."""
+    """The model directory to measure: ``model``, or the embedded tiny model (its pinned files installed
+    when missing, in a thread: the copy and its digest check stay off the benchmark's event loop)."""
     if model:
         return str(model)
-    from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model
+    from agentrl.modelgen import DEFAULT_TINY_DIR, ensure_embedded
 
-    return str(await asyncio.to_thread(build_tiny_model, Path(DEFAULT_TINY_DIR), progress=False))
+    return str(await asyncio.to_thread(ensure_embedded, DEFAULT_TINY_DIR))
 
 
 @asynccontextmanager

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.config.run import DEFAULT_MODEL, RunConfig
+from agentrl.config.run import RunConfig
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
 from agentrl.launch.placement import Plan, plan_run
@@ -20,11 +20,11 @@ log = logging.getLogger(__name__)
 
 
 def ensure_model(model: str) -> str:
-    """Build the embedded tiny model if ``model`` is the default and missing; validate the directory."""
-    if model == DEFAULT_MODEL or Path(model).resolve() == Path(DEFAULT_MODEL).resolve():
-        from agentrl.modelgen import build_tiny_model
+    """Install the pinned embedded model if ``model`` is one of its default directories (a no-op when it is
+    in place, checked by digest); validate the directory."""
+    from agentrl.modelgen import ensure_embedded
 
-        build_tiny_model(Path(model))
+    ensure_embedded(model)
     validate_model_dir(model)
     return model
 

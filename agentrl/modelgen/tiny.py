@@ -1,5 +1,9 @@
 """Build the embedded tiny model (Qwen2 or Qwen3-MoE): tokenizer, seeded random init, short warm-up, save.
 
+This is the recipe. agentrl ships the models it built (`agentrl.modelgen.pinned`): the build is deterministic
+for one CPU type and thread count, not across them, so machines that each built their own started RL from
+different policies. ``agentrl model tiny --build`` runs it.
+
 The output directory is a plain Hugging Face model directory (``config.json``, ``model.safetensors`` in
 float32, tokenizer files with the chat template, ``generation_config.json``) that vLLM can serve and
 ``AutoModelForCausalLM``/``AutoTokenizer`` can load. A marker file, ``agentrl_model.json``, records the
@@ -176,7 +180,9 @@ def read_marker(out_dir: Path) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def _locked(out_dir: Path) -> Iterator[None]:
+def locked(out_dir: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``out_dir`` (a lock file beside it): builds and installs of one directory
+    run one at a time."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -199,6 +205,14 @@ def _deterministic(threads: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(before[0])
         torch.use_deterministic_algorithms(before[1])
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse to write a model into ``out_dir`` when it holds files but no marker: those are not an embedded
+    model of agentrl's, and nothing else is overwritten."""
+    if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()) and read_marker(out_dir) is None:
+        raise ValueError(f"{out_dir} holds files that are not an embedded model (no {MARKER}); move them away, "
+                         "or pass another directory")
 
 
 class _Probe:
@@ -297,15 +311,17 @@ def build_tiny_model(
         return (
             not force
             and marker is not None
+            and "pinned" not in marker  # a pinned copy shares the build config, not the build
             and marker.get("digest") == digest
             and (out_dir / "model.safetensors").exists()
         )
 
     if up_to_date():
         return out_dir
-    with _locked(out_dir):
+    with locked(out_dir):
         if up_to_date():  # another process built it while we waited
             return out_dir
+        check_replaceable(out_dir)
         start = time.monotonic()
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp_name:

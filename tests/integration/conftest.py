@@ -15,14 +15,16 @@ from tests.conftest import require
 log = logging.getLogger(__name__)
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The embedded tiny model (warmed up on calc), built on demand into the default directory and reused
-    by later sessions and by ``make train`` (the build is a no-op when it is up to date)."""
-    from agentrl.modelgen import build_tiny_model
-    from tests.prebuild import model_dir
+    """The embedded tiny model (warmed up on calc): the pinned model, installed into this checkout's default
+    directory (a no-op when it is in place), which ``make train`` uses too."""
+    from agentrl.modelgen import DEFAULT_TINY_DIR, TINY, install_pinned
 
-    return build_tiny_model(model_dir(), progress=False)
+    return install_pinned(ROOT / DEFAULT_TINY_DIR, TINY)
 
 
 @pytest.fixture(scope="session")

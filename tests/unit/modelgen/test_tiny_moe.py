@@ -79,11 +79,23 @@ def test_cli_moe_flag_picks_shape_and_directory(monkeypatch: pytest.MonkeyPatch,
     import agentrl.modelgen
     from agentrl import cli
 
-    calls: list[tuple[Path, dict]] = []
-    monkeypatch.setattr(agentrl.modelgen, "build_tiny_model", lambda out, **kw: calls.append((out, kw)) or out)
-    for args in (["--moe"], ["--moe", "--out", str(tmp_path)], []):
+    built: list[tuple[Path, dict]] = []
+    installed: list[tuple[Path, str]] = []
+    monkeypatch.setattr(agentrl.modelgen, "build_tiny_model", lambda out, **kw: built.append((out, kw)) or out)
+    monkeypatch.setattr(agentrl.modelgen, "install_pinned", lambda out, m: installed.append((out, m.label)) or out)
+    for args in (["--moe", "--build"], ["--moe", "--build", "--out", str(tmp_path)], ["--build"], ["--moe"], []):
         r = CliRunner().invoke(cli.app, ["model", "tiny", *args])
         assert r.exit_code == 0, r.output
-    assert calls[0] == (DEFAULT_TINY_MOE_DIR, {"force": False, "shape": MOE_SHAPE})
-    assert calls[1] == (tmp_path, {"force": False, "shape": MOE_SHAPE})
-    assert calls[2] == (DEFAULT_TINY_DIR, {"force": False})
+    assert built[0] == (DEFAULT_TINY_MOE_DIR, {"force": False, "shape": MOE_SHAPE})
+    assert built[1] == (tmp_path, {"force": False, "shape": MOE_SHAPE})
+    assert built[2] == (DEFAULT_TINY_DIR, {"force": False})
+    assert installed == [(DEFAULT_TINY_MOE_DIR, "tiny-moe-v1"), (DEFAULT_TINY_DIR, "tiny-v1")]
+
+
+def test_cli_build_options_need_build() -> None:
+    from typer.testing import CliRunner
+
+    from agentrl import cli
+
+    r = CliRunner().invoke(cli.app, ["model", "tiny", "--seed", "3"])
+    assert r.exit_code != 0 and "--seed only apply to a build: add --build" in r.output
