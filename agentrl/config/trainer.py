@@ -112,6 +112,12 @@ class TrainerConfig(BaseModel):
     """Token budget of one forward/backward, which bounds its activation memory: the length of one packed
     row (``packing``), or padded ``batch * max_len``. A sample longer than this is refused (a run checks
     ``sampling.max_context_tokens`` against it before it starts)."""
+    logprob_chunk_tokens: int = Field(1024, ge=0)
+    """Positions whose logits exist at once while the trainer scores tokens: the output layer and the
+    log-softmax run fused, this many positions at a time, and keep one number per position instead of the
+    ``positions x vocabulary`` logits (``agentrl.trainer.head``), so a real vocabulary fits. 0 runs the model's
+    own output layer over the whole micro-batch (models whose forward changes the logits after it, by a
+    soft-cap or a scale, always do)."""
     packing: bool = True
     """Pack several samples into each micro-batch's single row, with position ids restarting per sample and
     attention kept inside each sample (no padding). False pads each micro-batch to its longest sample."""

@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer.batch import collate, micro_batches, split_minibatches
+from agentrl.trainer.head import fusable, logprob_head
 from agentrl.trainer.loss import policy_loss, token_logprobs
 from agentrl.trainer.packing import (
     attention_len,
@@ -80,6 +81,8 @@ class TrainStep:
         self._dummy = TrainSample([self.pad_id] * 2, [0, 0], [0.0, 0.0], 0.0, [-1, -1])
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self.attention_len = attention_len(getattr(base, "config", None))
+        self.fused_head = cfg.logprob_chunk_tokens > 0 and fusable(model)
+        """Score tokens through :class:`agentrl.trainer.head.LogprobHead` (no logits tensor)."""
         """Length at which a token's attention costs as much as its dense layers (rank balancing)."""
 
     def _all_reduce(
@@ -121,20 +124,32 @@ class TrainStep:
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         if self.replay is not None:  # stays set through this forward's backward (checkpoint recompute)
             self.replay.set(batch.get("routing_1_P_L_K" if packed else "routing_B_T_L_K"))
-        with ctx:
+        ids = batch["input_ids_1_P"] if packed else batch["input_ids_B_T"]
+        temps = batch["temperatures_P"][None] if packed else batch["temperatures_B"][:, None].expand_as(ids)
+        fused = contextlib.nullcontext()
+        if self.fused_head:  # the model returns log p(next token) per position, never the logits
+            next_ids = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+            next_temps = torch.cat([temps[:, 1:], torch.ones_like(temps[:, :1])], dim=1)
+            fused = logprob_head(self.model, next_ids, 1.0 / next_temps, self.cfg.logprob_chunk_tokens)
+        with ctx, fused:
             if packed:  # no attention mask: restarting position ids make it block-diagonal
                 cu = batch["cu_seq_lens_S1"]
                 longest = int((cu[1:] - cu[:-1]).max())
-                out = self.model(input_ids=batch["input_ids_1_P"], position_ids=batch["position_ids_1_P"],
+                out = self.model(input_ids=ids, position_ids=batch["position_ids_1_P"],
                                  cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
                                  use_cache=False)
             else:
-                out = self.model(input_ids=batch["input_ids_B_T"], attention_mask=batch["attention_mask_B_T"],
-                                 use_cache=False)
-        if not packed:
-            return token_logprobs(out.logits, batch["input_ids_B_T"], batch["temperatures_B"])
-        logp_P = packed_token_logprobs(out.logits[0], batch["input_ids_1_P"][0], batch["temperatures_P"],
-                                       batch["cu_seq_lens_S1"][:-1])
+                out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
+        if self.fused_head:  # position t holds log p(token t+1): shift right, nothing at position 0
+            logp = torch.cat([torch.zeros_like(out.logits[:, :1, 0]), out.logits[:, :-1, 0]], dim=1)
+            if not packed:
+                return logp * batch["attention_mask_B_T"]
+            logp_P = logp[0].index_fill(0, batch["cu_seq_lens_S1"][:-1].long(), 0.0)  # each sample's first token
+        elif not packed:
+            return token_logprobs(out.logits, ids, batch["temperatures_B"])
+        else:
+            logp_P = packed_token_logprobs(out.logits[0], ids[0], batch["temperatures_P"],
+                                           batch["cu_seq_lens_S1"][:-1])
         return logp_P[batch["unpack_B_T"]] * batch["attention_mask_B_T"]
 
     @torch.no_grad()

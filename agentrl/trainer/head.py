@@ -1,0 +1,124 @@
+"""Per-token log-probabilities without the logits: the output layer and the log-softmax fused, chunk by chunk.
+
+A causal LM's forward ends with ``logits = lm_head(hidden)``: ``positions x vocabulary`` numbers, which autograd
+keeps for the backward. With a real vocabulary that tensor is most of a micro-batch's memory: 4,096 positions
+of a 49,152-token vocabulary are 805 MB in float32, and the log-softmax's own float32 copy as much again, to
+get one number per position. The trainer needs only ``log p(next token)``.
+
+:class:`LogprobHead` stands in for the model's output layer during the trainer's forward (the model runs its
+own forward, so FSDP2 unshards and reshards the output layer as it always does) and returns that one number per
+position. :class:`ChunkedLogprob` computes it ``chunk`` positions at a time, ``logit[target] / T -
+logsumexp(logits / T)`` in float32, and keeps only the hidden states and one logsumexp per position; its
+backward recomputes each chunk's logits to form ``(onehot - softmax) / T`` and the gradients of the hidden
+states and of the output weight (the tied embedding of a full-weight run). Peak memory is one chunk's logits
+(``chunk x V``), whatever the micro-batch's length. The result equals the plain computation to float32
+rounding (tests compare logprobs and gradients).
+
+Models whose forward changes the logits after the output layer (a final soft-cap, a logit scale) or whose output
+layer has a bias are scored the plain way: :func:`fusable` says which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+"""Config fields of models whose forward transforms the logits after the output layer."""
+
+
+class ChunkedLogprob(torch.autograd.Function):
+    """``log softmax(hidden @ weight.T / T)[target]`` per row, ``chunk`` rows at a time (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
+                chunk: int) -> Tensor:
+        N = hidden_N_H.shape[0]
+        out_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
+        lse_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
+        for lo in range(0, N, chunk):
+            hi = min(lo + chunk, N)
+            logits = (hidden_N_H[lo:hi] @ weight_V_H.T).float() * inv_temp_N[lo:hi, None]
+            lse = torch.logsumexp(logits, dim=-1)
+            out_N[lo:hi] = logits.gather(-1, target_N[lo:hi, None]).squeeze(-1) - lse
+            lse_N[lo:hi] = lse
+        ctx.save_for_backward(hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N)
+        ctx.chunk = chunk
+        return out_N
+
+    @staticmethod
+    def backward(ctx: Any, grad_N: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N = ctx.saved_tensors
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_N_H) if want_h else None
+        grad_w = torch.zeros(weight_V_H.shape, dtype=torch.float32, device=weight_V_H.device) if want_w else None
+        grad_N = grad_N.float()
+        N, chunk = hidden_N_H.shape[0], ctx.chunk
+        for lo in range(0, N, chunk):
+            hi = min(lo + chunk, N)
+            h = hidden_N_H[lo:hi]
+            inv_t = inv_temp_N[lo:hi, None]
+            probs = torch.exp((h @ weight_V_H.T).float() * inv_t - lse_N[lo:hi, None])
+            g = probs.mul_(-grad_N[lo:hi, None])
+            g.scatter_add_(-1, target_N[lo:hi, None], grad_N[lo:hi, None])
+            g = (g * inv_t).to(weight_V_H.dtype)  # d/d(raw logits) = d/d(tempered logits) / T
+            if grad_h is not None:
+                grad_h[lo:hi] = g @ weight_V_H
+            if grad_w is not None:
+                grad_w += (g.T @ h).float()
+        return grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None
+
+
+def chunked_logprobs(hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
+                     chunk: int = 1024) -> Tensor:
+    """Each row's ``log p(target)`` under ``softmax(hidden @ weight.T * inv_temp)``, float32 (see
+    :class:`ChunkedLogprob`)."""
+    return ChunkedLogprob.apply(hidden_N_H, weight_V_H, target_N, inv_temp_N.float(), chunk)
+
+
+class LogprobHead(nn.Module):
+    """An output layer that returns, at each position, the log-probability of the token that follows it
+    (``B x T x 1``), at the row's temperature, instead of the logits; it wraps the model's own layer."""
+
+    def __init__(self, head: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int) -> None:
+        super().__init__()
+        self.head = head
+        self.next_B_T = next_B_T
+        self.inv_temp_B_T = inv_temp_B_T
+        self.chunk = chunk
+
+    def forward(self, hidden_B_T_H: Tensor) -> Tensor:
+        B, T, H = hidden_B_T_H.shape
+        lp = chunked_logprobs(hidden_B_T_H.reshape(B * T, H), self.head.weight, self.next_B_T.reshape(-1),
+                              self.inv_temp_B_T.reshape(-1), self.chunk)
+        return lp.view(B, T, 1).clone()  # not a view: FSDP2 hooks the output for its backward
+
+
+def fusable(model: nn.Module) -> bool:
+    """Whether ``model``'s output layer can be replaced by :class:`LogprobHead`: a linear layer without a bias
+    whose output is the logits, unchanged (no soft-cap or scale in the model's config)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    config = getattr(base, "config", None)
+    if head is None or getattr(head, "bias", None) is not None or not isinstance(getattr(head, "weight", None), Tensor):
+        return False
+    texts = [config, getattr(config, "text_config", None)]
+    return not any(getattr(c, name, None) not in (None, 1, 1.0) for c in texts if c is not None
+                   for name in LOGIT_TRANSFORMS)
+
+
+@contextlib.contextmanager
+def logprob_head(model: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int) -> Iterator[None]:
+    """Within the block, ``model``'s forward returns next-token log-probabilities as its ``logits``
+    (``B x T x 1``): position ``t`` holds ``log p(next_B_T[b, t] | tokens up to t)``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    base.set_output_embeddings(LogprobHead(head, next_B_T, inv_temp_B_T, chunk))
+    try:
+        yield
+    finally:
+        base.set_output_embeddings(head)
