@@ -72,6 +72,24 @@ def attn_implementation(cfg: TrainerConfig) -> str:
     return cfg.attn_implementation
 
 
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def lora_targets(names: list[str], config: Any) -> list[str]:
+    """The LoRA target names for a model of ``config``: ``names``, less the MLP projections on a
+    mixture-of-experts model. There peft would match them to the experts' fused weight tensors, which
+    agentrl's adapter sync and merge do not carry, so a MoE adapter covers attention (as it always did)."""
+    from agentrl.moe.families import moe_info
+
+    if moe_info(config) is None:
+        return list(names)
+    kept = [n for n in names if n not in MLP_PROJECTIONS]
+    if not kept:
+        raise ValueError(f"lora_target_modules = {names}: on a mixture-of-experts model LoRA covers attention "
+                         "only (q_proj, k_proj, v_proj, o_proj); name at least one of those")
+    return kept
+
+
 def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
     """The HF model with LoRA added (seeded): its weights loaded from ``cfg.model_path``, or on the meta
     device (shapes only, no memory)."""
@@ -97,7 +115,7 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
             r=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.lora_target_modules),
+            target_modules=lora_targets(cfg.lora_target_modules, model.config),
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)
