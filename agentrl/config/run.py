@@ -167,6 +167,11 @@ class RunConfig(BaseModel):
     """How the model writes tool calls: the name of one of vLLM's tool parsers (the names of ``vllm serve
     --tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``, ``pythonic``, ...). The
     decoded text of each sampled turn is parsed with it; see docs/models.md for the parser of each family."""
+    chat_template: str | None = None
+    """The chat template to render turns with instead of the model's own: a built-in name (``hermes``: ChatML
+    with the tools in the system turn and ``<tool_call>`` JSON calls) or a Jinja file. For models whose own
+    template renders no tools (``agentrl doctor`` says so and names the built-in that fits). The run's saved
+    model or adapter carries it (see ``agentrl.rollout.templates``). None: the model's own."""
     mode: Literal["sync", "async"] | None = None
     """``sync``: generate a batch, train, then sync (η = 0). ``async``: generation and training overlap,
     with rollouts at most ``pipeline.max_staleness`` (η ≥ 1) versions behind. Default: async when

@@ -70,6 +70,9 @@ class ServerConfig(BaseModel):
     tokenizers: list[str] = Field(default_factory=list)
     """Tokenizers (model directories or hub ids) whose chat templates ``POST /v1/rollouts`` may use; the
     first is the default. Empty: whole rollouts are not served."""
+    chat_template: str | None = None
+    """The chat template ``POST /v1/rollouts`` renders with instead of each tokenizer's own: a built-in name
+    (``hermes``) or a Jinja file (see ``agentrl.rollout.templates``). None: each tokenizer's own."""
     max_rollouts: int = Field(32, ge=1, le=10_000)
     """Whole rollouts running at once; more answer HTTP 429."""
     inference_timeout_s: float = Field(120.0, gt=0, le=3600)

@@ -1,7 +1,12 @@
 """``agentrl doctor``: check that a model directory works with the agent loop before a run.
 
-The checks render one small tool-using conversation with the model's own chat template and replay it the
-way the agent loop does (prompt ids, sampled ids up to the end-of-turn token, observation delta):
+The checks render one small tool-using conversation with the model's own chat template (or the one
+``--chat-template`` names: a built-in such as ``hermes``, or a file) and replay it the way the agent loop does
+(prompt ids, sampled ids up to the end-of-turn token, observation delta):
+
+- ``renders_tools``: the template shows the tools, an assistant's tool call and a tool result. Many chat
+  models' templates show none of them (SmolLM2, Gemma, Phi-3, the DeepSeek-R1 distills); the problem then
+  names the built-in template that fits the tokenizer's special tokens (``suggested_chat_template``).
 
 - ``chat_template_appends_only``: rendering a growing conversation (system, user, assistant tool call,
   tool result, final answer) only ever appends text. Qwen3-style thinking templates do not: a turn's empty
@@ -65,6 +70,13 @@ class DoctorReport(BaseModel):
     """The model directory checked."""
     tool_parser: str
     """The tool parser chosen (``--tool-parser``)."""
+    chat_template: str = "own"
+    """The template checked: ``own`` (the model's), a built-in name or a file (``--chat-template``)."""
+    renders_tools: bool = False
+    """The template shows the tools, an assistant's tool calls and tool results (a template that renders none
+    of them leaves the model blind to its tools: see ``suggested_chat_template``)."""
+    suggested_chat_template: str | None = None
+    """When the template cannot show tools: the built-in template that fits the tokenizer's special tokens."""
     stop_token_ids: list[int] = Field(default_factory=list)
     """Tokens that end a turn: the template's end-of-turn token(s), then the generation_config eos ids."""
     stop_tokens: list[str] = Field(default_factory=list)
@@ -101,6 +113,8 @@ class DoctorReport(BaseModel):
         stops = ", ".join(f"{t} ({i})" for t, i in zip(self.stop_tokens, self.stop_token_ids, strict=True))
         lines = [f"model:                      {self.model}",
                  f"tool_parser:                {self.tool_parser}",
+                 f"chat template:              {self.chat_template}",
+                 f"renders tools and calls:    {yes[self.renders_tools]}",
                  f"stop tokens:                {stops}",
                  f"chat template appends only: {yes[self.chat_template_appends_only]}",
                  f"thinking template:          {'yes' if self.thinking else 'no'}",
@@ -165,12 +179,32 @@ def _calls_match(parsed: Any) -> bool:
             and parsed.tool_calls[0].arguments == PROBE_ARGS)
 
 
-def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
-    """Run every check on ``model`` (a directory with a tokenizer and chat template) with ``tool_parser``."""
+NO_TOOLS, NO_CALL, NO_RESULT = "the tools", "the assistant's tool call", "the tool result"
+
+
+def _blind_to_tools(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[str]:
+    """What the template leaves out of a tool-using conversation (empty: it shows the tools, the call and the
+    result): the tools when the prompt renders the same with and without them, the call when the assistant
+    turn renders no trace of its function name or arguments, the result when the tool turn's content is lost."""
+    missing = []
+    if chat._render(msgs[:2], tools, gen=True) == chat._render(msgs[:2], None, gen=True):
+        missing.append(NO_TOOLS)
+    call_turn = chat._render(msgs[:3], tools, gen=False)
+    if "lookup" not in call_turn or PROBE_ARGS["word"] not in call_turn:
+        missing.append(NO_CALL)
+    if msgs[3]["content"] not in chat._render(msgs[:4], tools, gen=True):
+        missing.append(NO_RESULT)
+    return missing
+
+
+def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str | None = None) -> DoctorReport:
+    """Run every check on ``model`` (a directory with a tokenizer and chat template) with ``tool_parser``, and
+    the template ``chat_template`` names instead of the model's own (a built-in name or a file)."""
     from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.templates import UnknownChatTemplate, fitting_builtins
     from agentrl.rollout.toolcalls import ToolCallParser, tool_parser_names
 
-    report = DoctorReport(model=str(model), tool_parser=tool_parser)
+    report = DoctorReport(model=str(model), tool_parser=tool_parser, chat_template=chat_template or "own")
     problems, notes = report.problems, report.notes
     _check_moe(model, report)
     try:
@@ -181,10 +215,14 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
         problems.append(f"cannot load a tokenizer from {model}: {type(e).__name__}: {str(e)[:300]}")
         return report
     try:
-        chat = ChatFormat(tokenizer, tool_parser=tool_parser, model_dir=model)
-    except ValueError as e:
-        problems.append(f"{e} (fix the tokenizer files of {model})")
+        chat = ChatFormat(tokenizer, tool_parser=tool_parser, model_dir=model, chat_template=chat_template)
+    except UnknownChatTemplate as e:
+        problems.append(str(e))
         return report
+    except ValueError as e:
+        problems.append(f"{e} (fix the tokenizer files of {model}, or use --chat-template)")
+        return report
+    report.chat_template = chat.chat_template
     report.stop_token_ids = list(chat.stop_token_ids)
     report.stop_tokens = [tokenizer.convert_ids_to_tokens(i) for i in chat.stop_token_ids]
     if not chat.end_of_turn_ids:
@@ -200,6 +238,18 @@ def diagnose(model: str | Path, tool_parser: str = "hermes") -> DoctorReport:
         return report
     report.chat_template_appends_only = rewrite is None
     report.history_rewrite = rewrite
+    blind = _blind_to_tools(chat, msgs, tools)
+    report.renders_tools = not blind
+    if blind:
+        fits = fitting_builtins(tokenizer)
+        report.suggested_chat_template = fits[0] if fits else None
+        fix = (f"use --chat-template {fits[0]} (chat_template = {json.dumps(fits[0])}), a built-in template that "
+               "fits this tokenizer's special tokens" if fits else
+               "write a template that shows them and pass it as --chat-template FILE (docs/models.md)")
+        problems.append(f"the chat template ({report.chat_template}) renders no trace of {', '.join(blind)}: the "
+                        f"model could not see its tools or be trained on its calls; {fix}")
+        if NO_CALL in blind:
+            return report  # nothing to parse back or replay
     try:
         turn = _sampled_turn(chat, msgs, tools)
     except ValueError as e:
@@ -339,10 +389,11 @@ def _gen_eos(model: str | Path) -> list[int]:
     return generation_eos_ids(model)
 
 
-def check_model(model: str | Path, tool_parser: str) -> DoctorReport:
+def check_model(model: str | Path, tool_parser: str, chat_template: str | None = None) -> DoctorReport:
     """:func:`diagnose`, raising ``ValueError`` with the problems (what ``agentrl train`` runs at start)."""
-    report = diagnose(model, tool_parser)
+    report = diagnose(model, tool_parser, chat_template)
     if report.problems:
+        flags = f"--tool-parser {tool_parser}" + (f" --chat-template {chat_template}" if chat_template else "")
         raise ValueError(f"model {model} fails agentrl doctor's checks (agentrl doctor --model {model} "
-                         f"--tool-parser {tool_parser}):\n  " + "\n  ".join(report.problems))
+                         f"{flags}):\n  " + "\n  ".join(report.problems))
     return report

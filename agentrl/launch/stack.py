@@ -29,11 +29,14 @@ def ensure_model(model: str) -> str:
     return model
 
 
-def load_chat_format(model: str, tool_parser: str = DEFAULT_TOOL_PARSER) -> ChatFormat:
-    """The chat format of a model directory's tokenizer, parsing tool calls with ``tool_parser``."""
+def load_chat_format(model: str, tool_parser: str = DEFAULT_TOOL_PARSER,
+                     chat_template: str | None = None) -> ChatFormat:
+    """The chat format of a model directory's tokenizer, parsing tool calls with ``tool_parser``, rendering
+    with ``chat_template`` (a built-in name or a file; None: the model's own)."""
     from transformers import AutoTokenizer
 
-    return ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model)
+    return ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model,
+                      chat_template=chat_template)
 
 
 @dataclass
@@ -74,7 +77,7 @@ async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = Non
             for server in servers:
                 await asyncio.to_thread(server.start)
             endpoints = [server.url for server in servers]
-        chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser)
+        chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser, cfg.chat_template)
         client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
         health = await client.health()
         dead = [url for url, ok in health.items() if not ok]

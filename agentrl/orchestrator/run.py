@@ -37,6 +37,7 @@ from agentrl.orchestrator.metrics import (
 )
 from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
 from agentrl.orchestrator.rundir import open_run
+from agentrl.rollout import templates
 from agentrl.rollout.groups import RolloutWorkers
 from agentrl.tracking.base import TrackerContext
 from agentrl.tracking.card import write_model_card
@@ -117,7 +118,7 @@ class TrainingRun:
         # the checks of `agentrl doctor`: a model whose turns cannot be stopped, parsed or extended
         # token-faithfully is refused before anything starts
         await asyncio.to_thread(ensure_model, cfg.model)
-        await asyncio.to_thread(check_model, cfg.model, cfg.tool_parser)
+        await asyncio.to_thread(check_model, cfg.model, cfg.tool_parser, cfg.chat_template)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.run_dir / "config.json", cfg.model_dump_json(indent=2))
         t_start = time.perf_counter()
@@ -165,6 +166,7 @@ class TrainingRun:
                                       "start the engines again and continue with --resume") from None
                 last = await self._evaluate(workers)
                 await trainer.save_adapter(cfg.final_policy_dir)
+                templates.carry(cfg.final_policy_dir, cfg.chat_template)  # serving it renders as training did
             finally:
                 await asyncio.to_thread(trainer.close)
         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)

@@ -67,7 +67,7 @@ async def serving(service: PolicyService, token: str, uds: str | None = None) ->
 
 
 async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str], tool_parser: str,
-                       log_dir: Path) -> None:
+                       log_dir: Path, chat_template: str | None = None) -> None:
     """``agentrl serve-policy``: the engines (started here for ``model`` unless ``endpoints``), then the
     endpoint, until Ctrl-C or SIGTERM."""
 
@@ -78,7 +78,7 @@ async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str]
     generated = token is None
     token = token or generate_token()
     cfg = load_config(None, {"model": model, "endpoints": endpoints or None, "tool_parser": tool_parser,
-                             "name": "serve-policy"})
+                             "chat_template": chat_template, "name": "serve-policy"})
     async with inference_stack(cfg, log_dir) as stack:
         service = PolicyService(config, stack.client, stack.chat, model=cfg.inference.served_model_name)
         async with serving(service, token) as url:

@@ -97,11 +97,16 @@ class ChatFormat:
 
     ``tokenizer`` is a Hugging Face tokenizer with a ``chat_template``; ``tool_parser`` a name of vLLM's
     ``--tool-call-parser``; ``model_dir`` the directory whose ``generation_config.json`` lists the eos ids
-    (default: the tokenizer's own directory).
+    (default: the tokenizer's own directory); ``chat_template`` a template to use instead of the tokenizer's
+    own: a built-in name or a Jinja file (:mod:`agentrl.rollout.templates`; it is set on ``tokenizer``).
     """
 
     def __init__(self, tokenizer: Any, tool_parser: str = DEFAULT_TOOL_PARSER,
-                 model_dir: str | Path | None = None) -> None:
+                 model_dir: str | Path | None = None, chat_template: str | None = None) -> None:
+        from agentrl.rollout.templates import apply
+
+        self.chat_template: str = apply(tokenizer, chat_template)
+        """Which template renders the turns: ``own`` (the tokenizer's), a built-in name or a file's path."""
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat_template; agentrl needs one to format turns")
         self.tokenizer = tokenizer

@@ -79,7 +79,8 @@ class RolloutService:
                 from agentrl.launch.stack import load_chat_format
 
                 try:
-                    self._chats[key] = await asyncio.to_thread(load_chat_format, name, tool_parser)
+                    self._chats[key] = await asyncio.to_thread(load_chat_format, name, tool_parser,
+                                                               self.config.chat_template)
                 except Exception as e:  # a misconfigured server: say so, do not crash
                     log.warning("cannot load tokenizer %s", name, exc_info=True)
                     raise ApiError(
