@@ -446,6 +446,50 @@ def model_smollm2(
         _fail(e)
 
 
+@app.command()
+def sft(
+    model: Annotated[str, typer.Option("--model", help="The model directory to warm up.")],
+    out: Annotated[Path, typer.Option(help="Output directory (a plain model directory; must be new or empty).")],
+    env: EnvOpt = "calc",
+    data: Annotated[Path | None, typer.Option(
+        help="Transcripts: a JSONL file of {\"messages\": [...], \"tools\": [...]} rows (default: the environment's "
+             "demonstrations of its train tasks).")] = None,
+    chat_template: ChatTemplateOpt = None,
+    steps: Annotated[int, typer.Option(help="AdamW steps.")] = 100,
+    batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 16,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (linear ramp, then linear decay to 0).")] = 2e-4,
+    full: Annotated[bool, typer.Option("--full", help="Train every weight instead of a LoRA adapter (merged at the end).")] = False,
+    lora_rank: Annotated[int, typer.Option(help="LoRA rank (on every linear layer).")] = 16,
+    examples: Annotated[int, typer.Option(help="Distinct transcripts.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the data order and the adapter's initialisation.")] = 0,
+) -> None:
+    """A supervised warm-up on tool-call transcripts before RL, for a model that does not call the
+    environment's tools yet (docs/real-model.md). Writes a model directory that carries the chat template."""
+    _setup(False)
+    from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec
+    from agentrl.modelgen.finetune import (
+        SftConfig,
+        SftDataError,
+        conversations_from_env,
+        conversations_from_jsonl,
+        finetune,
+    )
+    from agentrl.rollout.templates import UnknownChatTemplate
+
+    config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, lora=not full, lora_rank=lora_rank,
+                       examples=examples, seed=seed)
+    try:
+        if data is not None:
+            convs, source = conversations_from_jsonl(data, examples), {"file": str(data)}
+        else:
+            convs, source = conversations_from_env(canonical_spec(env), examples, seed), {"env": env}
+        record = finetune(model, out, convs, chat_template=chat_template, config=config, source=source)
+    except (SftDataError, UnknownChatTemplate, UnknownEnvironmentError, FileNotFoundError, OSError) as e:
+        _fail(e)
+    typer.echo(json.dumps({"out": str(out), **{k: record[k] for k in ("examples", "train_seconds", "loss_first",
+                                                                       "loss_last", "chat_template")}}))
+
+
 @app.command("trainer-node")
 def trainer_node(
     join: Annotated[Path, typer.Option(help="The run's trainer_join.json (written when the trainer has >1 node).")],

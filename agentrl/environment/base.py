@@ -277,6 +277,13 @@ class Environment:
         nothing."""
 
     @classmethod
+    def demonstration(cls, task: Task) -> list[dict[str, Any]] | None:
+        """An ideal conversation for ``task`` as OpenAI chat messages (the system prompt, the user's opening,
+        assistant turns with their tool calls, tool results, the final answer), for a supervised warm-up before
+        RL (``agentrl sft``). Optional: None (the default) means the environment has none."""
+        return None
+
+    @classmethod
     def reference_solution(cls, task: Task) -> list[tuple[str, dict[str, Any]]]:
         """Tool calls ``(name, arguments)`` that solve ``task``, in order. Optional; ``agentrl eval
         --policy oracle`` replays them through the normal tool dispatch to check tools and reward."""

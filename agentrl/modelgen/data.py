@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentrl.modelgen.tokenizer import EOS_TOKEN, render_chat
@@ -29,20 +29,9 @@ GENERIC_TEXT = [
 
 def calc_messages(task: dict[str, Any], system_prompt: str | None) -> list[dict[str, Any]]:
     """The ideal episode for ``task``: one ``calculate`` call, its result, and the final answer."""
-    messages: list[dict[str, Any]] = []
-    if system_prompt:
-        messages.append({"role": "system", "content": system_prompt})
-    call = {
-        "type": "function",
-        "function": {"name": "calculate", "arguments": {"expression": task["expression"]}},
-    }
-    messages += [
-        {"role": "user", "content": task["question"]},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": str(task["answer"])},
-        {"role": "assistant", "content": f"The answer is {task['answer']}."},
-    ]
-    return messages
+    from agentrl.envs.calc.env import ideal_messages
+
+    return ideal_messages(task, system_prompt)
 
 
 def calc_env_info() -> tuple[str | None, list[dict[str, Any]]]:
@@ -83,27 +72,38 @@ def tokenizer_corpus(n_transcripts: int, seed: int) -> Iterator[str]:
         yield " ".join(lines)
 
 
-def segments(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[tuple[str, bool]]:
+Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None", bool], str]
+"""``render(messages, tools, add_generation_prompt)``: a chat template's text."""
+
+
+class NotAppendOnly(ValueError):
+    """A chat template rewrote earlier text when a message was added, so turns cannot be cut from it."""
+
+
+def segments(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, render: Render | None = None,
+             eos: str = EOS_TOKEN) -> list[tuple[str, bool]]:
     """Split a rendered conversation into (text, trainable) pieces.
 
-    Trainable pieces are each assistant message's body through its ``<|im_end|>``: exactly what the
-    model generates after the generation prompt. Relies on the template's prefix property.
+    Trainable pieces are each assistant message's body through its end-of-turn token ``eos``: exactly what
+    the model generates after the generation prompt. ``render`` is the chat template (default: the embedded
+    model's); it must only ever append (:class:`NotAppendOnly` otherwise).
     """
+    render = render or (lambda m, t, g: render_chat(m, t, add_generation_prompt=g))
     out: list[tuple[str, bool]] = []
     done = ""
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = render_chat(messages[:k], tools, add_generation_prompt=True)
-        full = render_chat(messages[: k + 1], tools)
+        prompt = render(messages[:k], tools, True)
+        full = render(messages[: k + 1], tools, False)
         if not (prompt.startswith(done) and full.startswith(prompt)):
-            raise AssertionError("chat template lost the prefix property")
-        body_end = full.rindex(EOS_TOKEN) + len(EOS_TOKEN)
+            raise NotAppendOnly("chat template lost the prefix property")
+        body_end = full.rindex(eos) + len(eos)
         out += [(prompt[len(done) :], False), (full[len(prompt) : body_end], True)]
         done = full[:body_end]
-    full = render_chat(messages, tools)
+    full = render(messages, tools, False)
     if not full.startswith(done):
-        raise AssertionError("chat template lost the prefix property")
+        raise NotAppendOnly("chat template lost the prefix property")
     out.append((full[len(done) :], False))
     return [(text, trainable) for text, trainable in out if text]
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from agentrl.modelgen.data import calc_env_info, calc_messages, encode_example, segments, train_tasks
+from agentrl.modelgen.data import Render, calc_env_info, calc_messages, encode_example, segments, train_tasks
 
 
 @dataclass(frozen=True)
@@ -48,22 +48,40 @@ class WarmupConfig:
     a policy that solves some tasks but clearly not all, everywhere."""
 
 
-class ExamplePool:
-    """Ideal episodes of ``num_examples`` train-split tasks, rendered and tokenized on first use."""
+Conversation = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+"""One training conversation: its messages and the tools it was given."""
 
-    def __init__(self, tokenizer: Any, num_examples: int, seed: int) -> None:
+
+class ExamplePool:
+    """Conversations rendered and tokenized on first use: (token ids, loss mask on assistant turns).
+
+    ``render`` and ``eos`` are the chat template and its end-of-turn text (default: the embedded model's).
+    """
+
+    def __init__(self, tokenizer: Any, conversations: list[Conversation], render: Render | None = None,
+                 eos: str | None = None) -> None:
         self.tokenizer = tokenizer
-        self.system_prompt, self.tools = calc_env_info()
-        self.tasks = train_tasks(num_examples, seed)
+        self.conversations = conversations
+        self.render = render
+        self.eos = eos
         self._cache: dict[int, tuple[list[int], list[int]]] = {}
 
+    @classmethod
+    def calc(cls, tokenizer: Any, num_examples: int, seed: int, render: Render | None = None,
+             eos: str | None = None) -> ExamplePool:
+        """Ideal episodes of ``num_examples`` calc train-split tasks."""
+        system_prompt, tools = calc_env_info()
+        return cls(tokenizer, [(calc_messages(t, system_prompt), tools) for t in train_tasks(num_examples, seed)],
+                   render, eos)
+
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self.conversations)
 
     def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
         if i not in self._cache:
-            messages = calc_messages(self.tasks[i], self.system_prompt)
-            self._cache[i] = encode_example(self.tokenizer, segments(messages, self.tools))
+            messages, tools = self.conversations[i]
+            kw = {"eos": self.eos} if self.eos else {}
+            self._cache[i] = encode_example(self.tokenizer, segments(messages, tools, self.render, **kw))
         return self._cache[i]
 
 
@@ -128,20 +146,23 @@ def warmup(
     seed: int = 0,
     progress: bool = True,
     on_step: Callable[[int, float], bool | None] | None = None,
+    pool: ExamplePool | None = None,
 ) -> list[float]:
     """Train ``model`` in place for at most ``config.steps`` AdamW steps; return the per-step losses.
 
-    ``on_step(step, loss)`` is called after every step (e.g. to probe the model); the warm-up stops
-    when it returns True.
+    ``pool`` holds the training conversations (default: ``config.num_examples`` ideal calc episodes in the
+    embedded model's template). ``on_step(step, loss)`` is called after every step (e.g. to probe the
+    model); the warm-up stops when it returns True.
     """
     if config.steps <= 0:
         return []
     torch.manual_seed(seed)
-    pool = ExamplePool(tokenizer, config.num_examples, seed)
+    pool = pool if pool is not None else ExamplePool.calc(tokenizer, config.num_examples, seed)
     rng = random.Random(seed)
     order: list[int] = []
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98)
+        [p for p in model.parameters() if p.requires_grad], lr=config.lr, weight_decay=config.weight_decay,
+        betas=(0.9, 0.98)
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: _lr_factor(s, config.lr_warmup, config.steps, config.lr_final)
@@ -160,7 +181,7 @@ def warmup(
         loss = batch_loss(model, ids, attn, labels, common_prefix_len(examples))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
         schedule.step()
         losses.append(loss.item())

@@ -52,6 +52,21 @@ def _call_names(message: Message | dict[str, Any]) -> list[str]:
     return [n for n in names if n]
 
 
+def ideal_messages(task: Task, system_prompt: str | None) -> list[dict[str, Any]]:
+    """The ideal episode for ``task``: one ``calculate`` call, its result, and the final answer."""
+    messages: list[dict[str, Any]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    call = {"type": "function", "function": {"name": "calculate", "arguments": {"expression": task["expression"]}}}
+    messages += [
+        {"role": "user", "content": task["question"]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": str(task["answer"])},
+        {"role": "assistant", "content": f"The answer is {task['answer']}."},
+    ]
+    return messages
+
+
 class CalcEnv(Environment):
     """Arithmetic word problems with a safe calculator tool (2000 train / 200 test tasks)."""
 
@@ -92,6 +107,11 @@ class CalcEnv(Environment):
             return format_number(safe_eval(expression))
         except CalcError as e:
             raise ToolError(str(e)) from None
+
+    @classmethod
+    def demonstration(cls, task: Task) -> list[dict[str, Any]]:
+        """One ``calculate`` call with the task's expression, its result, and the answer."""
+        return ideal_messages(task, cls.system_prompt)
 
     async def reward(self, messages: list[Message]) -> dict[str, float]:
         """1.0 if the last assistant message has no tool call and ends with the right number; else 0.0."""
