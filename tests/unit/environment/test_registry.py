@@ -59,20 +59,23 @@ def test_cli_flag_set_is_pinned() -> None:
         if hasattr(cmd, "params")
     }
     assert flags["train"] == sorted(
-        ["--env", "--config", "--model", "--tool-parser", "--name", "--steps", "--tasks", "--nproc", "--endpoint",
+        ["--env", "--config", "--model", "--tool-parser", "--chat-template", "--name", "--steps", "--tasks", "--nproc",
+         "--endpoint",
          "--tasks-split", "--eval-tasks", "--eval-tasks-split", "--task-column",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
          "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--agent-image", "--full", "--report-to", "--seed",
          "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
-        ["--env", "--config", "--model", "--tool-parser", "--adapter", "--n", "--temperature", "--tasks",
+        ["--env", "--config", "--model", "--tool-parser", "--chat-template", "--adapter", "--n", "--temperature", "--tasks",
          "--tasks-split", "--task-column",
          "--endpoint", "--policy", "--verbose", "-v"]
     )
-    assert flags["doctor"] == sorted(["--model", "--tool-parser", "--json"])
-    assert flags["serve-policy"] == sorted(["--model", "--endpoint", "--tool-parser", "--host", "--port", "--token",
-                                            "--episode-ttl", "--verbose", "-v"])
+    assert flags["doctor"] == sorted(["--model", "--tool-parser", "--chat-template", "--json"])
+    assert flags["serve-policy"] == sorted(["--model", "--endpoint", "--tool-parser", "--chat-template", "--host", "--port",
+                                            "--token", "--episode-ttl", "--verbose", "-v"])
+    assert flags["sft"] == sorted(["--model", "--out", "--env", "--data", "--chat-template", "--steps", "--batch-size",
+                                   "--lr", "--full", "--lora-rank", "--examples", "--seed"])
 
 
 def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:
