@@ -32,6 +32,9 @@ def add_engine_args(parser: argparse.ArgumentParser, needs: str = "") -> None:
     """``--model`` and ``--endpoint``, the same for every benchmark that runs on one engine; ``needs`` says
     what a running server must have been started with."""
     parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
+    parser.add_argument("--chat-template", default=None,
+                        help="render turns with this chat template instead of the model's own: a built-in name "
+                             "(hermes) or a Jinja file (for models whose template shows no tools)")
     parser.add_argument("--endpoint", default=None, help=f"a running vLLM server of --model{f' ({needs})' if needs else ''} "
                         "to use instead of starting one")
 

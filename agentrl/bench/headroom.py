@@ -73,6 +73,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.rollout.groups import RolloutWorkers
 
     overrides: dict[str, Any] = {"env": canonical_spec(args.env), "model": args.model,
+                                 "chat_template": args.chat_template,
                                  "endpoints": [args.endpoint] if args.endpoint else None,
                                  "trainer": {"lora": False}}  # an engine without LoRA: the base policy
     cfg = load_config(None, overrides).resolved()

@@ -84,7 +84,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                           max_lora_rank=16) as engine:
         try:
             await asyncio.to_thread(trainer.start)
-            chat = await asyncio.to_thread(load_chat_format, model)
+            chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
             async with InferenceClient([engine], timeout_s=600) as client:
                 sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
                 await sync.publish(0)

@@ -179,7 +179,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     ratios: list[float] = []
     profiler = cProfile.Profile() if args.profile else None
     async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024) as url:
-        chat = await asyncio.to_thread(load_chat_format, model)
+        chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
         chat.parser  # noqa: B018  (build the tool parser, and import vLLM, before anything is timed)
         async with InferenceClient([url], timeout_s=600) as client:
             for rep in range(-1, args.repeats):  # -1: the warm-up pair, not measured

@@ -80,17 +80,23 @@ def build_random_qwen2(out_dir: Path, size: str = "tiny", seed: int = 0, context
     return out_dir
 
 
-def lora_shapes(size: str, rank: int = 16) -> dict[str, tuple[int, int]]:
-    """peft tensor name -> shape of a rank-``rank`` q/k/v/o adapter for ``SIZES[size]``."""
-    c = SIZES[size]
-    q, kv, h = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["hidden_size"]
-    io = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def lora_shapes(size: str | dict, rank: int = 16, targets: tuple[str, ...] = TARGETS) -> dict[str, tuple[int, int]]:
+    """peft tensor name -> shape of a rank-``rank`` adapter on the ``targets`` linear modules of every layer, for
+    ``SIZES[size]`` or a model's ``config.json`` (a dict)."""
+    from agentrl.launch.memory import DecoderShape
+
+    config = {**SIZES[size], "vocab_size": 400} if isinstance(size, str) else size
+    shape = DecoderShape.from_config(config)
+    dims = shape.linear_dims()
     shapes: dict[str, tuple[int, int]] = {}
-    for layer in range(c["num_hidden_layers"]):
-        for m in TARGETS:
-            base = f"base_model.model.model.layers.{layer}.self_attn.{m}"
-            shapes[f"{base}.lora_A.weight"] = (rank, io[m][0])
-            shapes[f"{base}.lora_B.weight"] = (io[m][1], rank)
+    for layer in range(shape.layers):
+        for m in targets:
+            base = f"base_model.model.model.layers.{layer}.{'self_attn' if m in ATTENTION else 'mlp'}.{m}"
+            shapes[f"{base}.lora_A.weight"] = (rank, dims[m][0])
+            shapes[f"{base}.lora_B.weight"] = (dims[m][1], rank)
     return shapes
 
 
@@ -101,13 +107,15 @@ def random_lora(shapes: dict[str, tuple[int, int]], seed: int, std: float = 0.1)
 
 
 def save_lora(path: Path, tensors: dict[str, torch.Tensor], rank: int = 16, alpha: int = 32) -> Path:
-    """Write a peft adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) at ``path``."""
+    """Write a peft adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) at ``path``; its
+    target modules are those the tensors' names hold."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in tensors})
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
-           "target_modules": list(TARGETS), "bias": "none", "use_rslora": False, "base_model_name_or_path": None,
+           "target_modules": targets, "bias": "none", "use_rslora": False, "base_model_name_or_path": None,
            "fan_in_fan_out": False, "inference_mode": True}
     (path / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
     save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})

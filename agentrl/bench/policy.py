@@ -71,7 +71,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     model = await bench_model(args.model)
     async with engine_url(args.endpoint, model=model, dtype="float32", max_model_len=1024,
                           cpu_cores=args.engine_cores) as engine:
-        chat = await asyncio.to_thread(load_chat_format, model)
+        chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
         tools = CalcEnv.tool_schemas()
         convs = [[{"role": "system", "content": CalcEnv.system_prompt}, {"role": "user", "content": t["question"]}]
                  for t in CalcEnv.tasks("test")[: args.calls]]

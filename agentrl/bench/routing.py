@@ -409,7 +409,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path, dtype: s
         assert template is not None
         served = await _engine_dtype(client)
         await client.set_weight_version(engine_label(0))
-        chat = await asyncio.to_thread(load_chat_format, model)
+        chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
         base, updated = await asyncio.to_thread(load_models, model, served, args.attention_scale)
         version = {"v": 0}
 

@@ -1,11 +1,14 @@
 """``agentrl bench sync``: in-place LoRA sync over shared memory and over the network vs. the file-based
 reload, on one vLLM server.
 
-Starts ONE vLLM server on a random Qwen2 model, loads a rank-16 q/k/v/o adapter once from a file, checks
+Starts ONE vLLM server on a random Qwen2 model (``--model-size``) or a model directory (``--model``), loads a
+rank-``--rank`` adapter on every linear layer (``--targets attention``: q/k/v/o) once from a file, checks
 that an in-place update gives the same greedy logprobs as a file load of the same tensors, then times
 ``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version),
 as many in-place updates over the network path (the tensors in the request body, as for an engine on
-another host: ``network_*``), and as many file-based in-place reloads. Prints a table, then one JSON object as the last line.
+another host: ``network_*``), and as many file-based in-place reloads. ``memcpy_ms_p50`` is one in-process
+copy of the adapter's bytes between two buffers, measured in the same run: the floor of the engine's copy
+(``engine_over_memcpy``). Prints a table, then one JSON object as the last line.
 
 ``--full`` runs the full-weight sync benchmark instead (a trainer's whole model into the engine:
 :mod:`agentrl.bench.full_sync`, which takes its own options).
@@ -68,12 +71,25 @@ async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, wo
     return res
 
 
-async def _run(url: str, size: str, rank: int, updates: int, work: Path) -> dict[str, Any]:
+def memcpy_ms(nbytes: int, reps: int = 50) -> float:
+    """Median time of one in-process copy of ``nbytes`` bytes between two preallocated buffers (the floor an
+    in-engine copy of an adapter of that size is measured against)."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 3):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return _p(times[3:], 0.5)
+
+
+async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...]) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
     from agentrl.weight_sync.network import NetworkAdapterSync
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
-    shapes = lora_shapes(size, rank)
+    shapes = lora_shapes(shape, rank, targets)
     gen = torch.Generator().manual_seed(123)
     prompt = torch.randint(3, 300, (48,), generator=gen).tolist()
     short = prompt[:8]
@@ -134,6 +150,8 @@ async def _run(url: str, size: str, rank: int, updates: int, work: Path) -> dict
         "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
         "adapter_bytes": nbytes, "updates": updates, "correctness": check,
     })
+    out["memcpy_ms_p50"] = memcpy_ms(nbytes)
+    out["engine_over_memcpy"] = out["engine_ms_p50"] / out["memcpy_ms_p50"]
     out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
     out["speedup_engine_vs_file_engine"] = out["file_engine_ms_p50"] / out["engine_ms_p50"]
     out["speedup_rpc_vs_file"] = out["file_load_ms_p50"] / out["rpc_ms_p50"]
@@ -164,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true",
                     help="benchmark full-weight sync instead (see agentrl bench sync --full --help)")
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
-    ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny", help="a random Qwen2 of this shape")
+    ap.add_argument("--model", type=Path, default=None, help="a model directory to serve instead (e.g. models/smollm2-135m)")
     ap.add_argument("--updates", type=int, default=50)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--targets", choices=("all", "attention"), default="all",
+                    help="the adapter's modules: every linear layer (the default LoRA) or q/k/v/o")
     ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
     full = ap.add_argument_group("with --full only", "options of the full-weight benchmark (agentrl.bench.full_sync)")
     for flag, what in (("--nproc", "trainer ranks"), ("--syncs", "syncs to time"), ("--lr", "trainer learning rate"),
@@ -177,19 +198,26 @@ def main(argv: list[str] | None = None) -> int:
     if given:
         ap.error(f"{', '.join(given)} belong to the full-weight benchmark: add --full")
 
+    from agentrl.bench.models import ATTENTION
+    from agentrl.config.trainer import ALL_LINEAR
     from agentrl.inference import VLLMServer, VLLMServerConfig
 
+    targets = tuple(ALL_LINEAR) if args.targets == "all" else ATTENTION
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
         work = Path(args.work_dir or tmp)
-        model_dir = build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
+        model_dir = args.model or build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
+        shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512, max_lora_rank=args.rank,
                                max_loras=2, startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
-            res = asyncio.run(_run(server.url, args.model_size, args.rank, args.updates, work / "adapters"))
-    c = SIZES[args.model_size]
-    res = {"model": f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
-                    f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']}), fp32, "
-                    f"vLLM CPU; LoRA r={args.rank} q/k/v/o", **res}
+            res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets))
+    if args.model:
+        name = f"{args.model}"
+    else:
+        c = SIZES[args.model_size]
+        name = (f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+                f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']})")
+    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(targets)}", "rank": args.rank, **res}
     if not args.json:
         print(_table(res))
     print(json.dumps(res, default=float))
