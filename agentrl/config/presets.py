@@ -3,15 +3,22 @@
 A preset is chosen by environment name. It tunes the embedded defaults so that ``agentrl train --env NAME``
 with no other flags does something useful on a CPU machine.
 
-Its values are for a LoRA adapter. A full-weight run (``trainer.lora = false``) gets the preset's ``full``
-values over them (say a full-weight learning rate, and more steps where a step costs less), and a
+Its values under ``embedded`` are tuned for the embedded tiny model (learning rates, the LoRA shape, the
+engine's dtype) and apply only when the run's model is one (:func:`is_embedded_model`): a real model keeps the
+trainer's own defaults instead of rates tuned for a 1.2M-parameter model. The rest (steps, batch shape,
+evaluation cadence, the time cap, the context) is the environment's and applies to every model.
+
+Its trainer values are for a LoRA adapter. A full-weight run (``trainer.lora = false``) gets the preset's
+``full`` values over them (say a full-weight learning rate, and more steps where a step costs less), and a
 ``trainer.lr`` of :data:`FULL_WEIGHTS_LR` when neither the preset's ``full`` values nor the run set one
 (there may be no preset): see :func:`preset_for`, the one place this rule lives.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 FULL_WEIGHTS_LR = 1e-5
@@ -43,10 +50,13 @@ def calc_tiny() -> dict[str, Any]:
         "eval_size": 200,
         "checkpoint_every": 10,
         "time_limit_min": 20.0,
-        "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
-        "full": {"trainer": {"lr": 4e-4, "lr_schedule": "cosine", "lr_min_ratio": 0.1}},
-        "inference": {"max_model_len": 1024, "dtype": EMBEDDED_DTYPE},
+        "inference": {"max_model_len": 1024},
         "sampling": {"max_context_tokens": 1024},
+        "embedded": {
+            "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
+            "full": {"trainer": {"lr": 4e-4, "lr_schedule": "cosine", "lr_min_ratio": 0.1}},
+            "inference": {"dtype": EMBEDDED_DTYPE},
+        },
     }
 
 
@@ -65,9 +75,9 @@ def swe_tiny() -> dict[str, Any]:
         "eval_size": 4,
         "checkpoint_every": 0,
         "time_limit_min": 10.0,
-        "trainer": {"lr": 1e-3, "lora_rank": 8, "lora_alpha": 16.0},
-        "inference": {"max_model_len": 2048, "dtype": EMBEDDED_DTYPE},
+        "inference": {"max_model_len": 2048},
         "sampling": {"max_context_tokens": 2048},
+        "embedded": {"trainer": {"lr": 1e-3, "lora_rank": 8, "lora_alpha": 16.0}, "inference": {"dtype": EMBEDDED_DTYPE}},
     }
 
 
@@ -75,13 +85,27 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {"calc": calc_tiny, "swe": sw
 """Environment name -> preset."""
 
 
-def preset_for(env: str, *, full_weights: bool = False) -> dict[str, Any]:
-    """The preset values for ``env`` (empty when it has none), as config settings. A preset's ``full``
-    values are not settings: for a full-weight run (``full_weights``) they go over the others, with
-    ``trainer.lr`` defaulting to :data:`FULL_WEIGHTS_LR`; otherwise they are dropped. Values set in a TOML
-    file or by a flag override these."""
+def is_embedded_model(model: str | Path) -> bool:
+    """Whether ``model`` is a directory of agentrl's embedded tiny model (the pinned one, a rebuild, or a copy
+    of either): its marker file records the tiny model's build."""
+    try:
+        marker = json.loads((Path(model) / "agentrl_model.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and isinstance(marker.get("config"), dict) and "shape" in marker["config"]
+
+
+def preset_for(env: str, *, full_weights: bool = False, embedded: bool = True) -> dict[str, Any]:
+    """The preset values for ``env`` (empty when it has none), as config settings. Its ``embedded`` values
+    apply only to the embedded tiny model (``embedded``). A preset's ``full`` values are not settings: for a
+    full-weight run (``full_weights``) they go over the others, with ``trainer.lr`` defaulting to
+    :data:`FULL_WEIGHTS_LR`; otherwise they are dropped. Values set in a TOML file or by a flag override
+    these."""
     fn = PRESETS.get(env)
     values = fn() if fn else {}
+    tuned = values.pop("embedded", {})
+    if embedded:
+        values = deep_update(values, tuned)
     full = values.pop("full", {})
     if full_weights:
         values = deep_update(deep_update(values, {"trainer": {"lr": FULL_WEIGHTS_LR}}), full)

@@ -18,7 +18,7 @@ from agentrl.config.errors import ConfigValidationError, validate
 from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
-from agentrl.config.presets import deep_update, preset_for
+from agentrl.config.presets import deep_update, is_embedded_model, preset_for
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig
 
@@ -415,9 +415,11 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         data = read_toml(path)
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
     env = clean.get("env", data.get("env", "calc"))
-    trainer = deep_update(data, clean).get("trainer")
+    given = deep_update(data, clean)
+    trainer = given.get("trainer")
     full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
-    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights), data), clean)
+    embedded = is_embedded_model(given.get("model", DEFAULT_MODEL)) or given.get("model", DEFAULT_MODEL) == DEFAULT_MODEL
+    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), data), clean)
     model = merged.get("model", DEFAULT_MODEL)
     for section, key in (("trainer", "model_path"), ("inference", "model")):
         if isinstance(merged.get(section), dict):

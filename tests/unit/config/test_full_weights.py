@@ -120,3 +120,26 @@ def test_the_embedded_presets_serve_the_model_in_the_trainers_dtype() -> None:
         assert cfg.inference.dtype == cfg.trainer.dtype == "float32", env
     assert load_config(None, {"env": "calc", "inference": {"dtype": "bfloat16"}}).inference.dtype == "bfloat16"
     assert load_config(None, {"env": "weather.py:Weather"}).inference.dtype == "auto"  # no preset: vLLM's choice
+
+
+def test_the_embedded_models_rates_do_not_reach_a_real_model(tmp_path: Path) -> None:
+    """A preset's ``embedded`` values (rates tuned for the 1.2M-parameter model, its engine dtype) apply to the
+    embedded model and its copies only; the environment's values (steps, batch shape, context) to every model."""
+    import json
+
+    from agentrl.config.presets import is_embedded_model
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text("{}")
+    cfg = load_config(None, {"env": "calc", "model": str(real)})
+    assert cfg.trainer.lr == 2e-4 and cfg.inference.dtype == "auto"  # the fields' own defaults
+    assert (cfg.steps, cfg.tasks_per_step, cfg.sampling.max_context_tokens) == (80, 16, 1024)
+    assert load_config(None, {"env": "calc", "model": str(real), **FULL}).trainer.lr == FULL_WEIGHTS_LR
+    copy = tmp_path / "tiny-copy"
+    copy.mkdir()
+    (copy / "agentrl_model.json").write_text(json.dumps({"config": {"seed": 1, "shape": {"hidden_size": 128}}}))
+    assert is_embedded_model(copy) and not is_embedded_model(real)
+    cfg = load_config(None, {"env": "calc", "model": str(copy)})
+    assert cfg.trainer.lr == 2e-3 and cfg.inference.dtype == "float32"
+    assert load_config(None, {"env": "calc"}).inference.dtype == "float32"  # the default, before it is installed
