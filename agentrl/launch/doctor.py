@@ -189,7 +189,9 @@ def _blind_to_tools(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str,
     missing = []
     if chat._render(msgs[:2], tools, gen=True) == chat._render(msgs[:2], None, gen=True):
         missing.append(NO_TOOLS)
-    call_turn = chat._render(msgs[:3], tools, gen=False)
+    rendered = chat._render(msgs[:3], tools, gen=False)
+    question = msgs[1]["content"]
+    call_turn = rendered[rendered.rfind(question) + len(question):]  # not the tool list, not the question
     if "lookup" not in call_turn or PROBE_ARGS["word"] not in call_turn:
         missing.append(NO_CALL)
     if msgs[3]["content"] not in chat._render(msgs[:4], tools, gen=True):
@@ -290,7 +292,8 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
         loop_ids = chat.prompt_ids(msgs[:2], tools) + turn + obs
         end_text = chat.tokenizer.convert_ids_to_tokens(turn[-1])
         # the template's text after the tool-call turn: after the end token that follows the call's argument
-        after = expected_text.find(end_text, expected_text.rfind(json.dumps(PROBE_ARGS["word"])))
+        # (the argument's last occurrence, written however the template writes values: JSON, XML, key='value')
+        after = expected_text.find(end_text, expected_text.rfind(PROBE_ARGS["word"]))
         tail = expected_text[after + len(end_text):] if after >= 0 else None
         delta_ok = tail is not None and chat.encode(tail) == obs
         if rewrite is None:
@@ -302,6 +305,10 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
                             "this chat template cannot be used for token-faithful multi-turn rollouts")
     except ValueError as e:
         problems.append(f"{e}; this chat template cannot be used for token-faithful multi-turn rollouts")
+    except Exception as e:  # a template that refuses the dummy conversation the delta is computed from
+        problems.append(f"the chat template cannot render a tool result after a plain assistant turn, which is how "
+                        f"agentrl computes the observation delta ({type(e).__name__}: {str(e)[:200]}); templates "
+                        "that write tool results inside the calling turn are not supported yet")
     if rewrite is not None and report.observation_delta_ok:
         notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop renders the "
                      "opening prompt once and then only appends token ids, so the model sees, and is trained on, "

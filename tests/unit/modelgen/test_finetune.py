@@ -77,7 +77,7 @@ def test_an_environment_without_demonstrations_says_to_pass_data(tmp_path: Path,
         "        return 'hi'\n"
         "    async def reward(self, messages):\n"
         "        return 0.0\n")
-    with pytest.raises(SftDataError, match="has no demonstrations .*--data FILE.jsonl"):
+    with pytest.raises(SftDataError, match=r"has no demonstrations .*--data FILE.jsonl"):
         conversations_from_env("plain_env:Plain", 4, seed=0)
 
 

@@ -298,7 +298,7 @@ class UniformRunner(FakeRunner):
 
 
 def make_skipping(uniform_every: int, max_skips: int, mode: str = "sync") -> tuple[Orchestrator, UniformRunner]:
-    orch, engine, _, trainer, pub = make(mode)
+    orch, engine, *_ = make(mode)
     runner = UniformRunner(engine, uniform_every)
     orch.runner = runner
     orch.max_skips_per_step = max_skips
@@ -309,7 +309,7 @@ def make_skipping(uniform_every: int, max_skips: int, mode: str = "sync") -> tup
 async def test_dynamic_sampling_trains_only_groups_with_signal(mode: str) -> None:
     from agentrl.orchestrator.samples import carries_signal
 
-    orch, runner = make_skipping(uniform_every=3, max_skips=8, mode=mode)
+    orch, _ = make_skipping(uniform_every=3, max_skips=8, mode=mode)
     async with orch:
         recs = []
         for _ in range(4):
@@ -324,14 +324,14 @@ async def test_dynamic_sampling_trains_only_groups_with_signal(mode: str) -> Non
 
 async def test_dynamic_sampling_gives_up_after_its_budget() -> None:
     """Every group is uniform: each step skips its budget, then trains on uniform groups instead of stalling."""
-    orch, runner = make_skipping(uniform_every=1, max_skips=3)
+    orch, _ = make_skipping(uniform_every=1, max_skips=3)
     recs = await run_steps(orch, 3)
     assert [r["skipped_groups"] for r in recs] == [3, 3, 3]
     assert all(r["num_zero_advantage"] == 8 for r in recs)  # 4 uniform groups of 2 kept, no gradient
 
 
 async def test_without_dynamic_sampling_uniform_groups_are_kept() -> None:
-    orch, runner = make_skipping(uniform_every=2, max_skips=0)
+    orch, _ = make_skipping(uniform_every=2, max_skips=0)
     recs = await run_steps(orch, 2)
     assert all(r["skipped_groups"] == 0 for r in recs) and recs[-1]["skipped_groups_total"] == 0
     assert sum(r["num_zero_advantage"] for r in recs) == 8  # 4 of the 8 groups, 2 episodes each

@@ -4,6 +4,7 @@ template travels with what a run saves."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_builtins_resolve_and_unknown_names_are_refused(tmp_path: Path) -> None:
     mine = tmp_path / "t.jinja"
     mine.write_text("{{ messages[0].content }}")
     assert templates.resolve(str(mine)).text == "{{ messages[0].content }}"  # type: ignore[union-attr]
-    with pytest.raises(templates.UnknownChatTemplate, match="neither a built-in template .*hermes.* nor a file"):
+    with pytest.raises(templates.UnknownChatTemplate, match=r"neither a built-in template .*hermes.* nor a file"):
         templates.resolve("chatml-nope")
 
 
@@ -68,7 +69,7 @@ def test_hermes_renders_tools_calls_and_results_and_only_appends(plain_chatml: P
     msgs = probe_conversation()
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     renders = [chat._render(msgs[:k], tools, gen=False) for k in range(2, len(msgs) + 1)]
-    assert all(b.startswith(a) for a, b in zip(renders, renders[1:], strict=False))
+    assert all(b.startswith(a) for a, b in itertools.pairwise(renders))
     full = renders[-1]
     assert full.startswith("<|im_start|>system\nAnswer briefly.\n\n# Tools\n")
     assert '"name": "lookup"' in full and '<tool_call>\n{"name": "lookup", "arguments": {"word": "apple"}}\n</tool_call><|im_end|>' in full
