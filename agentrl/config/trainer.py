@@ -130,6 +130,11 @@ class TrainerConfig(BaseModel):
     packing: bool = True
     """Pack several samples into each micro-batch's single row, with position ids restarting per sample and
     attention kept inside each sample (no padding). False pads each micro-batch to its longest sample."""
+    share_prefix: bool = True
+    """With ``packing``: samples of a packed row that open on the same prompt (a GRPO group's episodes) hold it
+    once, and each one's rest attends to it (``agentrl.trainer.packing``): the same logprobs and gradients for
+    a fraction of the tokens when prompts are long (system prompt, tool list). Dense models under SDPA without
+    a sliding window; others pack each sample whole."""
     balance_ranks: bool = True
     """Deal each minibatch to the ranks by compute cost (tokens, plus their attention's quadratic share),
     largest first to the least loaded rank, so the slowest rank is not the one with the longest samples.

@@ -48,6 +48,11 @@ def varlen_sdpa(
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
+    layout = kwargs.get("prefix_layout_S_4")
+    if layout is not None:
+        if window is not None:
+            raise ValueError("shared prompts (trainer.share_prefix) do not support sliding-window attention")
+        return _shared(query, key, value, layout, dropout, scaling), None
     parts = []
     for lo, hi in itertools.pairwise(bounds):
         if hi <= lo:
@@ -59,6 +64,35 @@ def varlen_sdpa(
             parts.append(F.scaled_dot_product_attention(q, k, v, attn_mask=_band(hi - lo, window, q.device),
                                                         dropout_p=dropout, scale=scaling))
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _shared(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: torch.Tensor, dropout: float,
+            scaling: float | None) -> torch.Tensor:
+    """Attention of a packed row whose families hold their prompt once (``agentrl.trainer.packing``): each
+    prefix attends causally to itself, each suffix to its prefix and causally to itself. ``layout``: one line
+    per sample, ``[prefix start, prefix length, suffix start, suffix length]``."""
+    parts: list[tuple[int, torch.Tensor]] = []
+    done: set[int] = set()
+    for p0, q, s0, n in layout.tolist():
+        if q and p0 not in done:
+            done.add(p0)
+            sl = slice(p0, p0 + q)
+            parts.append((p0, F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
+                                                             dropout_p=dropout, scale=scaling, is_causal=True)))
+        ss = slice(s0, s0 + n)
+        if not q:
+            parts.append((s0, F.scaled_dot_product_attention(query[:, :, ss], key[:, :, ss], value[:, :, ss],
+                                                             dropout_p=dropout, scale=scaling, is_causal=True)))
+            continue
+        sl = slice(p0, p0 + q)
+        k = torch.cat([key[:, :, sl], key[:, :, ss]], dim=2)
+        v = torch.cat([value[:, :, sl], value[:, :, ss]], dim=2)
+        mask = torch.ones((n, q + n), dtype=torch.bool, device=query.device)
+        mask[:, q:] = torch.ones((n, n), dtype=torch.bool, device=query.device).tril()
+        parts.append((s0, F.scaled_dot_product_attention(query[:, :, ss], k, v, attn_mask=mask, dropout_p=dropout,
+                                                         scale=scaling)))
+    parts.sort(key=lambda x: x[0])
+    return torch.cat([t for _, t in parts], dim=2).transpose(1, 2).contiguous()
 
 
 def _band(n: int, window: int, device: torch.device) -> torch.Tensor:

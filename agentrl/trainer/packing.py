@@ -6,11 +6,22 @@ block-diagonal causal mask (sdpa, eager, flex attention) or takes flash-attentio
 attends across a sample boundary. The packed row's logprobs are then gathered back into the padded
 ``B x T`` layout of :func:`agentrl.trainer.batch.collate`, so the loss, its normalisers, the per-token
 versions and the importance weights see exactly what they see without packing.
+
+**Shared prompts.** The episodes of a GRPO group open on the same prompt (the system prompt, the tool list and
+the task), often most of each episode's tokens. With sharing (``trainer.share_prefix``), samples of one row that
+open on the same prompt form a *family*: the row holds the prompt once (the *prefix*, all but its last token)
+and then each member's rest (the *suffix*, from the prompt's last token on), with position ids that continue
+the prefix's. :func:`agentrl.trainer.attention.varlen_sdpa` lets each suffix attend to the prefix and to itself
+causally (``prefix_layout_S_4``), so every token sees exactly the context it sees alone, and the gradients
+through the prefix sum over the members. Each loss token is predicted from inside its own suffix (the duplicated
+last prompt token predicts the first sampled one), so logprobs, loss and gradients equal the unshared ones to
+float32 rounding, for a fraction of the tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,6 +64,85 @@ def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
         else:
             rows.append([i])
             room.append(max_tokens - n)
+    return [sorted(row) for row in rows]
+
+
+MIN_SHARED = 16
+"""A prompt shorter than this is not shared (the bookkeeping would cost more than the tokens it saves)."""
+
+
+def shared_len(sample: TrainSample) -> int:
+    """How many leading tokens of ``sample`` a family may hold once: its prompt (the tokens before its first
+    loss token) less the prompt's last token, which each suffix keeps; 0 when that is under :data:`MIN_SHARED`."""
+    first = next((i for i, m in enumerate(sample.loss_mask) if m), len(sample.loss_mask))
+    q = first - 1
+    return q if q >= MIN_SHARED else 0
+
+
+def shares_prefix(cfg: Any, config: Any) -> bool:
+    """Whether a trainer of ``cfg`` (a ``TrainerConfig``) on a model of ``config`` packs shared prompts: it
+    asks for them, packs under agentrl's varlen SDPA (the attention that reads the layout), and the model has
+    no sliding window and no experts (routing replay is laid out per sample)."""
+    if not (cfg.share_prefix and cfg.packing and cfg.attn_implementation == "sdpa"):
+        return False
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    experts = any(getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+    return not window and not experts
+
+
+def families(samples: Sequence[TrainSample]) -> list[list[int]]:
+    """Indices grouped by the prompt their samples open on (same shared length and the same tokens), in order
+    of first appearance; samples with nothing to share are families of one."""
+    keys: dict[tuple[int, ...], list[int]] = {}
+    out: list[list[int]] = []
+    for i, s in enumerate(samples):
+        q = shared_len(s)
+        if q == 0:
+            out.append([i])
+            continue
+        key = tuple(s.input_ids[:q + 1])  # the whole prompt: the shared part and the token each suffix repeats
+        if key not in keys:
+            keys[key] = []
+            out.append(keys[key])
+        keys[key].append(i)
+    return out
+
+
+def family_tokens(lengths: Sequence[int], q: int) -> int:
+    """Row tokens of a family whose members have ``lengths`` and share ``q`` tokens."""
+    return q + sum(n - q for n in lengths) if len(lengths) > 1 else sum(lengths)
+
+
+def pack_shared(samples: Sequence[TrainSample], max_tokens: int) -> list[list[int]]:
+    """:func:`pack` with shared prompts: families (:func:`families`, split where one would not fit a row) are
+    packed first-fit decreasing by the tokens they take in a row. Each row lists its indices ascending."""
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be positive")
+    chunks: list[tuple[int, list[int]]] = []
+    for fam in families(samples):
+        q = shared_len(samples[fam[0]]) if len(fam) > 1 else 0
+        current: list[int] = []
+        for i in sorted(fam, key=lambda i: (-len(samples[i].input_ids), i)):
+            n = len(samples[i].input_ids)
+            if n > max_tokens:
+                raise TooLongForBudget(too_long_message(n, max_tokens))
+            trial = [*current, i]
+            if current and family_tokens([len(samples[j].input_ids) for j in trial], q) > max_tokens:
+                chunks.append((family_tokens([len(samples[j].input_ids) for j in current], q), current))
+                trial = [i]
+            current = trial
+        chunks.append((family_tokens([len(samples[j].input_ids) for j in current], q), current))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for cost, members in sorted(chunks, key=lambda c: (-c[0], min(c[1]))):
+        for r, free in enumerate(room):
+            if cost <= free:
+                rows[r] += members
+                room[r] -= cost
+                break
+        else:
+            rows.append(list(members))
+            room.append(max_tokens - cost)
     return [sorted(row) for row in rows]
 
 
@@ -101,13 +191,19 @@ def strided(n: int, world: int) -> list[list[int]]:
     return [list(range(n))[r::world] for r in range(world)]
 
 
-def collate_packed(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
+def collate_packed(samples: Sequence[TrainSample], pad_id: int, share: bool = False) -> dict[str, Tensor]:
     """:func:`collate`'s padded loss-side tensors (whose ``input_ids_B_T`` and ``attention_mask_B_T`` keep
     describing each sample) plus the packed row: ``input_ids_1_P``, ``position_ids_1_P`` (restarting at 0
     per sample), ``temperatures_P`` (each position's sample's temperature), ``cu_seq_lens_S1`` (int32: each
     sample's first position in the row, then the row's length, as flash-attention's varlen kernels take
-    them) and ``unpack_B_T`` (the row position of every padded position; 0 at padding). With
-    MoE routing, ``routing_1_P_L_K`` replaces ``routing_B_T_L_K``."""
+    them), ``starts_S`` (the row positions where a sample's tokens begin, whose logprob is 0) and
+    ``unpack_B_T`` (the row position of every padded position; 0 at padding). With MoE routing,
+    ``routing_1_P_L_K`` replaces ``routing_B_T_L_K``. With ``share``, samples that open on the same prompt
+    hold it once (see the module docstring) and ``prefix_layout_S_4`` says how: one line per sample, ``[prefix
+    start, prefix length, suffix start, suffix length]`` (prefix length 0: the sample alone)."""
+    fams = [f for f in families(samples) if len(f) > 1] if share else []
+    if fams and not any(s.routing is not None for s in samples):
+        return _collate_shared(samples, pad_id, fams)
     out = collate(samples, pad_id)
     lengths = [len(s.input_ids) for s in samples]
     starts = [0]
@@ -118,12 +214,59 @@ def collate_packed(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Ten
     out["temperatures_P"] = torch.cat(
         [torch.full((n,), float(s.temperature), dtype=torch.float32) for s, n in zip(samples, lengths, strict=True)])
     out["cu_seq_lens_S1"] = torch.tensor([*starts, sum(lengths)], dtype=torch.int32)
+    out["starts_S"] = torch.tensor(starts, dtype=torch.long)
     T = out["input_ids_B_T"].shape[1]
     unpack = torch.tensor(starts, dtype=torch.long)[:, None] + torch.arange(T)[None]
     out["unpack_B_T"] = torch.where(out["attention_mask_B_T"].bool(), unpack, torch.zeros_like(unpack))
     routing = out.pop("routing_B_T_L_K", None)
     if routing is not None:
         out["routing_1_P_L_K"] = torch.cat([routing[b, :n] for b, n in enumerate(lengths)])[None]
+    return out
+
+
+def _collate_shared(samples: Sequence[TrainSample], pad_id: int, fams: list[list[int]]) -> dict[str, Tensor]:
+    """:func:`collate_packed` for a row whose families ``fams`` (two members or more) hold their prompt once."""
+    out = collate(samples, pad_id)
+    family_of = {i: f for f in fams for i in f}
+    ids: list[int] = []
+    pos: list[Tensor] = []
+    temps: list[Tensor] = []
+    layout: dict[int, list[int]] = {}
+    starts: list[int] = []
+    first_suffix: dict[int, int] = {}  # a family's first member -> the row position of its first suffix
+    for i, s in enumerate(samples):
+        if i in layout:
+            continue
+        fam = family_of.get(i, [i])
+        q = shared_len(s) if len(fam) > 1 else 0
+        p0 = len(ids)
+        starts.append(p0)
+        ids += s.input_ids[:q]
+        pos.append(torch.arange(q))
+        temps.append(torch.full((q,), float(s.temperature)))
+        first_suffix[fam[0]] = len(ids)
+        for j in fam:
+            n = len(samples[j].input_ids)
+            layout[j] = [p0, q, len(ids), n - q]
+            ids += samples[j].input_ids[q:]
+            pos.append(torch.arange(q, n))
+            temps.append(torch.full((n - q,), float(samples[j].temperature)))
+    out["input_ids_1_P"] = torch.tensor(ids, dtype=torch.long)[None]
+    out["position_ids_1_P"] = torch.cat(pos)[None]
+    out["temperatures_P"] = torch.cat(temps).float()
+    out["cu_seq_lens_S1"] = torch.tensor([*starts, len(ids)], dtype=torch.int32)  # one span per family
+    out["starts_S"] = torch.tensor(starts, dtype=torch.long)
+    out["prefix_layout_S_4"] = torch.tensor([layout[i] for i in range(len(samples))], dtype=torch.long)
+    T = out["input_ids_B_T"].shape[1]
+    t = torch.arange(T)
+    unpack = torch.zeros((len(samples), T), dtype=torch.long)
+    for b in range(len(samples)):
+        p0, q, s0, _ = layout[b]
+        row = torch.where(t < q, p0 + t, s0 + t - q)
+        if q:  # the prompt's last token is predicted at the prefix's end, which the family's first suffix follows
+            row[q] = first_suffix[family_of[b][0]]
+        unpack[b] = torch.where(out["attention_mask_B_T"][b].bool(), row, torch.zeros_like(row))
+    out["unpack_B_T"] = unpack
     return out
 
 

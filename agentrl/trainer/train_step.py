@@ -29,8 +29,10 @@ from agentrl.trainer.packing import (
     balance,
     collate_packed,
     pack,
+    pack_shared,
     packed_token_logprobs,
     sequence_cost,
+    shares_prefix,
     strided,
 )
 from agentrl.trainer.schedule import lr_at
@@ -83,6 +85,8 @@ class TrainStep:
         self.attention_len = attention_len(getattr(base, "config", None))
         self.fused_head = cfg.logprob_chunk_tokens > 0 and fusable(model)
         """Score tokens through :class:`agentrl.trainer.head.LogprobHead` (no logits tensor)."""
+        self.share_prefix = shares_prefix(cfg, getattr(base, "config", None))
+        """Samples that open on the same prompt hold it once in a packed row (``trainer.share_prefix``)."""
         """Length at which a token's attention costs as much as its dense layers (rank balancing)."""
 
     def _all_reduce(
@@ -101,7 +105,10 @@ class TrainStep:
         return balance(costs, self.world)[self.rank]
 
     def _groups(self, local: Sequence[TrainSample]) -> list[list[int]]:
-        """``local`` grouped into micro-batches under the token budget: packed rows, or padded batches."""
+        """``local`` grouped into micro-batches under the token budget: packed rows (samples that open on the
+        same prompt holding it once, with sharing), or padded batches."""
+        if self.share_prefix:
+            return pack_shared(local, self.cfg.micro_batch_tokens)
         lengths = [len(s.input_ids) for s in local]
         if self.cfg.packing:
             return pack(lengths, self.cfg.micro_batch_tokens)
@@ -114,8 +121,11 @@ class TrainStep:
         return [[local[i] for i in g] for g in groups] + [None] * (n - len(groups))
 
     def _batch(self, group: list[TrainSample] | None) -> dict[str, Tensor]:
-        fn = collate_packed if self.cfg.packing else collate
-        batch = fn(group if group is not None else [self._dummy], self.pad_id)
+        samples = group if group is not None else [self._dummy]
+        if self.cfg.packing:
+            batch = collate_packed(samples, self.pad_id, share=self.share_prefix)
+        else:
+            batch = collate(samples, self.pad_id)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True) -> Tensor:
@@ -135,21 +145,21 @@ class TrainStep:
             if packed:  # no attention mask: restarting position ids make it block-diagonal
                 cu = batch["cu_seq_lens_S1"]
                 longest = int((cu[1:] - cu[:-1]).max())
+                shared = {"prefix_layout_S_4": batch["prefix_layout_S_4"]} if "prefix_layout_S_4" in batch else {}
                 out = self.model(input_ids=ids, position_ids=batch["position_ids_1_P"],
                                  cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
-                                 use_cache=False)
+                                 use_cache=False, **shared)
             else:
                 out = self.model(input_ids=ids, attention_mask=batch["attention_mask_B_T"], use_cache=False)
         if self.fused_head:  # position t holds log p(token t+1): shift right, nothing at position 0
             logp = torch.cat([torch.zeros_like(out.logits[:, :1, 0]), out.logits[:, :-1, 0]], dim=1)
             if not packed:
                 return logp * batch["attention_mask_B_T"]
-            logp_P = logp[0].index_fill(0, batch["cu_seq_lens_S1"][:-1].long(), 0.0)  # each sample's first token
+            logp_P = logp[0].index_fill(0, batch["starts_S"], 0.0)  # each sample's first token
         elif not packed:
             return token_logprobs(out.logits, ids, batch["temperatures_B"])
         else:
-            logp_P = packed_token_logprobs(out.logits[0], ids[0], batch["temperatures_P"],
-                                           batch["cu_seq_lens_S1"][:-1])
+            logp_P = packed_token_logprobs(out.logits[0], ids[0], batch["temperatures_P"], batch["starts_S"])
         return logp_P[batch["unpack_B_T"]] * batch["attention_mask_B_T"]
 
     @torch.no_grad()
