@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from agentrl.errors import ConfigError
 from agentrl.modelgen.tokenizer import EOS_TOKEN, render_chat
 
 GENERIC_TEXT = [
@@ -76,8 +77,10 @@ Render = Callable[[list[dict[str, Any]], "list[dict[str, Any]] | None", bool], s
 """``render(messages, tools, add_generation_prompt)``: a chat template's text."""
 
 
-class NotAppendOnly(ValueError):
+class NotAppendOnly(ConfigError, ValueError):
     """A chat template rewrote earlier text when a message was added, so turns cannot be cut from it."""
+
+    code = "config.chat_template.not_append_only"
 
 
 def segments(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, render: Render | None = None,

@@ -174,12 +174,14 @@ def test_saved_adapter_loads_with_peft(runs: dict[str, Any], tiny_model: Path) -
     assert runs["w1_saved"]["bytes"] > 0
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 16 and config["lora_alpha"] == 32
-    assert set(config["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+    linear = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+              "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+    assert set(config["target_modules"]) == set(linear)  # the default: every linear layer
     assert config["base_model_name_or_path"] == str(tiny_model)
     saved = load_file(str(adapter / "adapter_model.safetensors"))
     expected = {
-        f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{ab}.weight"
-        for i in range(2) for m in ("q_proj", "k_proj", "v_proj", "o_proj") for ab in "AB"
+        f"base_model.model.model.layers.{i}.{linear[m]}.{m}.lora_{ab}.weight"
+        for i in range(2) for m in linear for ab in "AB"
     }  # fmt: skip
     assert set(saved) == expected
     for name, t in saved.items():

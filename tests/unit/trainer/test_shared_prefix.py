@@ -65,7 +65,7 @@ def test_the_shared_row_lays_prompts_once_and_maps_every_position_back() -> None
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         assert ids[unpack[i, :n]].tolist() == s.input_ids, "every position maps to its own token"
-        p0, q, s0, m = lay[i].tolist()
+        _p0, q, s0, m = lay[i].tolist()
         assert q + m == n and b["position_ids_1_P"][0, s0:s0 + m].tolist() == list(range(q, n))
     assert b["starts_S"].tolist() == sorted({row[0] for row in lay.tolist()})
 
