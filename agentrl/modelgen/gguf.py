@@ -41,6 +41,11 @@ from agentrl.modelgen.tiny import MARKER, locked, read_marker
 log = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
+FORMAT = 2
+"""Version of what a conversion writes; a directory converted by another version is converted again."""
+LOAD_TIME_KEYS = ("local_files_only", "is_local", "cache_dir", "_commit_hash")
+"""Entries transformers writes into ``tokenizer_config.json`` from how the tokenizer was loaded (an offline
+environment, say), not what it is: left out, so a conversion's files depend on the GGUF file alone."""
 
 
 class MissingModelsExtra(ConfigError, ImportError):
@@ -117,17 +122,22 @@ def converted_from(directory: Path) -> dict[str, Any] | None:
 def _up_to_date(out_dir: Path, sha256: str) -> bool:
     marker = read_marker(out_dir)
     return (marker is not None and (marker.get("gguf") or {}).get("sha256") == sha256
-            and (out_dir / WEIGHTS).is_file() and marker.get("digest") == output_digest(out_dir))
+            and marker.get("format") == FORMAT and (out_dir / WEIGHTS).is_file()
+            and marker.get("digest") == output_digest(out_dir))
 
 
-def _check_target(out_dir: Path, source: GGUFSource) -> None:
+def _check_target(out_dir: Path, source: GGUFSource) -> bool:
+    """Whether ``out_dir`` may be written: it is missing or empty (False), or it holds an earlier conversion of
+    the same file (True: to be replaced); anything else is refused."""
     if not out_dir.exists():
-        return
+        return False
     if not out_dir.is_dir():
         raise ConversionError(f"{out_dir} exists and is not a directory")
     if not any(out_dir.iterdir()):
-        return
+        return False
     record = converted_from(out_dir)
+    if record is not None and record.get("sha256") == source.sha256:
+        return True
     what = (f"a conversion of {record.get('file')} (sha256 {str(record.get('sha256'))[:12]}...)" if record
             else "files that are not a conversion of this GGUF file")
     raise ConversionError(f"{out_dir} holds {what}, not of {source.file} (sha256 {source.sha256[:12]}...): remove "
@@ -168,6 +178,10 @@ def _save_plain(tokenizer: Any, model: Any, tmp: Path) -> None:
     plain.generation_config = model.generation_config
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    path = tmp / "tokenizer_config.json"
+    if path.is_file():
+        config = json.loads(path.read_text())
+        path.write_text(json.dumps({k: v for k, v in config.items() if k not in LOAD_TIME_KEYS}, indent=2) + "\n")
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, *, source: GGUFSource | None = None) -> Path:
@@ -186,19 +200,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, source: GGUFSource | None = 
     with locked(out_dir):
         if _up_to_date(out_dir, sha):
             return out_dir
-        _check_target(out_dir, source)
+        stale = _check_target(out_dir, source)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=f".{out_dir.name}.") as tmp_name:
             tmp = Path(tmp_name) / "model"
             tmp.mkdir()
             tokenizer, model = _load(gguf_path)
             _save_plain(tokenizer, model, tmp)
-            marker = {"gguf": asdict(source), "architecture": type(model).__name__,
+            marker = {"format": FORMAT, "gguf": asdict(source), "architecture": type(model).__name__,
                       "num_params": sum(p.numel() for p in model.parameters()),
                       "dtype": "float32", "note": "weights dequantized from the GGUF file, not the original release",
                       "digest": output_digest(tmp)}
             (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            if out_dir.exists():
+            if stale:  # an earlier conversion of this file: moved aside, then removed once the new one is in place
+                old = Path(tmp_name) / "old"
+                os.replace(out_dir, old)
+            elif out_dir.exists():
                 out_dir.rmdir()  # empty (checked above)
             os.replace(tmp, out_dir)
     return out_dir

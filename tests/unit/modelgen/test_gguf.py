@@ -98,3 +98,17 @@ def test_output_digest_ignores_the_marker(tmp_path: Path) -> None:
     assert conv.output_digest(tmp_path) == before
     (tmp_path / "b.json").write_text("{}")
     assert conv.output_digest(tmp_path) != before
+
+
+def test_an_earlier_conversion_of_the_same_file_may_be_replaced_another_not(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "agentrl_model.json").write_text(json.dumps({"gguf": {"file": "m.gguf", "sha256": "a" * 64}}))
+    (out / "model.safetensors").write_bytes(b"old")
+    assert conv._check_target(out, conv.GGUFSource(file="m.gguf", sha256="a" * 64)) is True
+    assert not conv._up_to_date(out, "a" * 64), "a marker of another format is not up to date"
+    with pytest.raises(conv.ConversionError, match=r"holds a conversion of m.gguf \(sha256 aaaaaaaaaaaa"):
+        conv._check_target(out, conv.GGUFSource(file="n.gguf", sha256="b" * 64))
+    assert conv._check_target(tmp_path / "missing", conv.GGUFSource(file="m.gguf", sha256="a" * 64)) is False
