@@ -1,8 +1,9 @@
 """``agentrl bench logprobs``: do the engine and the trainer agree on the distribution that was sampled?
 
-Starts one vLLM server (the embedded tiny model, ``--logprobs-mode processed_logprobs``; or uses
-``--endpoint``) and one torchrun trainer, makes the adapter non-trivial with one training step, publishes it (η = 0: the engine serves
-exactly the trainer's weights), then samples ``--episodes`` calc episodes at temperature 1 and at
+Starts one vLLM server (the embedded tiny model or ``--model``, ``--logprobs-mode processed_logprobs``; or uses
+``--endpoint``) and one torchrun trainer, makes the adapter (rank 16 on every linear layer) non-trivial with one
+training step, copies it into the engine's live LoRA slot in place (η = 0: the engine serves exactly the
+trainer's weights), then samples ``--episodes`` calc episodes at temperature 1 and at
 ``--temperature`` T and has the trainer score the same tokens. Per temperature it reports, over sampled
 tokens:
 
@@ -77,6 +78,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
     from agentrl.rollout.groups import RolloutWorkers
     from agentrl.trainer.client import TrainerProcess
     from agentrl.weight_sync.file import FileAdapterSync
+    from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     tasks = list(CalcEnv.tasks("train"))[: args.episodes]
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=2e-3, lora_rank=16, lora_alpha=32.0), work)
@@ -96,13 +98,15 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                     groups = await workers.run_groups(tasks, 1)
                     return [t for g in groups for t in g]
 
-                # one real training step, so the engine serves a non-trivial adapter (version 1)
+                # one real training step, so the engine serves a non-trivial adapter (version 1), copied into
+                # the engine's live LoRA slot in place (the path a run takes), not loaded from a file
                 warm = await episodes(1.0, 0)
                 for i, t in enumerate(warm):
                     t.group_id, t.reward = "warm", float(i % 2)
                 samples, _ = to_samples([warm])
                 await trainer.train(samples, policy_version=0)
-                await sync.publish(1)
+                with SharedMemoryAdapterSync(trainer, client, ADAPTER) as inplace:
+                    await inplace.publish(1)
                 out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model}
                 for temperature in (1.0, args.temperature):
                     trajs = await episodes(temperature, 1)
