@@ -35,15 +35,13 @@ class ScriptChat:
     def __init__(self) -> None:
         self._texts: list[str] = [""]
         self._ids: dict[str, int] = {}
-        self._parser: Any = None
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> Any:
-        """Hermes-style calls, read by the same parser as a Hermes-template model's."""
-        if self._parser is None:
-            from agentrl.rollout.toolcalls import ToolCallParser
+        """Hermes-style calls, read as vLLM's ``hermes`` parser reads the text a scripted policy writes
+        (checked against it in the tests), without importing vLLM: an oracle evaluation needs no engine."""
+        from agentrl.rollout.toolcalls import parse_hermes
 
-            self._parser = ToolCallParser("hermes", self)
-        return self._parser.parse(text, tools)
+        return parse_hermes(text)
 
     def ends_turn(self, ids: list[int]) -> bool:
         return bool(ids) and ids[-1] == self.eos_token_id

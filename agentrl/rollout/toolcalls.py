@@ -89,6 +89,27 @@ def _hermes_problems(text: str) -> list[str]:
     return errors
 
 
+def parse_hermes(text: str) -> ParsedTurn:
+    """Hermes-style ``<tool_call>`` JSON blocks read without vLLM: the content before the first block and one
+    call per block, or the blocks' errors (as :class:`ToolCallParser` reports them). For text agentrl writes
+    itself (scripted policies), where importing vLLM's parsers would cost more than the whole evaluation."""
+    if "<tool_call>" not in text:
+        return ParsedTurn(content=text.strip())
+    content = text[: text.index("<tool_call>")].strip()
+    errors = _hermes_problems(text)
+    if errors:
+        return ParsedTurn(content=content, errors=errors)
+    calls: list[ToolCall] = []
+    for match in _HERMES_BLOCK.finditer(text):
+        obj = json.loads(match.group(1).strip())
+        args, err = _arguments(obj["name"], json.dumps(obj["arguments"]))  # as vLLM passes them on
+        if err is not None:
+            errors.append(err)
+        else:
+            calls.append(ToolCall(id=new_call_id(), name=obj["name"], arguments=args or {}))
+    return ParsedTurn(content=content, tool_calls=calls, errors=errors)
+
+
 def _arguments(name: str, raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The arguments of a parsed call as a dict, or the error to report."""
     args = raw

@@ -74,3 +74,28 @@ def test_unknown_parser_names_the_valid_ones(chat: ChatFormat) -> None:
         check_tool_parser_name("nope")
     with pytest.raises(ValueError, match="unknown tool parser"):
         ChatFormat(chat.tokenizer, tool_parser="nope").parse("hi")
+
+
+def test_the_native_hermes_reader_agrees_with_vllms(chat: ChatFormat) -> None:
+    """Scripted policies read their own text without vLLM (``parse_hermes``); on every form above, on the texts
+    they write and on plain content it gives what vLLM's hermes parser gives."""
+    from agentrl.rollout.scripted import tool_call_text
+    from agentrl.rollout.toolcalls import parse_hermes
+
+    texts = [
+        "The answer is 5.", "", "  padded  ",
+        'Let me compute.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>',
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}'
+        "</tool_call>",
+        "<tool_call>{not json}</tool_call>", '<tool_call>["calculate"]</tool_call>', '<tool_call>{"name": 3}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": "{bad"}</tool_call>', '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+        '<tool_call>{"name": "f"', '<tool_call>{"name": "f"}</tool_call>',
+        '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{oops}</tool_call>',
+        "I will look.\n" + tool_call_text("set_digit", {"position": 0, "digit": 7}) + "\n"
+        + tool_call_text("submit", {}),
+    ]
+    for text in texts:
+        native, vllm = parse_hermes(text), chat.parse(text)
+        assert native.content == vllm.content, text
+        assert [(c.name, c.arguments) for c in native.tool_calls] == [(c.name, c.arguments) for c in vllm.tool_calls]
+        assert native.errors == vllm.errors, text
