@@ -32,11 +32,14 @@ def ensure_model(model: str) -> str:
 def load_chat_format(model: str, tool_parser: str = DEFAULT_TOOL_PARSER,
                      chat_template: str | None = None) -> ChatFormat:
     """The chat format of a model directory's tokenizer, parsing tool calls with ``tool_parser``, rendering
-    with ``chat_template`` (a built-in name or a file; None: the model's own)."""
+    with ``chat_template`` (a built-in name or a file; None: the model's own). Its tool parser is built here
+    (vLLM's parsers imported: seconds of CPU), never inside a run's event loop at the first parse."""
     from transformers import AutoTokenizer
 
-    return ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model,
+    chat = ChatFormat(AutoTokenizer.from_pretrained(model), tool_parser=tool_parser, model_dir=model,
                       chat_template=chat_template)
+    chat.parser  # noqa: B018
+    return chat
 
 
 @dataclass
