@@ -92,7 +92,8 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                 await sync.publish(0)
 
                 async def episodes(temperature: float, version: int) -> list[Any]:
-                    workers = RolloutWorkers(CalcEnv, client, chat, SamplingConfig(temperature=temperature),
+                    sampling = SamplingConfig(temperature=temperature, max_context_tokens=args.max_context_tokens)
+                    workers = RolloutWorkers(CalcEnv, client, chat, sampling,
                                              max_concurrency=args.episodes, model=ADAPTER,
                                              policy_version=lambda: version)
                     groups = await workers.run_groups(tasks, 1)
@@ -108,7 +109,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                 with SharedMemoryAdapterSync(trainer, client, ADAPTER) as inplace:
                     await inplace.publish(1)
                 out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model}
-                for temperature in (1.0, args.temperature):
+                for temperature in dict.fromkeys((1.0, args.temperature)):  # once when --temperature is 1
                     trajs = await episodes(temperature, 1)
                     tempered = _samples(trajs)
                     res = compare(tempered, await trainer.logprobs(tempered))
@@ -126,9 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl bench logprobs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature to check (> 0)")
     parser.add_argument("--episodes", type=int, default=64, help="calc episodes per temperature")
+    parser.add_argument("--max-context-tokens", type=int, default=1024,
+                        help="an episode's prompt plus completion stops at this many tokens (at most 1024)")
     add_engine_args(parser, needs="LoRA enabled, --logprobs-mode processed_logprobs")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
+    if not 16 <= args.max_context_tokens <= 1024:
+        parser.error("--max-context-tokens must be in 16..1024 (the engine's context)")
     if not args.temperature > 0:
         parser.error("--temperature must be > 0 (greedy decoding has no sampling distribution to compare)")
     res = asyncio.run(_measure(args))
