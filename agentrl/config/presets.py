@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.config.trainer import LORA_LR_SCALE
+
 FULL_WEIGHTS_LR = 1e-5
 """AdamW learning rate of a full-weight run that sets no ``trainer.lr`` and whose preset's ``full`` values
 set none (``trainer.lr``'s own default, 2e-4, is a LoRA rate: far too high for every weight)."""
@@ -33,15 +35,21 @@ AMD EPYC (AVX2 only) the engine generated 1510 to 1610 tokens/s in float32 again
 (128 requests of 40 tokens, side by side); and the sampled logprobs then differ from the trainer's."""
 
 
+CALC_FULL_LR = 4e-4
+"""The full-weight peak learning rate of the embedded model on ``calc`` (lr 5e-4 and 8e-4 learned worse, 2e-4 no
+better; docs/training.md)."""
+
+
 def calc_tiny() -> dict[str, Any]:
     """``calc`` with the embedded tiny model on CPU, capped at 20 minutes on 2 cores.
 
-    ``make train`` runs it with full weights (``--full``), lr 4e-4 decayed along a half cosine to 4e-5 at the
-    last step (the ``full`` values); a constant 3e-4 gained +0.22 over six seeds. The LoRA adapter
-    (lr 2e-3, on q/k/v/o) gained +0.065 held-out success on average over three seeds: its best learning rate
-    is also its stable limit (6e-3 lost 0.12 in 24 steps). A LoRA engine also generates about 3.4x slower on
-    vLLM's CPU build. Full weights at 3e-4 gained +0.24 in 24 steps in half the time per step. 100 steps
-    did no better on held-out tasks than 80, nor did lr 5e-4 or 8 tasks x 16 rollouts (docs/training.md)."""
+    One schedule for both paths: a peak rate decayed along a half cosine to a tenth of it at the last step.
+    Full weights (``make train``, ``--full``) peak at 4e-4; the LoRA adapter (rank 16, alpha 32, every linear
+    layer) at ``LORA_LR_SCALE`` times that, 2e-3. Measured over seeds and two builds of the model in
+    docs/training.md: an adapter on q/k/v/o alone gained a quarter of what full weights did, one on every
+    linear layer with this rule and schedule learns close to them. ``make train`` stays on full weights
+    because vLLM's CPU build generates 2 to 3.5x slower with an adapter applied."""
+    schedule = {"lr_schedule": "cosine", "lr_min_ratio": 0.1}
     return {
         "steps": 80,
         "tasks_per_step": 16,
@@ -53,8 +61,8 @@ def calc_tiny() -> dict[str, Any]:
         "inference": {"max_model_len": 1024},
         "sampling": {"max_context_tokens": 1024},
         "embedded": {
-            "trainer": {"lr": 2e-3, "lora_rank": 16, "lora_alpha": 32.0},
-            "full": {"trainer": {"lr": 4e-4, "lr_schedule": "cosine", "lr_min_ratio": 0.1}},
+            "trainer": {"lr": CALC_FULL_LR * LORA_LR_SCALE, "lora_rank": 16, "lora_alpha": 32.0, **schedule},
+            "full": {"trainer": {"lr": CALC_FULL_LR, **schedule}},
             "inference": {"dtype": EMBEDDED_DTYPE},
         },
     }

@@ -70,7 +70,7 @@ def test_full_weights_get_a_full_weight_learning_rate_unless_one_is_set(tmp_path
     assert load_config(toml, {"env": "calc"}).trainer.lr == 4e-4
     toml.write_text("[trainer]\nlora = false\nlr = 1e-6\n")
     assert load_config(toml, {"env": "calc"}).trainer.lr == 1e-6
-    assert "full" not in preset_for("calc") and preset_for("calc")["trainer"]["lr"] == 2e-3
+    assert "full" not in preset_for("calc") and preset_for("calc")["trainer"]["lr"] == pytest.approx(2e-3)
     full = preset_for("calc", full_weights=True)
     assert "full" not in full and full["trainer"]["lora_rank"] == 16, "the full values go over the others"
     assert full["trainer"]["lr"] == 4e-4 and full["trainer"]["lr_schedule"] == "cosine"
@@ -141,5 +141,5 @@ def test_the_embedded_models_rates_do_not_reach_a_real_model(tmp_path: Path) -> 
     (copy / "agentrl_model.json").write_text(json.dumps({"config": {"seed": 1, "shape": {"hidden_size": 128}}}))
     assert is_embedded_model(copy) and not is_embedded_model(real)
     cfg = load_config(None, {"env": "calc", "model": str(copy)})
-    assert cfg.trainer.lr == 2e-3 and cfg.inference.dtype == "float32"
+    assert cfg.trainer.lr == pytest.approx(2e-3) and cfg.trainer.lr_schedule == "cosine" and cfg.inference.dtype == "float32"
     assert load_config(None, {"env": "calc"}).inference.dtype == "float32"  # the default, before it is installed
