@@ -89,6 +89,10 @@ class TrainerConfig(BaseModel):
     """Local directory (or hub id) of the Hugging Face causal LM to train."""
     lora: bool = True
     """Train a LoRA adapter (True) or fine-tune every weight (False)."""
+    frozen_parameters: list[str] = Field(default_factory=list)
+    """Full-weight training only: parameters whose name contains one of these strings stay frozen (for example
+    ``["embed_tokens", "norm"]``: the embedding, tied to the output layer on small models, and every norm).
+    Every weight is still published to the engines. Empty: every weight trains."""
     lora_rank: int = Field(16, ge=1)
     """LoRA rank ``r``."""
     lora_alpha: float = Field(32.0, gt=0.0)
@@ -176,3 +180,10 @@ class TrainerConfig(BaseModel):
     """Timeout of every collective (process-group timeout)."""
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     """Nodes of the trainer job and how they meet (one node by default)."""
+
+    @model_validator(mode="after")
+    def _check_frozen(self) -> TrainerConfig:
+        if self.frozen_parameters and self.lora:
+            raise ValueError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
+                             "a LoRA adapter already leaves every base weight frozen")
+        return self

@@ -120,7 +120,23 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
         )
         torch.manual_seed(cfg.seed)
         model = get_peft_model(model, lora_cfg)
+    else:
+        freeze(model, cfg.frozen_parameters)
     return model
+
+
+def freeze(model: nn.Module, patterns: list[str]) -> list[str]:
+    """Keep the parameters whose name contains one of ``patterns`` out of training; returns their names.
+    A pattern that names no parameter is an error (a misspelt name would otherwise train everything)."""
+    frozen = [n for n, p in model.named_parameters() if any(s in n for s in patterns)]
+    unused = [s for s in patterns if not any(s in n for n in frozen)]
+    if unused:
+        raise ValueError(f"trainer.frozen_parameters: {unused} name no parameter of this model "
+                         f"(its names look like {next(iter(dict(model.named_parameters())))!r})")
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
+    return frozen
 
 
 def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

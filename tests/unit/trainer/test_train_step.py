@@ -57,3 +57,24 @@ def test_score_is_the_losss_logprob_at_each_temperature(world: None, tiny_tokeni
     assert torch.allclose(torch.tensor(got[0]), ref[0, :12], atol=1e-5)
     assert torch.allclose(torch.tensor(got[2]), ref[1, :12], atol=1e-5)
     assert not torch.allclose(torch.tensor(got[0][1:]), torch.tensor(got[2][1:]), atol=1e-3)
+
+
+def test_frozen_parameters_stay_put_and_the_rest_trains(world: None, tiny_tokenizer_model: Path) -> None:
+    """Full weights with the embedding and the norms frozen: a step moves every other weight and none of
+    those; a name that matches nothing, or freezing under LoRA, is refused."""
+    import pytest
+
+    step = make_step(tiny_tokenizer_model, lora=False, frozen_parameters=["embed_tokens", "norm"])
+    named = dict(step.model.named_parameters())
+    frozen = {n for n, p in named.items() if not p.requires_grad}
+    assert frozen and all("embed_tokens" in n or "norm" in n for n in frozen)
+    assert any("layernorm" in n for n in frozen) and any("embed_tokens" in n for n in frozen)
+    before = {n: p.detach().full_tensor().clone() for n, p in named.items()}
+    step.train(samples(version=0), policy_version=0)
+    for n, p in named.items():
+        moved = not torch.equal(before[n], p.detach().full_tensor())
+        assert moved == (n not in frozen), n
+    with pytest.raises(ValueError, match="name no parameter"):
+        make_step(tiny_tokenizer_model, lora=False, frozen_parameters=["no_such_weight"])
+    with pytest.raises(ValueError, match="full-weight training"):
+        TrainerConfig(model_path="m", frozen_parameters=["norm"])
