@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import resource
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -60,6 +62,11 @@ def agent_mount() -> Iterator[tuple[str, str]]:
         yield root, os.path.join(root, SOCKET)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _limit_address_space(limit: int) -> None:
+    """In the agent program's process, before it runs: cap its address space at ``limit`` bytes."""
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -173,17 +180,17 @@ class BlackBoxRunner:
             return await self._launch_in_container(ep, key, data)
         env = {**os.environ, "OPENAI_BASE_URL": f"{self.base_url}/v1", "OPENAI_API_KEY": key,
                "AGENTRL_EPISODE_ID": ep.id, "AGENTRL_TASK": data, "AGENTRL_RUN_ID": self.run_id}
+        limit = None if self.agent.memory_mb is None else self.agent.memory_mb << 20
         try:
+            # the limit is set in the child before it runs the program (set from here after the start, a fast
+            # program could allocate first)
             proc = await asyncio.create_subprocess_exec(
                 *self.agent.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-        except OSError as e:
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                preexec_fn=None if limit is None else functools.partial(_limit_address_space, limit))
+        except (OSError, subprocess.SubprocessError) as e:
             return StopReason.ENV_ERROR, f"the agent program could not start: {error_text(e)}"
         own_process(proc.pid)  # ends with the run, however the run ends
-        if self.agent.memory_mb is not None:
-            limit = self.agent.memory_mb << 20  # set at once: the interpreter is still starting
-            with contextlib.suppress(ProcessLookupError):  # it has already exited
-                resource.prlimit(proc.pid, resource.RLIMIT_AS, (limit, limit))
         try:
             _, err = await asyncio.wait_for(proc.communicate(data.encode()), timeout=self.agent.timeout_s)
         except asyncio.TimeoutError:
