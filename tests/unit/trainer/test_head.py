@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from agentrl.trainer.head import chunked_logprobs, fusable
-from agentrl.trainer.loss import policy_loss
-from tests.unit.trainer.test_packing import _make_step, _sample
+from tests.unit.trainer.test_packing import StepResult, _make_step, _sample, assert_same_step, step_result
 
 
 def test_chunked_logprobs_and_gradients_equal_the_plain_log_softmax() -> None:
@@ -55,24 +54,13 @@ def test_the_fused_head_gives_the_plain_logprobs_loss_and_gradients(world: None,
     rng = random.Random(5)
     samples = [_sample(rng, n, temperature=t) for n, t in [(40, 1.0), (9, 0.8), (23, 1.0), (3, 0.6)]]
     n_tok = sum(s.num_loss_tokens for s in samples)
-    logps, losses, grads = [], [], []
+    results: list[StepResult] = []
     for chunk in (0, 7):  # 0: the model's own output layer over the whole micro-batch
         step = _make_step(tiny_tokenizer_model, lora=lora, packing=packing, logprob_chunk_tokens=chunk)
         assert step.fused_head is bool(chunk) and fusable(step.model)
         batch = step._batch(samples)
-        logp = step._logprobs(batch)
-        assert logp.shape == batch["attention_mask_B_T"].shape
-        loss, _ = policy_loss(logp, batch["behav_logprobs_B_T"], batch["advantages_B"], batch["loss_mask_B_T"],
-                              step.cfg.loss, num_tokens_global=n_tok)
-        loss.backward()
-        logps.append(logp.detach() * batch["attention_mask_B_T"])
-        losses.append(float(loss.detach()))
-        grads.append({n: p.grad.detach().clone() for n, p in step.model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(logps[1], logps[0], rtol=0, atol=2e-5)
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    assert sorted(grads[0]) == sorted(grads[1]) and grads[0]
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+        results.append(step_result(step, batch, n_tok))
+    assert_same_step(*results)
     # the output layer is its own again after the forward
     base = step.model.get_base_model() if lora else step.model
     assert isinstance(base.get_output_embeddings(), torch.nn.Linear)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -127,6 +128,30 @@ def _make_step(model_dir: Path, device: str = "cpu", **kw: object):
     return TrainStep(model, opt, cfg, torch.device(device))
 
 
+StepResult = tuple[torch.Tensor, float, dict[str, torch.Tensor]]
+"""One step's logprobs (zero at padding), loss and gradients."""
+
+
+def step_result(step: Any, batch: dict[str, torch.Tensor], num_tokens: int) -> StepResult:
+    """Score ``batch``, take its policy loss over ``num_tokens`` loss tokens and backpropagate it."""
+    logp = step._logprobs(batch)
+    assert logp.shape == batch["attention_mask_B_T"].shape
+    loss, _ = policy_loss(logp, batch["behav_logprobs_B_T"], batch["advantages_B"], batch["loss_mask_B_T"],
+                          step.cfg.loss, num_tokens_global=num_tokens)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in step.model.named_parameters() if p.grad is not None}
+    return logp.detach() * batch["attention_mask_B_T"], float(loss.detach()), grads
+
+
+def assert_same_step(a: StepResult, b: StepResult) -> None:
+    """Two ways of computing one step agree: logprobs, loss and every gradient."""
+    torch.testing.assert_close(b[0], a[0], rtol=0, atol=2e-5)
+    assert b[1] == pytest.approx(a[1], rel=1e-5)
+    assert sorted(a[2]) == sorted(b[2]) and a[2]
+    for name, g in a[2].items():
+        torch.testing.assert_close(b[2][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                               reason="no CUDA device"))]
 
@@ -138,25 +163,15 @@ def test_packed_and_padded_give_the_same_loss_and_gradients(world: None, tiny_to
     rng = random.Random(3)
     samples = [_sample(rng, n, temperature=t) for n, t in [(40, 1.0), (9, 0.8), (23, 1.0), (3, 1.0)]]
     n_tok = sum(s.num_loss_tokens for s in samples)
-    grads, losses, logps = [], [], []
+    results: list[StepResult] = []
     for packing in (False, True):
         step = _make_step(tiny_tokenizer_model, device, lora=lora, packing=packing)
         if packing:
             assert step.model.config._attn_implementation == VARLEN_SDPA
         batch = step._batch(samples)
         assert ("input_ids_1_P" in batch) is packing
-        logp = step._logprobs(batch)
-        loss, _ = policy_loss(logp, batch["behav_logprobs_B_T"], batch["advantages_B"], batch["loss_mask_B_T"],
-                              step.cfg.loss, num_tokens_global=n_tok)
-        loss.backward()
-        logps.append(logp.detach() * batch["attention_mask_B_T"])
-        losses.append(float(loss.detach()))
-        grads.append({n: p.grad.detach().clone() for n, p in step.model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(logps[1], logps[0], rtol=0, atol=2e-5)
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    assert sorted(grads[0]) == sorted(grads[1]) and grads[0]
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+        results.append(step_result(step, batch, n_tok))
+    assert_same_step(*results)
 
 
 def test_a_packed_step_trains_and_refuses_a_sample_over_the_budget(world: None, tiny_tokenizer_model: Path) -> None:

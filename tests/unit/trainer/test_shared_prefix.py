@@ -7,9 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
-from agentrl.trainer.loss import policy_loss
 from agentrl.trainer.packing import (
     MIN_SHARED,
     collate_packed,
@@ -19,7 +17,7 @@ from agentrl.trainer.packing import (
     shared_len,
 )
 from agentrl.types import TrainSample
-from tests.unit.trainer.test_packing import _make_step
+from tests.unit.trainer.test_packing import StepResult, _make_step, assert_same_step, step_result
 
 
 def _sample(rng: random.Random, prompt: list[int], n_after: int, temperature: float = 1.0) -> TrainSample:
@@ -76,24 +74,14 @@ def test_shared_prompts_give_the_same_logprobs_loss_and_gradients(world: None, t
                                                                  lora: bool, chunk: int) -> None:
     samples = _batch(random.Random(4))
     n_tok = sum(s.num_loss_tokens for s in samples)
-    logps, losses, grads = [], [], []
+    results: list[StepResult] = []
     for share in (False, True):
         step = _make_step(tiny_tokenizer_model, lora=lora, share_prefix=share, logprob_chunk_tokens=chunk)
         assert step.share_prefix is share
         batch = step._batch(samples)
         assert ("prefix_layout_S_4" in batch) is share
-        logp = step._logprobs(batch)
-        loss, _ = policy_loss(logp, batch["behav_logprobs_B_T"], batch["advantages_B"], batch["loss_mask_B_T"],
-                              step.cfg.loss, num_tokens_global=n_tok)
-        loss.backward()
-        logps.append(logp.detach() * batch["attention_mask_B_T"])
-        losses.append(float(loss.detach()))
-        grads.append({n: p.grad.detach().clone() for n, p in step.model.named_parameters() if p.grad is not None})
-    torch.testing.assert_close(logps[1], logps[0], rtol=0, atol=2e-5)
-    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    assert sorted(grads[0]) == sorted(grads[1]) and grads[0]
-    for name, g in grads[0].items():
-        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+        results.append(step_result(step, batch, n_tok))
+    assert_same_step(*results)
 
 
 def test_a_step_with_shared_prompts_trains(world: None, tiny_tokenizer_model: Path) -> None:
