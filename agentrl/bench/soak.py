@@ -18,7 +18,8 @@ turn (``--faults`` picks a subset):
 - ``malformed_burst``: for a few seconds the run samples at temperature 2, so the model's output (its tool
   calls included) is malformed.
 
-After ``--minutes`` no new fault starts; the run goes on until engine B is up and in rotation again (at most
+After ``--minutes`` no new fault starts (with ``--every-fault-once``, not before each fault has landed at least
+once, for at most ``LANDING_WAIT_S`` more: a loaded machine runs fewer faults per minute); the run goes on until engine B is up and in rotation again (at most
 ``--rejoin-wait-s``), trains one more step on both engines, and stops. The bench then asks B which policy
 version it serves and compares B's greedy answer with A's: a restarted engine must hold the run's final
 adapter itself, not only its version label.
@@ -74,6 +75,8 @@ FREEZE_S = 12.0
 BURST_S = 8.0
 """How long ``malformed_burst`` samples at ``BURST_TEMPERATURE``."""
 BURST_TEMPERATURE = 2.0
+LANDING_WAIT_S = 600.0
+"""With ``--every-fault-once``: how long past ``--minutes`` the faults go on until each has landed once."""
 REJOIN_WAIT_S = 600.0
 """After the faults, how long the run waits for engine B to be back in rotation (a vLLM start on a loaded CPU
 takes minutes)."""
@@ -239,9 +242,10 @@ class Faults:
 
 
 async def _schedule(faults: Faults, names: tuple[str, ...], metrics: Path, every_s: float, t0: float,
-                    stop: asyncio.Event, log: list[dict[str, Any]]) -> None:
+                    stop: asyncio.Event, log: list[dict[str, Any]], all_landed: asyncio.Event) -> None:
     """After the first recorded step, inject one fault every ``every_s`` seconds, ``names`` in turn, until
-    ``stop`` is set (a fault under way is finished first: a frozen sandbox is always thawed)."""
+    ``stop`` is set (a fault under way is finished first: a frozen sandbox is always thawed); ``all_landed`` is
+    set once each of ``names`` has landed (``ok``) at least once."""
     for _ in iter(int, 1):  # the run's metrics file is the only signal: poll it
         if records_of(metrics, "train") or stop.is_set():
             break
@@ -259,16 +263,21 @@ async def _schedule(faults: Faults, names: tuple[str, ...], metrics: Path, every
         except Exception as e:  # a fault that could not be injected is reported, and the soak goes on
             rec = {"ok": False, "detail": f"{type(e).__name__}: {e}"}
         log.append({"fault": name, "at_s": round(at, 1), **rec})
+        if set(names) <= {f["fault"] for f in log if f["ok"]}:
+            all_landed.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, every_s - (time.perf_counter() - t0 - at)))
 
 
 async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Path, until_s: float, t0: float,
-                  rejoin_wait_s: float, stop: asyncio.Event) -> bool:
-    """At ``until_s``: no new fault; once engine B is up and both engines are in rotation again (a step with two
+                  rejoin_wait_s: float, stop: asyncio.Event, all_landed: asyncio.Event | None) -> bool:
+    """At ``until_s`` (and, given ``all_landed``, once it is set or ``LANDING_WAIT_S`` later): no new fault; once engine B is up and both engines are in rotation again (a step with two
     live engines recorded after that), one more step, then the run stops. Whether B was back in time (after
     ``rejoin_wait_s`` without it, the run stops after its next step)."""
     await asyncio.sleep(max(0.0, until_s - (time.perf_counter() - t0)))
+    if all_landed is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_landed.wait(), LANDING_WAIT_S)
     stop.set()
     # wait for the fault under way and B's restart to end, whatever their outcome (asyncio.wait raises neither's
     # error), while a cancellation of this task still goes through
@@ -294,10 +303,12 @@ async def _sample(points: list[tuple[float, float, int]], t0: float) -> None:
 
 async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: str | None = None,
                    seed: int = 0, faults_injected: tuple[str, ...] = FAULTS,
-                   rejoin_wait_s: float = REJOIN_WAIT_S, max_engine_kills: int | None = None) -> dict[str, Any]:
+                   rejoin_wait_s: float = REJOIN_WAIT_S, max_engine_kills: int | None = None,
+                   every_fault_once: bool = False) -> dict[str, Any]:
     """Run the soak in ``work``; ``engine_a``: the URL of a running engine on the embedded model (LoRA
     enabled) to use as A, neither started nor stopped here; ``faults_injected``: which faults, in turn;
-    ``max_engine_kills``: at most this many ``engine_kill`` (then the rotation skips it)."""
+    ``max_engine_kills``: at most this many ``engine_kill`` (then the rotation skips it); ``every_fault_once``:
+    faults go on past ``minutes`` until each has landed once (at most ``LANDING_WAIT_S`` more)."""
     from agentrl.bench.env_server import ServerProcess
     from agentrl.bench.faults import engine_pair_config, same_policy
     from agentrl.config.run import DEFAULT_MODEL, load_config
@@ -328,7 +339,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
             "env": "swe", "env_url": env_server.url, "env_token": env_server.token, "name": "soak",
             "output_dir": str(work / "runs"), "model": model, "steps": 100_000,
             # a backstop only: the run stops one step after engine B is back in rotation (see _finish)
-            "time_limit_min": minutes + (rejoin_wait_s + 600) / 60,
+            "time_limit_min": minutes + (rejoin_wait_s + LANDING_WAIT_S * every_fault_once + 600) / 60,
             "mode": "async", "tasks": str(tasks), "eval_tasks": str(tasks), "tasks_per_step": 2, "group_size": 2,
             "eval_every": 0, "eval_size": 2, "checkpoint_every": 0, "engine_warmup": False, "seed": seed,
             "endpoints": [engine_a or a.url, b.url], "inference": {"max_model_len": 1024},
@@ -340,11 +351,11 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         injected: list[dict[str, Any]] = []
         points: list[tuple[float, float, int]] = []
         t0 = time.perf_counter()
-        stop = asyncio.Event()
+        stop, all_landed = asyncio.Event(), asyncio.Event()
         schedule = asyncio.create_task(_schedule(faults, faults_injected, metrics, fault_every_s, t0, stop,
-                                                 injected))
+                                                 injected, all_landed))
         finish = asyncio.create_task(_finish(run, faults, schedule, metrics, minutes * 60, t0, rejoin_wait_s,
-                                             stop))
+                                             stop, all_landed if every_fault_once else None))
         helpers = [schedule, finish, asyncio.create_task(_sample(points, t0))]
         try:
             summary = await run.run()
@@ -412,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"which faults, comma-separated, injected in turn (default: all: {','.join(FAULTS)})")
     ap.add_argument("--max-engine-kills", type=int, default=None,
                     help="kill engine B at most this many times (default: whenever its turn comes)")
+    ap.add_argument("--every-fault-once", action="store_true",
+                    help="go on past --minutes until each fault has landed at least once "
+                         f"(for at most {LANDING_WAIT_S:.0f} s more)")
     ap.add_argument("--rejoin-wait-s", type=float, default=REJOIN_WAIT_S,
                     help="after the faults, how long to wait for engine B to be back in rotation")
     ap.add_argument("--seed", type=int, default=0, help="the run's seed and the choice of sandboxes to kill")
@@ -426,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--faults: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(FAULTS)}")
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-soak-") as tmp:
         res = asyncio.run(run_soak(args.minutes, args.fault_every_s, Path(args.work_dir or tmp), args.engine_a,
-                                   args.seed, names, args.rejoin_wait_s, args.max_engine_kills))
+                                   args.seed, names, args.rejoin_wait_s, args.max_engine_kills,
+                                   args.every_fault_once))
     if not args.json:
         for k, v in res.items():
             print(f"{k:<26} {v}")

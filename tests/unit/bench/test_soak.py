@@ -59,9 +59,42 @@ async def test_the_finish_is_cancelled_while_it_waits_for_a_fault(tmp_path) -> N
     fault = asyncio.create_task(asyncio.sleep(60))  # a fault under way, e.g. frozen sandboxes
     faults = SimpleNamespace(restarting=None)
     finish = asyncio.create_task(_finish(SimpleNamespace(), faults, fault, tmp_path / "metrics.jsonl", 0.0,
-                                         time.perf_counter(), 600.0, asyncio.Event()))
+                                         time.perf_counter(), 600.0, asyncio.Event(), None))
     await asyncio.sleep(0.05)
     finish.cancel()
     done, _ = await asyncio.wait([finish], timeout=2)
     assert finish in done and finish.cancelled() and not fault.done()
     fault.cancel()
+
+
+async def test_faults_go_on_past_the_minutes_until_each_has_landed_once(tmp_path) -> None:
+    """On a loaded machine fewer faults fit into the minutes: with ``every_fault_once`` the schedule is stopped
+    only once every fault in the rotation has landed, a failed one (nothing to freeze yet) taking its turn again."""
+    import asyncio
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from agentrl.bench.soak import _finish, _schedule
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"kind": "train", "step": 1, "engines_live": 2}) + "\n")
+    tries: dict[str, int] = {}
+
+    async def inject(name: str) -> dict:
+        tries[name] = tries.get(name, 0) + 1
+        await asyncio.sleep(0.05)
+        return {"ok": name != "tool_hang" or tries[name] > 1}  # the first freeze finds no sandbox
+
+    faults = SimpleNamespace(restarting=None, inject=inject, can_inject=lambda name: True)
+    names = ("engine_kill", "tool_hang", "malformed_burst")
+    log: list[dict] = []
+    stop, landed = asyncio.Event(), asyncio.Event()
+    t0 = time.perf_counter()
+    schedule = asyncio.create_task(_schedule(faults, names, metrics, 0.0, t0, stop, log, landed))
+    run = SimpleNamespace(cfg=SimpleNamespace(steps=100))
+    # the minutes (here 0) are over before the first fault: without the rule the schedule would stop at once
+    # (no step after it with both engines live, and no time to wait for one: the run stops after its next step)
+    assert await asyncio.wait_for(_finish(run, faults, schedule, metrics, 0.0, t0, 0.0, stop, landed), 10) is False
+    assert {f["fault"] for f in log if f["ok"]} == set(names) and tries["tool_hang"] == 2, log
+    assert schedule.done() and stop.is_set() and run.cfg.steps == 2
