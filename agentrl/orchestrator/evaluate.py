@@ -13,14 +13,11 @@ from agentrl.rollout.stats import summarize
 async def evaluate(
     workers: RolloutWorkers, tasks: Sequence[Task], *, temperature: float | None = None
 ) -> dict[str, Any]:
-    """Run every task once and summarise (success rate, mean reward, stop reasons, failures)."""
-    sampling = workers.sampling
+    """Run every task once and summarise (success rate, mean reward, stop reasons, failures). ``temperature``
+    applies to these episodes only: the episodes ``workers`` start meanwhile for training keep theirs."""
     if temperature is not None:
-        workers.sampling = sampling.model_copy(update={"temperature": temperature})
-    try:
-        groups = await workers.run_groups(list(tasks), 1)
-    finally:
-        workers.sampling = sampling
+        workers = workers.with_sampling(workers.sampling.model_copy(update={"temperature": temperature}))
+    groups = await workers.run_groups(list(tasks), 1)
     return summarize([t for g in groups for t in g])
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from collections.abc import Callable, Sequence
 
@@ -41,6 +42,14 @@ class RolloutWorkers:
         self.model = model
         self.policy_version = policy_version
         self._slots = asyncio.Semaphore(max_concurrency)
+
+    def with_sampling(self, sampling: SamplingConfig) -> RolloutWorkers:
+        """These workers with other sampling settings (an evaluation's temperature), sharing the client, the
+        chat format and the bound on episodes in flight; ``self`` keeps its own (the producer's episodes that
+        start meanwhile sample as before)."""
+        other = copy.copy(self)
+        other.sampling = sampling
+        return other
 
     async def run_one(self, task: Task, group_id: str = "") -> Trajectory:
         """One episode, waiting for a free slot first."""
