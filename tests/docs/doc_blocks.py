@@ -116,6 +116,11 @@ def all_blocks() -> list[Block]:
     return blocks + [b for p in example_files() for b in docstring_blocks(p)]
 
 
+def agentrl_spans(line: str) -> list[str]:
+    """The inline code spans of one line of Markdown that start with ``agentrl ``."""
+    return re.findall(r"`(agentrl [^`]+)`", line)
+
+
 def inline_commands(path: Path) -> list[tuple[int, str]]:
     """``(line, command)`` for each inline code span that starts with ``agentrl ``, outside fenced blocks."""
     out: list[tuple[int, str]] = []
@@ -125,5 +130,5 @@ def inline_commands(path: Path) -> list[tuple[int, str]]:
             fenced = not fenced
             continue
         if not fenced:
-            out.extend((n, span) for span in re.findall(r"`(agentrl [^`]+)`", line))
+            out.extend((n, span) for span in agentrl_spans(line))
     return out

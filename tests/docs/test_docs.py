@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import tomllib
 
-from tests.docs.doc_blocks import ROOT, SHELL, Block, all_blocks, doc_files, inline_commands
+from tests.docs.doc_blocks import ROOT, SHELL, Block, agentrl_spans, all_blocks, doc_files, inline_commands
 
 BLOCKS = all_blocks()
 RUN = [b for b in BLOCKS if b.lang in SHELL and b.mark in ("", "repo")]
@@ -150,8 +150,9 @@ def test_inline_commands_name_real_commands_and_flags() -> None:
             cmd: Any = group
             names: list[str] = []
             while words and hasattr(cmd, "commands") and not words[0].startswith("-"):
-                name = words[0].split("|")[0]
-                assert name in cmd.commands, f"{path.name}:{line}: `{span}`: no command {name!r}"
+                name, *others = words[0].split("|")  # `agentrl bench sync|loop`: every alternative must exist
+                for alt in (name, *others):
+                    assert alt in cmd.commands, f"{path.name}:{line}: `{span}`: no command {alt!r}"
                 cmd, names = cmd.commands[name], [*names, name]
                 words = words[1:]
             key = tuple(names)
@@ -163,3 +164,27 @@ def test_inline_commands_name_real_commands_and_flags() -> None:
                 assert flag in helps[key], f"{path.name}:{line}: `{span}`: {' '.join(names)} has no flag {flag}"
             checked += 1
     assert checked > 20, checked
+
+
+def test_the_readmes_command_table_lists_every_command() -> None:
+    """Every command and subcommand of the CLI has a row (or an alternative in one) in the README's table."""
+    from typer.main import get_command
+
+    from agentrl.cli import app
+
+    table = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `agentrl ")]
+    named: set[tuple[str, ...]] = set()
+    for span in (s for row in table for s in agentrl_spans(row)):
+        words = [w for w in span.replace("\\|", "|").split()[1:] if not w.startswith(("-", "[", "<"))]
+        if words:
+            named.add((words[0],))
+            if len(words) > 1:
+                named.update((words[0], alt) for alt in words[1].split("|"))
+    group = get_command(app)
+    missing = []
+    for name, cmd in group.commands.items():
+        subs = getattr(cmd, "commands", None)
+        missing += [f"{name} {sub}" for sub in subs if (name, sub) not in named] if subs else (
+            [name] if (name,) not in named else [])
+    assert not missing, f"README.md's command table has no row for: agentrl {', agentrl '.join(missing)}"
+
