@@ -1,0 +1,41 @@
+"""The engine's command line: ``--dtype auto`` on the CPU build serves a float32 checkpoint in float32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.inference import VLLMServer, VLLMServerConfig
+from agentrl.inference import server as engine
+
+
+def _model(tmp_path: Path, dtype: str | None, key: str = "dtype") -> str:
+    d = tmp_path / f"model-{dtype}-{key}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({key: dtype} if dtype else {}))
+    return str(d)
+
+
+def _dtype(cmd: list[str]) -> str:
+    return cmd[cmd.index("--dtype") + 1]
+
+
+def test_auto_on_the_cpu_build_is_the_float32_checkpoints_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    for model, want in [(_model(tmp_path, "float32"), "float32"),
+                        (_model(tmp_path, "float32", key="torch_dtype"), "float32"),  # older transformers
+                        (_model(tmp_path, "bfloat16"), "auto"), (_model(tmp_path, None), "auto"),
+                        ("org/hub-model", "auto")]:
+        assert _dtype(VLLMServer(VLLMServerConfig(model=model), tmp_path).build_command()) == want, model
+    # a setting is never overridden
+    f32 = _model(tmp_path, "float32", key="x")
+    (Path(f32) / "config.json").write_text(json.dumps({"dtype": "float32"}))
+    assert _dtype(VLLMServer(VLLMServerConfig(model=f32, dtype="bfloat16"), tmp_path).build_command()) == "bfloat16"
+
+
+def test_auto_on_a_gpu_build_is_left_to_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_is_cpu_build", lambda: False)
+    cmd = VLLMServer(VLLMServerConfig(model=_model(tmp_path, "float32")), tmp_path).build_command()
+    assert _dtype(cmd) == "auto"
