@@ -11,6 +11,7 @@ import asyncio
 import atexit
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -64,6 +65,30 @@ def engine_dtype(dtype: str, model: str) -> str:
         return dtype
     own = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
     return "float32" if own == "float32" else dtype
+
+
+KV_SEQUENCES = 128
+"""Sequences of ``max_model_len`` tokens the CPU build's KV cache holds by default (a run's default
+``max_concurrency``)."""
+
+
+def kv_cache_gib(cfg: VLLMServerConfig) -> int:
+    """The CPU build's KV-cache size in GiB: ``cfg.cpu_kvcache_gb``, or room for ``KV_SEQUENCES`` sequences of
+    ``cfg.max_model_len`` tokens of ``cfg.model`` (its layers, KV heads and head size, in the engine's dtype),
+    at least 1 GiB and at most a quarter of the machine's memory (1 GiB for a model whose config is unknown)."""
+    if cfg.cpu_kvcache_gb is not None:
+        return cfg.cpu_kvcache_gb
+    try:
+        c = json.loads((Path(cfg.model) / "config.json").read_text())
+        c = c.get("text_config", c)
+        head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return 1
+    width = 4 if engine_dtype(cfg.dtype, cfg.model) in ("float32", "float") else 2
+    need = per_token * width * cfg.max_model_len * KV_SEQUENCES / 2**30
+    quarter = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / 2**30
+    return int(max(1, min(math.ceil(need), quarter)))
 
 
 def _importable(qualname: str) -> bool:
@@ -235,7 +260,7 @@ class VLLMServer:
         env = dict(os.environ)
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cfg.cpu_kvcache_gb)  # read by the CPU build only
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib(self.cfg))  # read by the CPU build only
         if self.cfg.cpu_cores:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cfg.cpu_cores
         env.setdefault("PYTHONUNBUFFERED", "1")

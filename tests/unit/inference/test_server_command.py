@@ -39,3 +39,23 @@ def test_auto_on_a_gpu_build_is_left_to_vllm(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(engine, "_is_cpu_build", lambda: False)
     cmd = VLLMServer(VLLMServerConfig(model=_model(tmp_path, "float32")), tmp_path).build_command()
     assert _dtype(cmd) == "auto"
+
+
+def test_the_cpu_kv_cache_is_sized_from_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    d = tmp_path / "smollm2"
+    d.mkdir()
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32: 46,080 bytes a token; 128 x 1024 tokens = 5.6 GiB
+    (d / "config.json").write_text(json.dumps({"dtype": "float32", "num_hidden_layers": 30, "hidden_size": 576,
+                                               "num_attention_heads": 9, "num_key_value_heads": 3}))
+    monkeypatch.setattr(engine.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 64 * 2**30 // 4096))
+    cfg = VLLMServerConfig(model=str(d), max_model_len=1024)
+    assert engine.kv_cache_gib(cfg) == 6
+    assert VLLMServer(cfg, tmp_path)._env()["VLLM_CPU_KVCACHE_SPACE"] == "6"
+    assert engine.kv_cache_gib(cfg.model_copy(update={"dtype": "bfloat16"})) == 3  # 2 bytes a value
+    assert engine.kv_cache_gib(cfg.model_copy(update={"cpu_kvcache_gb": 2})) == 2  # a setting wins
+    # never more than a quarter of the machine's memory (here 16 GiB), never under 1 GiB
+    monkeypatch.setattr(engine.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 16 * 2**30 // 4096))
+    assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 8192})) == 4
+    assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 16})) == 1
+    assert engine.kv_cache_gib(VLLMServerConfig(model="org/hub-model")) == 1
