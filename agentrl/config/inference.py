@@ -76,6 +76,10 @@ class EngineHealthConfig(BaseModel):
     failures_to_drop: int = Field(3, ge=1)
     """Consecutive failed health checks before an engine leaves the rotation (a busy CPU engine can miss
     one). A refused connection takes it out at once."""
+    request_timeout_s: float = Field(600.0, gt=0.0)
+    """A request to an engine (a generation, a weight update) with no answer within this time fails and is
+    retried, on another engine when there is one. Time queued inside the engine counts: on a CPU, 128 long
+    generations in flight on a 135M model took minutes each, past the former fixed 120 s."""
     lost_after_s: float = Field(60.0, gt=0.0)
     """With no engine in rotation for this long, the run stops after saving a checkpoint (exit code 2;
     continue with ``--resume`` once engines are back). An engine that answers again before then rejoins at

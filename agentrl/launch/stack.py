@@ -81,7 +81,8 @@ async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = Non
                 await asyncio.to_thread(server.start)
             endpoints = [server.url for server in servers]
         chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser, cfg.chat_template)
-        client = InferenceClient(endpoints, model=cfg.inference.served_model_name)
+        client = InferenceClient(endpoints, model=cfg.inference.served_model_name,
+                                 timeout_s=cfg.engine_health.request_timeout_s)
         health = await client.health()
         dead = [url for url, ok in health.items() if not ok]
         if dead:

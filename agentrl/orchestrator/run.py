@@ -252,7 +252,8 @@ class TrainingRun:
         from agentrl.inference.client import InferenceClient
 
         cfg = self.cfg
-        async with InferenceClient([url], model=cfg.inference.served_model_name, timeout_s=120) as one, \
+        async with InferenceClient([url], model=cfg.inference.served_model_name,
+                                   timeout_s=cfg.engine_health.request_timeout_s) as one, \
                 self._publisher(trainer, one) as pub:
             await pub.publish(version)
 
