@@ -63,7 +63,8 @@ def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     from agentrl.inference import VLLMServer, VLLMServerConfig
 
     cfg = VLLMServerConfig(model=str(smollm2_dir), dtype="float32", max_model_len=1024, enable_lora=True,
-                           max_lora_rank=16, max_loras=2, startup_timeout_s=600)
+                           max_lora_rank=16, max_loras=2, startup_timeout_s=600,
+                           cpu_kvcache_gb=1)  # a few episodes at a time: the run-sized cache would take 5 GiB
     with VLLMServer(cfg, tmp_path_factory.mktemp("smollm2-vllm")) as server:
         yield server.url
 
