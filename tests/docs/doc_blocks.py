@@ -122,13 +122,20 @@ def agentrl_spans(line: str) -> list[str]:
 
 
 def inline_commands(path: Path) -> list[tuple[int, str]]:
-    """``(line, command)`` for each inline code span that starts with ``agentrl ``, outside fenced blocks."""
-    out: list[tuple[int, str]] = []
+    """``(line, command)`` for each inline code span that starts with ``agentrl ``, outside fenced blocks; a
+    span wrapped over two lines counts (its words joined by one space), at the line it starts on."""
+    lines = path.read_text().splitlines()
     fenced = False
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    prose = []
+    for line in lines:
         if line.startswith("```"):
             fenced = not fenced
+            prose.append("")
             continue
-        if not fenced:
-            out.extend((n, span) for span in agentrl_spans(line))
+        prose.append("" if fenced else line)
+    text = "\n".join(prose)
+    out: list[tuple[int, str]] = []
+    for m in re.finditer(r"`(agentrl [^`]+)`", text):
+        if "\n\n" not in m.group(1):  # a span never crosses a paragraph
+            out.append((text.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split())))
     return out
