@@ -286,6 +286,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="agentrl bench sync --full", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON line")
     ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="a model directory to sync instead of a random Qwen2 (e.g. models/smollm2-135m)")
     ap.add_argument("--nproc", type=int, default=2, help="trainer ranks (FSDP2 shards)")
     ap.add_argument("--syncs", type=int, default=None,
                     help=f"timed syncs (default: {', '.join(f'{k} {v}' for k, v in DEFAULT_SYNCS.items())})")
@@ -308,13 +310,17 @@ def main(argv: list[str] | None = None) -> int:
     args.syncs = DEFAULT_SYNCS.get(args.model_size, 5) if args.syncs is None else args.syncs
     if args.syncs < 1:
         ap.error("--syncs must be >= 1")
-    head = {"model": _model_name(args.model_size), "model_size": args.model_size, "nproc": args.nproc,
-            "syncs": args.syncs}
+    if args.model is not None and not (args.model / "config.json").is_file():
+        ap.error(f"--model {args.model}: not a model directory (no config.json)")
+    name = f"{args.model}, fp32, vLLM CPU" if args.model is not None else _model_name(args.model_size)
+    head = {"model": name, "model_size": None if args.model is not None else args.model_size,
+            "nproc": args.nproc, "syncs": args.syncs}
     try:
         with (scratch_dir("agentrl-bench-full-sync-") if args.work_dir is None
               else contextlib.nullcontext(args.work_dir)) as work:
             work = Path(work)
-            model_dir = build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
+            model_dir = (args.model.resolve() if args.model is not None
+                         else build_random_qwen2(work / f"model-{args.model_size}", args.model_size))
             res = {**head, **asyncio.run(_measure(args, model_dir, work))}
     except (SyncError, SyncCheckError) as exc:
         print(json.dumps({**head, "ok": False, "error": f"{type(exc).__name__}: {exc}"}))

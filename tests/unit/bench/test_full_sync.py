@@ -97,3 +97,11 @@ def test_bench_sync_full_hands_its_other_arguments_to_the_full_benchmark(monkeyp
     monkeypatch.setattr(full_sync, "main", lambda argv: seen.append(argv) or 0)
     assert sync.main(["--model-size", "0.5b", "--full", "--nproc", "2", "--json"]) == 0
     assert seen == [["--model-size", "0.5b", "--nproc", "2", "--json"]]
+
+
+def test_a_model_that_is_not_a_directory_is_refused(tmp_path, capsys) -> None:
+    from agentrl.bench.full_sync import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", str(tmp_path / "nothing"), "--json"])
+    assert exc.value.code == 2 and "not a model directory (no config.json)" in capsys.readouterr().err
