@@ -19,8 +19,8 @@ turn (``--faults`` picks a subset):
   calls included) is malformed.
 
 After ``--minutes`` no new fault starts (with ``--every-fault-once``, not before each fault has landed at least
-once, for at most ``LANDING_WAIT_S`` more: a loaded machine runs fewer faults per minute); the run goes on until engine B is up and in rotation again (at most
-``--rejoin-wait-s``), trains one more step on both engines, and stops. The bench then asks B which policy
+once, for at most ``LANDING_WAIT_S`` more: a loaded machine runs fewer faults per minute); the run goes on
+until engine B is up and in rotation again (at most ``--rejoin-wait-s``), trains one more step on both engines, and stops. The bench then asks B which policy
 version it serves and compares B's greedy answer with A's: a restarted engine must hold the run's final
 adapter itself, not only its version label.
 
@@ -271,8 +271,9 @@ async def _schedule(faults: Faults, names: tuple[str, ...], metrics: Path, every
 
 async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Path, until_s: float, t0: float,
                   rejoin_wait_s: float, stop: asyncio.Event, all_landed: asyncio.Event | None) -> bool:
-    """At ``until_s`` (and, given ``all_landed``, once it is set or ``LANDING_WAIT_S`` later): no new fault; once engine B is up and both engines are in rotation again (a step with two
-    live engines recorded after that), one more step, then the run stops. Whether B was back in time (after
+    """At ``until_s`` (and, given ``all_landed``, once it is set or ``LANDING_WAIT_S`` later): no new fault;
+    once engine B is up and both engines are in rotation again (a step with two live engines recorded after
+    that), one more step, then the run stops. Whether B was back in time (after
     ``rejoin_wait_s`` without it, the run stops after its next step)."""
     await asyncio.sleep(max(0.0, until_s - (time.perf_counter() - t0)))
     if all_landed is not None:
