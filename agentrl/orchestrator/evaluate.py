@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.environment.base import Task, run_scope
-from agentrl.rollout.groups import RolloutWorkers
+from agentrl.orchestrator.parts import EpisodeRunner
 from agentrl.rollout.stats import summarize
 
 
 async def evaluate(
-    workers: RolloutWorkers, tasks: Sequence[Task], *, temperature: float | None = None
+    workers: EpisodeRunner, tasks: Sequence[Task], *, temperature: float | None = None
 ) -> dict[str, Any]:
     """Run every task once and summarise (success rate, mean reward, stop reasons, failures). ``temperature``
     applies to these episodes only: the episodes ``workers`` start meanwhile for training keep theirs."""
@@ -30,6 +30,7 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     from agentrl.environment.registry import load_env
     from agentrl.environment.tasks import load_tasks
     from agentrl.launch.stack import inference_stack
+    from agentrl.rollout.groups import RolloutWorkers
     from agentrl.rollout.templates import carried
 
     cfg = cfg.resolved()

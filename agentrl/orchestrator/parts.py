@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agentrl.config.run import SamplingConfig
     from agentrl.environment.base import Task
     from agentrl.types import Trajectory
 
@@ -33,3 +34,14 @@ class GroupRunner(Protocol):
     """Runs one GRPO group: ``group_size`` episodes of one task."""
 
     async def run_group(self, task: Task, group_size: int) -> list[Trajectory]: ...
+
+
+class EpisodeRunner(GroupRunner, Protocol):
+    """Runs groups of episodes at its ``sampling`` settings, and gives views of itself at others (an
+    evaluation's temperature) that share its engines and its bound on episodes in flight."""
+
+    sampling: SamplingConfig
+
+    def with_sampling(self, sampling: SamplingConfig) -> EpisodeRunner: ...
+
+    async def run_groups(self, tasks: Sequence[Task], group_size: int) -> list[list[Trajectory]]: ...

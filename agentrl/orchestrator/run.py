@@ -36,6 +36,7 @@ from agentrl.orchestrator.metrics import (
     train_record,
 )
 from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
+from agentrl.orchestrator.parts import EpisodeRunner
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout import templates
 from agentrl.rollout.groups import RolloutWorkers
@@ -231,7 +232,7 @@ class TrainingRun:
         log.info("engine warm-up: %.1fs", rec["warmup_s"])
         self.metrics.write({"kind": "warmup", "step": self.step, **rec})
 
-    async def _evaluate(self, workers: RolloutWorkers) -> dict[str, float]:
+    async def _evaluate(self, workers: EpisodeRunner) -> dict[str, float]:
         t0 = time.perf_counter()
         result = await evaluate(workers, self.eval_tasks, temperature=self.cfg.eval_temperature)
         rec = {"kind": "eval", "step": self.step, "version": self.policy_version(), **result,
@@ -272,7 +273,7 @@ class TrainingRun:
         rejoined = len(await watch.rejoin(orch.version))
         return rec, rejoined, len(watch.client.pool.live)
 
-    async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: RolloutWorkers,
+    async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: EpisodeRunner,
                     t_start: float, watch: EngineWatch) -> None:
         from tqdm.auto import tqdm
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -92,16 +93,15 @@ class BlackBoxRunner:
         self.run_id = run_id
         self._slots = asyncio.Semaphore(agent.max_running)
         self.sampling = sampling
+        """The sampling of these episodes' calls: each episode is created with its temperature."""
 
-    @property
-    def sampling(self) -> SamplingConfig:
-        """The sampling of the endpoint's calls (evaluation changes its temperature)."""
-        return self._sampling
-
-    @sampling.setter
-    def sampling(self, value: SamplingConfig) -> None:
-        self._sampling = value
-        self.service.config = self.service.config.model_copy(update={"temperature": value.temperature})
+    def with_sampling(self, sampling: SamplingConfig) -> BlackBoxRunner:
+        """This runner with other sampling settings (an evaluation's temperature), sharing the endpoint and the
+        bound on programs running; ``self`` keeps its own (the producer's episodes that start meanwhile sample
+        as before)."""
+        other = copy.copy(self)
+        other.sampling = sampling
+        return other
 
     async def run_group(self, task: Task, group_size: int) -> list[Trajectory]:
         """``group_size`` episodes of ``task``; every row of every episode, sharing a group id."""
@@ -153,7 +153,7 @@ class BlackBoxRunner:
             return self._rows(task, group_id, ep, reward, metrics, t0)
 
     async def _create(self, **labels: str) -> tuple[PolicyEpisode, str]:
-        return self.service.book.create(**labels)
+        return self.service.book.create(**labels, temperature=self.sampling.temperature)
 
     async def _close(self, ep: PolicyEpisode, stop: StopReason | None,
                      error: str | None) -> tuple[StopReason | None, str | None]:

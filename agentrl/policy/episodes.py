@@ -34,6 +34,8 @@ class PolicyEpisode:
     task_id: str = ""
     group_id: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    temperature: float | None = None
+    """Sample this episode's calls at this temperature (a run's evaluation episodes); None: the endpoint's."""
     status: str = "open"
     """open, ended (rewarded), expired (TTL: failed) or closed (by the run: see ``error``)."""
     reward: float | None = None
@@ -89,12 +91,15 @@ class EpisodeBook:
     def open_count(self) -> int:
         return len(self._open)
 
-    def create(self, *, task_id: str = "", group_id: str = "", meta: dict[str, Any] | None = None) -> tuple[PolicyEpisode, str]:
-        """A new open episode and its key; HTTP 429 past ``max_open``."""
+    def create(self, *, task_id: str = "", group_id: str = "", meta: dict[str, Any] | None = None,
+               temperature: float | None = None) -> tuple[PolicyEpisode, str]:
+        """A new open episode and its key (``temperature``: see :attr:`PolicyEpisode.temperature`); HTTP 429 past
+        ``max_open``."""
         if self.open_count >= self.max_open:
             raise ApiError(429, f"episode limit reached ({self.max_open} open episodes); end some or retry later",
                            headers={"Retry-After": "1"})
-        ep = PolicyEpisode(id=uuid.uuid4().hex, task_id=task_id, group_id=group_id, meta=dict(meta or {}))
+        ep = PolicyEpisode(id=uuid.uuid4().hex, task_id=task_id, group_id=group_id, meta=dict(meta or {}),
+                           temperature=temperature)
         key = "ep-" + secrets.token_urlsafe(32)
         self.episodes[ep.id] = self._open[ep.id] = ep
         self._keys[d := _digest(key)] = ep.id

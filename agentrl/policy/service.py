@@ -56,7 +56,10 @@ class PolicyService:
         task.add_done_callback(lambda t: (self._running.discard(t), t.cancelled() or t.exception()))
         return task
 
-    def temperature(self, req: ChatRequest) -> float:
+    def temperature(self, req: ChatRequest, episode: PolicyEpisode | None = None) -> float:
+        """The temperature of a call: its episode's, else the endpoint's, else the request's (1 by default)."""
+        if episode is not None and episode.temperature is not None:
+            return episode.temperature
         if self.config.temperature is not None:
             return self.config.temperature
         return 1.0 if req.temperature is None else req.temperature
@@ -119,7 +122,7 @@ class PolicyService:
     async def _call(self, rows: list[Row], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     req: ChatRequest, episode: PolicyEpisode | None = None,
                     on_tokens: OnTokens | None = None) -> dict[str, Any]:
-        temperature = self.temperature(req)
+        temperature = self.temperature(req, episode)
         try:
             plan = plan_call(rows, self.chat, messages, tools, tools_key(tools), temperature)
         except Exception as e:  # the template refuses these messages (e.g. roles out of order)

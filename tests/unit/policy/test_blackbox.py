@@ -3,6 +3,7 @@ program's, and every way a program can fail recorded as a failed episode (never 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -184,3 +185,19 @@ async def test_the_example_agents_end_an_episode_the_model_never_answers(tmp_pat
         (row,) = await runner.run_group(TASK, 1)
     assert not row.failed and row.reward == 0.0, row.error
     assert row.num_turns >= 4, "the model's every call was answered and the episode ran to the agent's limit"
+
+
+async def test_an_evaluation_view_samples_at_its_own_temperature_beside_training(chat: ChatFormat,
+                                                                                 tmp_path: Path) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(CALL_ONCE)
+    engine = Scripted(chat, ["The answer is 42."] * 4, delay=0.05)
+    service = PolicyService(PolicyConfig(port=0, token="x" * 32, temperature=1.0), engine, chat)
+    async with serving(service, "x" * 32) as url:
+        train = BlackBoxRunner(AgentConfig(command=[sys.executable, str(script)]), service, url, CalcEnv,
+                               SamplingConfig(temperature=1.0))
+        held_out = train.with_sampling(SamplingConfig(temperature=0.0))
+        rows = await asyncio.gather(train.run_group(TASK, 2), held_out.run_group({**TASK, "id": "e1"}, 2))
+    assert [sorted(r.temperature for r in g) for g in rows] == [[1.0, 1.0], [0.0, 0.0]]
+    assert sorted(kw["temperature"] for kw in engine.kwargs) == [0.0, 0.0, 1.0, 1.0]
+    assert train.sampling.temperature == 1.0 and service.config.temperature == 1.0
