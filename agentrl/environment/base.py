@@ -118,12 +118,23 @@ class ToolTime:
     seconds: float | None = None
 
 
+def cpu_wait_s() -> float:
+    """The seconds the calling thread has spent runnable but waiting for a CPU (Linux's per-thread scheduler
+    statistics); 0 where the kernel does not report them."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 async def run_sync_tool(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float,
                         spent: ToolTime | None = None) -> Any:
     """``fn(**kwargs)`` in a worker thread, waited for at most ``timeout_s``.
 
     ``spent`` receives the seconds ``fn`` itself ran, measured in the thread, whether it returned or
-    raised: waiting for a free thread or for the busy event loop to pick the result up is not included.
+    raised: waiting for a free thread, for the busy event loop to pick the result up, or for a CPU while the
+    machine is oversubscribed (the thread runnable, another process running) is not included.
 
     The event loop keeps running other episodes meanwhile. A thread cannot be killed: after a timeout the
     call is abandoned (its result dropped) and finishes in the background.
@@ -131,11 +142,11 @@ async def run_sync_tool(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_
     spent = spent if spent is not None else ToolTime()
 
     def timed() -> Any:
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), cpu_wait_s()
         try:
             return fn(**kwargs)
         finally:
-            spent.seconds = time.perf_counter() - t0
+            spent.seconds = max(0.0, time.perf_counter() - t0 - (cpu_wait_s() - waited))
 
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, timed)
