@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.errors import BenchArgumentError, BenchFailed
 from agentrl.utils.lifeline import own_process, release_process
 
 SANDBOX_ENVS = ("swe", "shell", "agentrl.bench.shell_env:ShellEnv")
@@ -108,21 +109,21 @@ async def run_load(
     try:
         status, body = await setup.request("GET", "/v1/envs")
         if status != 200:
-            raise RuntimeError(f"GET /v1/envs answered HTTP {status}: {body}")
+            raise BenchFailed(f"GET /v1/envs answered HTTP {status}: {body}")
         infos = body["envs"]
         info = next((e for e in infos if e["name"] == env), infos[0] if len(infos) == 1 else None)
         if info is None:
-            raise ValueError(f"the server serves {[e['name'] for e in infos]}, not {env!r}")
+            raise BenchArgumentError(f"the server serves {[e['name'] for e in infos]}, not {env!r}")
         status, page = await setup.request("GET", f"/v1/envs/{info['name']}/tasks?limit=100")
         if status != 200 or not page["tasks"]:
-            raise ValueError(f"environment {info['name']!r} has no tasks to load: HTTP {status} {page}")
+            raise BenchArgumentError(f"environment {info['name']!r} has no tasks to load: HTTP {status} {page}")
     finally:
         await setup.close()
     is_calc = info["name"] == "calc"
     if action is None and not is_calc:
         action = _default_action(info)
         if action is None:
-            raise ValueError(f"no default tool call for {info['name']!r}: pass --action JSON")
+            raise BenchArgumentError(f"no default tool call for {info['name']!r}: pass --action JSON")
     task_ids = [t["id"] for t in page["tasks"]]
     steps = max(0, min(tool_steps, info["max_turns"] - 1))
     deadline = time.monotonic() + duration_s
@@ -251,7 +252,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the env server exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise BenchFailed(f"the env server exited with {self.proc.returncode}:\n{self.log_tail()}")
             if not self.url:
                 m = re.search(r"on (http://\S+) ", self.log_path.read_text(errors="replace"))
                 self.url = m.group(1) if m else ""
@@ -266,7 +267,7 @@ class ServerProcess:
                     pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"the env server did not become healthy in {timeout_s}s:\n{self.log_tail()}")
+        raise BenchFailed(f"the env server did not become healthy in {timeout_s}s:\n{self.log_tail()}")
 
     @property
     def pid(self) -> int:

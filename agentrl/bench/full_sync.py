@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.errors import NoMeasurements
 from agentrl.bench.models import SIZES
 from agentrl.errors import WeightSyncError
 
@@ -77,7 +78,7 @@ def summarize(syncs: Sequence[dict[str, float]], memcpy_ms: Sequence[float], wei
     """The JSON figures of a run: ``syncs`` holds one record per sync (the publisher's ``full_*_ms`` stage
     timings plus ``full_sync_ms``, ``logprob_mae_stale`` and ``logprob_mae_after_sync``)."""
     if not syncs:
-        raise ValueError("no syncs to summarize")
+        raise NoMeasurements("no syncs to summarize")
     col = {k: [float(s[k]) for s in syncs] for k in syncs[0]}
     sync_p50 = percentile(col["full_sync_ms"], 0.5)
     copy_p50 = percentile(memcpy_ms, 0.5)
@@ -115,7 +116,7 @@ def logprob_mae(samples: Sequence[Any], trainer_logprobs: Sequence[Sequence[floa
     diffs = [abs(lp - b) for s, row in zip(samples, trainer_logprobs, strict=True)
              for lp, b, m in zip(row, s.behav_logprobs, s.loss_mask, strict=True) if m]
     if not diffs:
-        raise ValueError("no sampled tokens to compare")
+        raise NoMeasurements("no sampled tokens to compare")
     return sum(diffs) / len(diffs)
 
 

@@ -31,12 +31,13 @@ import sys
 from typing import Any
 
 from agentrl.bench.engine import add_engine_args
+from agentrl.bench.errors import NoMeasurements
 
 
 def group_figures(successes: list[list[bool]]) -> dict[str, Any]:
     """Figures of GRPO groups given each group's per-episode success."""
     if not successes:
-        raise ValueError("no groups")
+        raise NoMeasurements("no groups")
     size = len(successes[0])
     counts = [sum(g) for g in successes]
     n = len(counts)

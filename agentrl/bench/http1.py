@@ -12,6 +12,7 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentrl.bench.errors import BenchArgumentError
 from agentrl.errors import AgentRLError
 
 
@@ -27,7 +28,7 @@ class Connection:
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 60.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http:// URLs are supported, not {base_url!r}")
+            raise BenchArgumentError(f"only http:// URLs are supported, not {base_url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.headers = {"Host": f"{self.host}:{self.port}", **(headers or {})}
         self.timeout_s = timeout_s
@@ -58,7 +59,8 @@ class Connection:
             + b"\r\n"
             + payload
         )
-        for attempt in range(2):  # one reconnect: the server may have closed an idle connection
+        failed: Exception | None = None
+        for _ in range(2):  # one reconnect: the server may have closed an idle connection
             if self._w is None:
                 await self._connect()
             assert self._r is not None and self._w is not None
@@ -71,9 +73,8 @@ class Connection:
                 return await self._read_response(status_line)
             except (ConnectionError, asyncio.IncompleteReadError) as e:
                 await self.close()
-                if attempt == 1:
-                    raise HttpError(f"{type(e).__name__}: {e}") from e
-        raise AssertionError("unreachable")
+                failed = e
+        raise HttpError(f"{type(failed).__name__}: {failed}") from failed
 
     async def _read_response(self, status_line: bytes) -> tuple[int, Any]:
         assert self._r is not None

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.engine import add_engine_args
+from agentrl.bench.errors import BenchFailed
 
 ADAPTER = "bench-logprobs"
 
@@ -47,7 +48,7 @@ def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str
     diffs = [lp - b for s, row in zip(samples, trainer_logprobs, strict=True)
              for lp, b, m in zip(row, s.behav_logprobs, s.loss_mask, strict=True) if m]
     if not diffs:
-        raise RuntimeError("no sampled tokens to compare (every episode failed?)")
+        raise BenchFailed("no sampled tokens to compare (every episode failed?)")
     n = len(diffs)
     return {"logprob_mae": sum(abs(d) for d in diffs) / n,
             "is_weight_mean": sum(math.exp(min(d, 50.0)) for d in diffs) / n,

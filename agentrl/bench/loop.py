@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.bench.engine import add_engine_args
+from agentrl.bench.errors import BenchFailed
 
 
 @dataclass
@@ -147,7 +148,7 @@ async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: An
     counts, wall, cpu = await _timed(asyncio.gather(*(one(r) for r in episodes)))
     want = sum(q.max_tokens for r in episodes for q in r)
     if sum(counts) != want:
-        raise RuntimeError(f"the raw replay produced {sum(counts)} tokens, the loop {want} (the engine did not "
+        raise BenchFailed(f"the raw replay produced {sum(counts)} tokens, the loop {want} (the engine did not "
                            "honour max_tokens with ignore_eos)")
     return PhaseResult(tokens=sum(counts), wall_s=wall, cpu_s=cpu, requests=sum(len(r) for r in episodes),
                        episodes=len(episodes))

@@ -28,8 +28,15 @@ import time
 from typing import Any
 
 from agentrl.bench.engine import add_engine_args
+from agentrl.errors import AgentRLError
 
 TOKEN = "bench-policy-token-0123456789"
+
+
+class BenchCheckFailed(AgentRLError, AssertionError):
+    """The policy endpoint answered a benchmark's request with an error status (the run measures nothing)."""
+
+    code = "bench.check_failed"
 
 
 class _Instant:
@@ -168,7 +175,7 @@ async def _stream_times(url: str, lean: _Lean, convs: list[Any], tokens: int) ->
             async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
                                    headers={"Authorization": f"Bearer {ep['api_key']}"}) as r:
                 if r.status_code != 200:
-                    raise AssertionError(f"streamed call: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+                    raise BenchCheckFailed(f"streamed call: HTTP {r.status_code}: {(await r.aread())[:300]!r}")
                 async for data in sse_data(r):
                     if t1 is None and any(c.get("delta", {}).get("content") for c in json.loads(data).get("choices", [])):
                         t1 = time.perf_counter()
@@ -195,7 +202,7 @@ class _Lean:
         finally:
             self._free.put_nowait(conn)
         if status not in (200, 201):
-            raise AssertionError(f"{method} {path}: HTTP {status}: {out}")
+            raise BenchCheckFailed(f"{method} {path}: HTTP {status}: {out}")
         return out
 
     async def episode_call(self, body: dict[str, Any]) -> Any:

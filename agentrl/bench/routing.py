@@ -49,6 +49,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.bench.errors import BenchFailed
+from agentrl.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MOE_DIR = Path("models/tiny-moe")
@@ -61,6 +64,12 @@ REL_TOL = 1e-9
 """Relative tolerance of the "replay no worse" targets (float32 ties)."""
 FIGURES = ("logprob_mae_replay", "logprob_mae_no_replay", "is_weight_std_replay", "is_weight_std_no_replay",
            "routing_mismatch_frac", "routing_captured_frac")
+
+
+class NotMoEModel(ConfigError, RuntimeError):
+    """The model the routing benchmark was given is dense: it has no expert routing to capture or replay."""
+
+    code = "config.bench_not_moe"
 
 
 # ------------------------------------------------------------------------------------------ pure figures
@@ -262,11 +271,11 @@ def load_models(model: str, dtype: str, attention_scale: float) -> tuple[Any, An
 
 # ------------------------------------------------------------------------------------------ the engine side
 def _check(results: list[list[Any]], what: str) -> None:
-    """Raise RuntimeError unless every worker of every endpoint answered ``{"ok": True}``."""
+    """Raise :class:`BenchFailed` (a ``RuntimeError``) unless every worker of every endpoint answered ``{"ok": True}``."""
     bad = [w for per in results for w in (per or [{"error": "no worker answered"}])
            if not (isinstance(w, dict) and w.get("ok"))]
     if bad:
-        raise RuntimeError(f"{what} failed: {bad[:2]}")
+        raise BenchFailed(f"{what} failed: {bad[:2]}")
 
 
 def _bucket(layout: list[Any], params: dict[str, Any]) -> str:
@@ -399,7 +408,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path, dtype: s
 
     info = model_moe(model)
     if info is None:
-        raise RuntimeError(f"{model} is not a mixture-of-experts model")
+        raise NotMoEModel(f"{model} is not a mixture-of-experts model")
     tasks = list(CalcEnv.tasks("train"))
     first, second = tasks[: args.episodes], (tasks[args.episodes: 2 * args.episodes] or tasks[: args.episodes])
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=MAX_LEN)

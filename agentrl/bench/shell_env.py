@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from agentrl.bench.errors import BenchArgumentError
 from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.types import Message
 
@@ -36,7 +37,7 @@ class ShellEnv(Environment):
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """Write ``<word>.txt`` holding ``<word>`` repeated (8 tasks per split)."""
         if split not in ("train", "test"):
-            raise ValueError(f"unknown split {split!r}; expected train or test")
+            raise BenchArgumentError(f"unknown split {split!r}; expected train or test")
         k = 2 if split == "train" else 3
         return [
             {"id": f"shell-{split}-{i}", "file": f"{w}.txt", "content": w * k} for i, w in enumerate(WORDS)

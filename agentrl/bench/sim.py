@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentrl.bench.errors import BenchArgumentError, BenchFailed
 from agentrl.bench.traces import Episode, Trace
 from agentrl.config.run import PipelineConfig
 from agentrl.inference.routing import Endpoint, EndpointPool
@@ -174,7 +175,7 @@ class PipelineSim:
                  pipeline: PipelineConfig | None = None, dispatch: Literal["requests", "tokens"] = "requests") -> None:
         self.p, self.mode, self.n_steps = params, mode, steps
         if params.engines < 1 or params.slots % params.engines:
-            raise ValueError(f"{params.slots} slots do not split evenly over {params.engines} engines")
+            raise BenchArgumentError(f"{params.slots} slots do not split evenly over {params.engines} engines")
         self.pool = EndpointPool((str(i) for i in range(params.engines)), by=dispatch)
         self.engines = [_Engine(params.slots // params.engines, e, params.kv_tokens // params.engines)
                         for e in self.pool.endpoints]
@@ -189,7 +190,7 @@ class PipelineSim:
             self.staleness_from = pipe.staleness_from
             self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
-            raise ValueError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
+            raise BenchArgumentError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
         self.t = 0.0
         self.paused = self.trainer_busy = self.stop = False
         self.events: list[tuple[float, int, Callable[[Any], None], Any]] = []
@@ -376,7 +377,7 @@ class PipelineSim:
                         if t < t_dec:
                             t_dec, first = t, eng
             if t_ev == t_dec == math.inf:
-                raise RuntimeError(f"{self.mode} simulation stalled at t={self.t:.1f}s, step {self.res.steps}")
+                raise BenchFailed(f"{self.mode} simulation stalled at t={self.t:.1f}s, step {self.res.steps}")
             if first is not None and t_dec < t_ev:
                 self._advance(t_dec)
                 finish_w, _, ep = heapq.heappop(first.decoding)

@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from agentrl.bench.errors import BenchArgumentError
+
 Dist = Literal["lognormal", "pareto"]
 
 
@@ -149,7 +151,7 @@ class Trace:
 def mix_spec(mix: str, tail: Dist | None = None, sigma: float | None = None, drift: float | None = None) -> MixSpec:
     """A named mix, optionally with another output tail (``tail``/``sigma``) or drift."""
     if mix not in MIXES:
-        raise ValueError(f"unknown mix {mix!r}; known: {sorted(MIXES)}")
+        raise BenchArgumentError(f"unknown mix {mix!r}; known: {sorted(MIXES)}")
     spec = MIXES[mix]
     if tail is not None:
         spec = replace(spec, output_dist=tail)

@@ -28,6 +28,7 @@ from agentrl.inference.wire import (
     ContextLengthError,
     Generation,
     InferenceError,
+    InvalidArgument,
     NoEnginesError,
     RouteUnavailable,
     RoutingRows,
@@ -142,7 +143,7 @@ class InferenceClient:
         been handed on, a failure is not retried on another engine (it would sample other ids): it raises.
         """
         if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
+            raise InvalidArgument("prompt_ids must not be empty")
         sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
                               "top_k": top_k if top_k > 0 else -1, "min_p": 0.0, "repetition_penalty": 1.0,
                               "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
@@ -298,7 +299,7 @@ class InferenceClient:
         known = {e.url: e for e in self.pool.endpoints}
         unknown = [u for u in (only or []) if u not in known]
         if unknown:
-            raise ValueError(f"not endpoints of this client: {unknown}")
+            raise InvalidArgument(f"not endpoints of this client: {unknown}")
         eps = [known[u] for u in only] if only is not None else list(self.pool.endpoints)
         live = [e for e in eps if not e.down]
         if eps and not live:
@@ -369,7 +370,7 @@ class InferenceClient:
         """Pause generation on every endpoint (or those of ``only``): "keep" freezes in-flight requests until
         ``resume``, "wait" drains them, "abort" ends them (finish_reason "abort")."""
         if mode not in ("keep", "wait", "abort"):
-            raise ValueError(f"pause mode must be keep, wait or abort, not {mode!r}")
+            raise InvalidArgument(f"pause mode must be keep, wait or abort, not {mode!r}")
         await self._broadcast("POST", "/pause", params={"mode": mode}, only=only)
 
     async def resume(self, only: list[str] | None = None) -> None:

@@ -17,7 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentrl.errors import ConfigError
 from agentrl.inference.wire import NoEnginesError
+
+
+class PoolConfigError(ConfigError, ValueError):
+    """The endpoints given to the pool, or its dispatch rule (``by``), cannot be used."""
+
+    code = "config.endpoint_pool"
 
 
 @dataclass
@@ -57,9 +64,9 @@ class EndpointPool:
     def __init__(self, urls: Iterable[str], max_keys: int = 65536, by: Literal["requests", "tokens"] = "requests") -> None:
         self.endpoints = [Endpoint(u.rstrip("/")) for u in urls]
         if not self.endpoints:
-            raise ValueError("InferenceClient needs at least one endpoint")
+            raise PoolConfigError("InferenceClient needs at least one endpoint")
         if by not in ("requests", "tokens"):
-            raise ValueError(f"by={by!r}: 'requests' or 'tokens'")
+            raise PoolConfigError(f"by={by!r}: 'requests' or 'tokens'")
         self.by = by
         self._sticky: OrderedDict[str, Endpoint] = OrderedDict()
         self._max_keys = max_keys

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from agentrl.config.inference import VLLMServerConfig
-from agentrl.errors import EngineError
+from agentrl.errors import ConfigError, EngineError
 from agentrl.utils.lifeline import own_process, release_process
 from agentrl.utils.procs import stat_fields
 from agentrl.utils.threads import short_spin
@@ -38,6 +38,19 @@ class ServerStartError(EngineError, RuntimeError):
     """The vLLM server exited or did not become healthy in time (the message carries the log tail)."""
 
     code = "inference.server_start"
+
+
+class ServerAlreadyStarted(EngineError, RuntimeError):
+    """``start`` was called on a server object that already runs its process."""
+
+    code = "inference.server_already_started"
+
+
+class ModelDirError(ConfigError, ValueError):
+    """The model to serve is not a usable Hugging Face model directory (missing, or without a config or a
+    tokenizer); a hub id passes."""
+
+    code = "config.serve_model_dir"
 
 
 def _is_cpu_build() -> bool:
@@ -121,16 +134,17 @@ def _bind_port(host: str, port: int) -> int:
 
 
 def validate_model_dir(model: str) -> None:
-    """Raise ``ValueError`` with a clear message when ``model`` cannot be served (a hub id passes through)."""
+    """Raise :class:`ModelDirError` (a ``ValueError``) with a clear message when ``model`` cannot be served (a
+    hub id passes through)."""
     path = Path(model)
     if not path.exists():
         if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith("."):
             return  # a hub id: vLLM resolves it where a hub is reachable
-        raise ValueError(f"model directory {model} does not exist")
+        raise ModelDirError(f"model directory {model} does not exist")
     if not (path / "config.json").is_file():
-        raise ValueError(f"model directory {model} has no config.json; is it a Hugging Face model directory?")
+        raise ModelDirError(f"model directory {model} has no config.json; is it a Hugging Face model directory?")
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        raise ValueError(
+        raise ModelDirError(
             f"model directory {model} has no tokenizer (tokenizer.json / tokenizer_config.json); "
             "save the tokenizer next to the weights with tokenizer.save_pretrained()"
         )
@@ -271,7 +285,7 @@ class VLLMServer:
     def start(self) -> VLLMServer:
         """Launch the server and block until ``GET /health`` answers 200; raise ``ServerStartError``."""
         if self.proc is not None:
-            raise RuntimeError(f"server {self.url} already started")
+            raise ServerAlreadyStarted(f"server {self.url} already started")
         validate_model_dir(self.cfg.model)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.port = _bind_port(self.cfg.host, self.port)  # a busy port would answer /health for another server

@@ -16,6 +16,7 @@ import random
 import time
 
 from agentrl.inference.client import InferenceClient, InferenceError
+from agentrl.inference.wire import InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def warmup_requests(n: int, *, vocab_size: int, max_prompt_tokens: int, max_toke
     """``n`` (prompt ids, max_tokens) pairs: prompt lengths spread over [8, max_prompt_tokens] and
     generation lengths over [1, max_tokens], from ids in [0, vocab_size)."""
     if n < 1 or vocab_size < 1 or max_prompt_tokens < 1 or max_tokens < 1:
-        raise ValueError("n, vocab_size, max_prompt_tokens and max_tokens must all be >= 1")
+        raise InvalidArgument("n, vocab_size, max_prompt_tokens and max_tokens must all be >= 1")
     rng = random.Random(seed)
     shortest = min(8, max_prompt_tokens)
     out = []

@@ -57,6 +57,20 @@ class NoEnginesError(InferenceError, RuntimeError):
     code = "inference.no_engines"
 
 
+class InvalidArgument(EngineError, ValueError):
+    """A call of the inference client (or a helper of it) was given an argument it cannot send: an empty
+    prompt, an unknown pause mode, a URL that is not one of the client's endpoints."""
+
+    code = "inference.invalid_argument"
+
+
+class MalformedAnswer(EngineError, ValueError):
+    """Part of an engine's answer cannot be read as what it should hold (e.g. ``routed_experts`` of another
+    shape); the parser reports it as an :class:`InferenceError` naming the source."""
+
+    code = "inference.malformed_answer"
+
+
 class TransientError(EngineError):
     """Retryable: connection error, timeout, or a 5xx answer. ``refused``: nothing accepted the connection
     (the server is not running), as opposed to a dropped connection, a timeout or an error answer."""
@@ -117,7 +131,7 @@ def native_routing(b64: str) -> RoutingRows:
 
     arr = np.load(io.BytesIO(base64.b64decode(b64)), allow_pickle=False)
     if arr.ndim != 3:
-        raise ValueError(f"routed_experts has shape {arr.shape}, expected [positions, layers, top_k]")
+        raise MalformedAnswer(f"routed_experts has shape {arr.shape}, expected [positions, layers, top_k]")
     return RoutingRows(0, arr.astype(np.uint8 if int(arr.max(initial=0)) < 256 else np.uint16, copy=False))
 
 

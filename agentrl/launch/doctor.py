@@ -36,6 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from agentrl.errors import ConfigError
+
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up in the dictionary.",
     "parameters": {"type": "object", "properties": {"word": {"type": "string", "description": "The word."}},
@@ -49,6 +51,19 @@ WORKER_CAPTURE = "agentrl-worker-capture"
 """``capture_path``: agentrl's worker extension taps every ``FusedMoE`` router (:mod:`agentrl.moe.capture`)."""
 CANDIDATE_PARSERS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic"]
 """Parsers tried when the chosen one cannot read the template's tool calls, to suggest a fix."""
+
+
+class TemplateProbeError(ConfigError, ValueError):
+    """The chat template renders the probe's tool-call turn so that agentrl cannot tell where a sampled turn
+    starts (the generation prompt) or ends (a stop token)."""
+
+    code = "config.chat_template.probe"
+
+
+class DoctorCheckFailed(ConfigError, ValueError):
+    """The model fails ``agentrl doctor``'s checks; the message lists the problems."""
+
+    code = "config.doctor_check"
 
 
 def probe_conversation() -> list[dict[str, Any]]:
@@ -164,13 +179,13 @@ def _sampled_turn(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, A
     gen_prompt = head[head.rfind(user) + len(user):]
     at = full.rfind(user) + len(user)
     if not full[at:].startswith(gen_prompt):
-        raise ValueError(f"the generation prompt is not how the template starts an assistant turn: it ends "
+        raise TemplateProbeError(f"the generation prompt is not how the template starts an assistant turn: it ends "
                          f"{gen_prompt[-40:]!r}, an assistant turn starts {full[at:at + 40]!r}")
     ids = chat.encode(full[at + len(gen_prompt):])
     for j, t in enumerate(ids):
         if t in chat.stop_token_ids:
             return ids[: j + 1]
-    raise ValueError("the assistant turn holding a tool call ends with none of the stop tokens "
+    raise TemplateProbeError("the assistant turn holding a tool call ends with none of the stop tokens "
                      f"{chat.stop_token_ids}")
 
 
@@ -358,10 +373,11 @@ def _check_moe(model: str | Path, report: DoctorReport) -> None:
         return
     try:
         config = json.loads(path.read_text())
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         report.problems.append(f"cannot read {path}: {type(e).__name__}: {str(e)[:200]}")
+        return
+    if not isinstance(config, dict):
+        report.problems.append(f"cannot read {path}: ValueError: not a JSON object")
         return
     if not config.get("model_type"):
         return  # moe_info needs a model_type; a config without one says nothing about experts
@@ -397,10 +413,10 @@ def _gen_eos(model: str | Path) -> list[int]:
 
 
 def check_model(model: str | Path, tool_parser: str, chat_template: str | None = None) -> DoctorReport:
-    """:func:`diagnose`, raising ``ValueError`` with the problems (what ``agentrl train`` runs at start)."""
+    """:func:`diagnose`, raising :class:`DoctorCheckFailed` (a ``ValueError``) with the problems (what ``agentrl train`` runs at start)."""
     report = diagnose(model, tool_parser, chat_template)
     if report.problems:
         flags = f"--tool-parser {tool_parser}" + (f" --chat-template {chat_template}" if chat_template else "")
-        raise ValueError(f"model {model} fails agentrl doctor's checks (agentrl doctor --model {model} "
+        raise DoctorCheckFailed(f"model {model} fails agentrl doctor's checks (agentrl doctor --model {model} "
                          f"{flags}):\n  " + "\n  ".join(report.problems))
     return report

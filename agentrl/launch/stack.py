@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.config.run import RunConfig
+from agentrl.errors import ConfigError, EngineError
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
 from agentrl.launch.placement import Plan, plan_run
@@ -17,6 +18,18 @@ from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.toolcalls import DEFAULT_TOOL_PARSER
 
 log = logging.getLogger(__name__)
+
+
+class EndpointsUnhealthy(EngineError, RuntimeError):
+    """An inference endpoint of the run is not reachable or not healthy when the stack comes up."""
+
+    code = "inference.endpoints_unhealthy"
+
+
+class LogprobsModeMismatch(ConfigError, ValueError):
+    """An endpoint reports logprobs of the raw distribution while rollouts sample at another temperature."""
+
+    code = "config.logprobs_mode"
 
 
 def ensure_model(model: str) -> str:
@@ -86,7 +99,7 @@ async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = Non
         health = await client.health()
         dead = [url for url, ok in health.items() if not ok]
         if dead:
-            raise RuntimeError(f"inference endpoint(s) not reachable or not healthy: {', '.join(dead)}")
+            raise EndpointsUnhealthy(f"inference endpoint(s) not reachable or not healthy: {', '.join(dead)}")
         yield InferenceStack(client=client, chat=chat, servers=servers)
     finally:
         if client is not None:
@@ -105,7 +118,7 @@ async def check_sampling_logprobs(stack: InferenceStack, cfg: RunConfig) -> None
     found = await stack.client.reports_sampling_logprobs(prompt, model=cfg.inference.served_model_name)
     raw = [url for url, ok in found.items() if not ok]
     if raw:
-        raise ValueError(
+        raise LogprobsModeMismatch(
             f"inference endpoint(s) {', '.join(raw)} report logprobs at temperature 1, but rollouts sample "
             f"at temperature {cfg.sampling.temperature}: the importance weights would be wrong. Start vLLM "
             "with --logprobs-mode processed_logprobs (or train at temperature 1)")

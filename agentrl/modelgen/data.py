@@ -57,7 +57,7 @@ def probe_tasks(n: int, seed: int, exclude: int) -> list[dict[str, Any]]:
     seen = {t["question"] for t in train_tasks(exclude, seed)}
     fresh = [t for t in make_tasks("train", n + exclude, seed=seed + 1_000_003) if t["question"] not in seen]
     if len(fresh) < n:
-        raise RuntimeError(f"could not draw {n} unseen probe tasks")
+        raise ProbeTasksUnavailable(f"could not draw {n} unseen probe tasks")
     return fresh[:n]
 
 
@@ -81,6 +81,12 @@ class NotAppendOnly(ConfigError, ValueError):
     """A chat template rewrote earlier text when a message was added, so turns cannot be cut from it."""
 
     code = "config.chat_template.not_append_only"
+
+
+class ProbeTasksUnavailable(ConfigError, RuntimeError):
+    """Fewer unseen train tasks can be drawn than the probe asks for."""
+
+    code = "config.probe_tasks"
 
 
 def segments(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, render: Render | None = None,

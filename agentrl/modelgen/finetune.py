@@ -40,6 +40,12 @@ class SftDataError(ConfigError, ValueError):
     code = "config.sft_data"
 
 
+class SftLossNotFinite(ConfigError, RuntimeError):
+    """The warm-up's loss diverged (not finite): the learning rate is too high."""
+
+    code = "config.sft_loss_not_finite"
+
+
 @dataclass(frozen=True)
 class SftConfig:
     """Settings of one warm-up (recorded in the output's marker)."""
@@ -77,7 +83,7 @@ def conversations_from_jsonl(path: Path, limit: int) -> list[tuple[list[dict[str
             row = json.loads(line)
             messages, tools = row["messages"], row.get("tools")
             if not isinstance(messages, list) or not any(m.get("role") == "assistant" for m in messages):
-                raise ValueError("no assistant message")
+                raise SftDataError("no assistant message")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise SftDataError(f"{path}, line {n}: not a {{\"messages\": [...], \"tools\": [...]}} row with an "
                                f"assistant message ({e})") from e
@@ -157,7 +163,7 @@ def finetune(model_dir: str | Path, out_dir: str | Path, conversations: list[Any
     finally:
         torch.set_num_threads(before)
     if not losses or not all(math.isfinite(x) for x in losses):
-        raise RuntimeError(f"the warm-up's loss is not finite ({losses[-3:]}): lower --lr")
+        raise SftLossNotFinite(f"the warm-up's loss is not finite ({losses[-3:]}): lower --lr")
     record = {"base_model": str(model_dir), "chat_template": chat.chat_template, "data": source,
               "config": asdict(config), "examples": len(conversations), "train_seconds": round(time.monotonic() - start, 1),
               "loss_first": losses[0], "loss_last": losses[-1],

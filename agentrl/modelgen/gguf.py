@@ -61,6 +61,12 @@ class ConversionError(ConfigError, ValueError):
     code = "config.gguf_conversion"
 
 
+class GGUFNotFound(ConfigError, FileNotFoundError):
+    """There is no GGUF file at the path given for conversion."""
+
+    code = "config.gguf_not_found"
+
+
 @dataclass(frozen=True)
 class GGUFSource:
     """Where a GGUF file came from, recorded in the converted directory's marker."""
@@ -189,7 +195,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, source: GGUFSource | None = 
     no-op when ``out_dir`` already holds this file's conversion."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {gguf_path}")
+        raise GGUFNotFound(f"no GGUF file at {gguf_path}")
     sha = file_sha256(gguf_path)
     source = source or GGUFSource(file=gguf_path.name, sha256=sha)
     if source.sha256 != sha:

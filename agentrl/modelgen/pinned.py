@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.errors import AgentRLError
 from agentrl.modelgen.tiny import MARKER, check_replaceable, locked, read_marker
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ PINNED_ROOT = Path(__file__).parent / "pinned_models"
 """Where the pinned models' files live inside the package."""
 
 WEIGHTS = "model.safetensors"
+
+
+class PinnedModelDamaged(AgentRLError, RuntimeError):
+    """A pinned model's files do not match its manifest: in agentrl's own install, or in the copy just made."""
+
+    code = "modelgen.pinned_damaged"
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ def install_pinned(out_dir: Path, model: PinnedModel) -> Path:
         return out_dir
     bad = differences(model.source, model)
     if bad:  # a damaged install of agentrl itself: say so rather than ship other weights
-        raise RuntimeError(f"the pinned model {model.label} in {model.source} is damaged ({'; '.join(bad)}): "
+        raise PinnedModelDamaged(f"the pinned model {model.label} in {model.source} is damaged ({'; '.join(bad)}): "
                            "reinstall agentrl")
     with locked(out_dir):
         if not differences(out_dir, model):  # installed by another process while we waited
@@ -154,7 +161,7 @@ def install_pinned(out_dir: Path, model: PinnedModel) -> Path:
                 shutil.copyfile(model.source / name, tmp / name)
             bad = differences(tmp, model)
             if bad:
-                raise RuntimeError(f"copying the pinned model {model.label} to {out_dir} failed: {'; '.join(bad)}")
+                raise PinnedModelDamaged(f"copying the pinned model {model.label} to {out_dir} failed: {'; '.join(bad)}")
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / MARKER).unlink(missing_ok=True)  # the marker goes last: a torn swap is never up to date
             for name in model.files:

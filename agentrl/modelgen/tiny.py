@@ -69,10 +69,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import ConfigError
+
 MARKER = "agentrl_model.json"
 FORMAT_VERSION = 2
 DEFAULT_WARMUP_STEPS = 1400
 DEFAULT_SEED = 1
+
+
+class ModelDirOccupied(ConfigError, ValueError):
+    """The directory a model is to be written into holds files that are not an embedded model of agentrl's."""
+
+    code = "config.model_dir_occupied"
 
 
 @dataclass(frozen=True)
@@ -211,7 +219,7 @@ def check_replaceable(out_dir: Path) -> None:
     """Refuse to write a model into ``out_dir`` when it holds files but no marker: those are not an embedded
     model of agentrl's, and nothing else is overwritten."""
     if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()) and read_marker(out_dir) is None:
-        raise ValueError(f"{out_dir} holds files that are not an embedded model (no {MARKER}); move them away, "
+        raise ModelDirOccupied(f"{out_dir} holds files that are not an embedded model (no {MARKER}); move them away, "
                          "or pass another directory")
 
 

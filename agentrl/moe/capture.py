@@ -33,8 +33,18 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.errors import EngineError
+
 UNCLAIMED_TTL_S = 120.0
 """Seconds a finished request's routing is kept for its client to take."""
+
+
+class RoutingNotCapturable(EngineError, ValueError):
+    """The engine cannot capture expert routing: a dense model, or MoE layers without a router that can be
+    tapped. ``agentrl_routing_enable`` reports it as a ``routing.unavailable`` record
+    (:data:`agentrl.moe.engine.ROUTING_UNAVAILABLE`)."""
+
+    code = "inference.routing_not_capturable"
 
 
 @dataclass
@@ -61,7 +71,7 @@ class RouterTap:
             if isinstance(router, BaseRouter) and hasattr(module, "layer_id"):
                 found.append((int(module.layer_id), router))
         if not found:
-            raise ValueError(f"no MoE router with a capture hook in {type(model).__name__}")
+            raise RoutingNotCapturable(f"no MoE router with a capture hook in {type(model).__name__}")
         for layer_id, router in found:
             router.set_capture_fn(self._writer(layer_id))
         self.moe_layers = sorted(layer_id for layer_id, _ in found)
@@ -202,13 +212,14 @@ class RoutingCapture:
 
     @classmethod
     def install(cls, runner: Any) -> RoutingCapture:
-        """Start capturing on ``runner``, whose routers were tapped at load (ValueError otherwise)."""
+        """Start capturing on ``runner``, whose routers were tapped at load (:class:`RoutingNotCapturable`, a
+        ``ValueError``, otherwise)."""
         tap = getattr(runner, "_agentrl_router_tap", None)
         if tap is None:
             mc = runner.vllm_config.model_config
             kind = "is not a mixture-of-experts model" if mc.get_num_experts() <= 0 else (
                 "has no MoE router whose decisions can be captured")
-            raise ValueError(f"{mc.model} {kind}")
+            raise RoutingNotCapturable(f"{mc.model} {kind}")
         cap = cls(tap)
         prepare, execute = runner._prepare_inputs, runner.execute_model
 

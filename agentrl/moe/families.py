@@ -38,6 +38,12 @@ class UnsupportedMoE(ConfigError, ValueError):
     code = "config.unsupported_moe"
 
 
+class NoModelType(ConfigError, ValueError):
+    """A model config without a ``model_type``: which family the model is cannot be told."""
+
+    code = "config.no_model_type"
+
+
 @dataclass(frozen=True)
 class MoEInfo:
     """The routing shape of a mixture-of-experts model."""
@@ -132,7 +138,7 @@ def moe_info(config: Any) -> MoEInfo | None:
     """
     model_type = _get(config, "model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise ValueError("config has no model_type")
+        raise NoModelType("config has no model_type")
     if model_type in KNOWN_UNSUPPORTED:
         raise _unsupported(model_type, KNOWN_UNSUPPORTED[model_type])
     if model_type not in SUPPORTED:

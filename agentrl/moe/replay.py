@@ -25,9 +25,29 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from agentrl.errors import AgentRLError
 from agentrl.moe.families import MoEInfo
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+
+
+class ReplayMismatch(AgentRLError, RuntimeError):
+    """Routing replay does not fit the model: its routers do not match its config (or their layers cannot be
+    told apart), or the routing set does not cover the tokens a router is given."""
+
+    code = "moe.replay_mismatch"
+
+
+class InvalidRouting(AgentRLError, ValueError):
+    """A routing to replay has the wrong shape or expert ids out of range, repeated, or mixed with -1."""
+
+    code = "moe.invalid_routing"
+
+
+class RoutingDtypeError(AgentRLError, TypeError):
+    """A routing to replay is not an integer tensor."""
+
+    code = "moe.routing_dtype"
 
 
 def find_routers(model: nn.Module) -> dict[int, nn.Module]:
@@ -39,10 +59,10 @@ def find_routers(model: nn.Module) -> dict[int, nn.Module]:
             continue
         match = _LAYER.search(name)
         if match is None:
-            raise RuntimeError(f"router {name!r} is not under a 'layers.<i>' module path")
+            raise ReplayMismatch(f"router {name!r} is not under a 'layers.<i>' module path")
         layer = int(match.group(1))
         if layer in routers:
-            raise RuntimeError(f"two routers in decoder layer {layer} (second: {name!r})")
+            raise ReplayMismatch(f"two routers in decoder layer {layer} (second: {name!r})")
         routers[layer] = module
     return routers
 
@@ -75,7 +95,7 @@ class RoutingReplay:
     def __init__(self, model: nn.Module, info: MoEInfo, *, enabled: bool = True) -> None:
         routers = find_routers(model)
         if sorted(routers) != sorted(info.moe_layers):
-            raise RuntimeError(
+            raise ReplayMismatch(
                 f"found {len(routers)} MoE routers in layers {sorted(routers)}, but the config of "
                 f"{info.family} has {len(info.moe_layers)} MoE layers {list(info.moe_layers)}"
             )
@@ -96,7 +116,7 @@ class RoutingReplay:
                            ("norm_topk_prob", info.norm_topk_prob)):
             have = getattr(router, attr, None)
             if have is not None and have != want:
-                raise RuntimeError(f"router of layer {layer} has {attr}={have}, the config says {want}")
+                raise ReplayMismatch(f"router of layer {layer} has {attr}={have}, the config says {want}")
 
     def set(self, routing: torch.Tensor | None) -> None:
         """Route the next forward(s) by ``routing``: expert ids ``[B, T, layers, top_k]`` aligned with
@@ -117,9 +137,9 @@ class RoutingReplay:
         info = self.info
         if not isinstance(routing, torch.Tensor) or routing.dtype.is_floating_point or routing.dtype.is_complex \
                 or routing.dtype == torch.bool:
-            raise TypeError(f"routing must be an integer tensor, got {getattr(routing, 'dtype', type(routing))}")
+            raise RoutingDtypeError(f"routing must be an integer tensor, got {getattr(routing, 'dtype', type(routing))}")
         if routing.dim() != 4 or routing.shape[2] != info.layers or routing.shape[3] != info.top_k:
-            raise ValueError(
+            raise InvalidRouting(
                 f"routing must have shape [batch, tokens, {info.layers} layers, top_k={info.top_k}], "
                 f"got {list(routing.shape)}"
             )
@@ -127,12 +147,12 @@ class RoutingReplay:
         moe = routing[:, :, list(info.moe_layers)]
         unknown = moe == -1
         if bool(((moe < -1) | (moe >= info.experts)).any()):
-            raise ValueError(f"routing has expert ids outside [0, {info.experts}) (or -1 for unknown)")
+            raise InvalidRouting(f"routing has expert ids outside [0, {info.experts}) (or -1 for unknown)")
         if bool((unknown.any(-1) & ~unknown.all(-1)).any()):
-            raise ValueError("routing has a (token, layer) row mixing -1 with expert ids: a row is all -1 or none")
+            raise InvalidRouting("routing has a (token, layer) row mixing -1 with expert ids: a row is all -1 or none")
         ordered = moe.sort(-1).values
         if bool(((ordered[..., 1:] == ordered[..., :-1]) & ~unknown[..., 1:]).any()):
-            raise ValueError("routing routes a token to the same expert twice in one layer")
+            raise InvalidRouting("routing routes a token to the same expert twice in one layer")
         return routing
 
     def _layer_routing(self, layer: int, device: torch.device, tokens: int) -> torch.Tensor:
@@ -140,7 +160,7 @@ class RoutingReplay:
         routing = self._routing
         assert routing is not None
         if routing.shape[0] * routing.shape[1] != tokens:
-            raise RuntimeError(
+            raise ReplayMismatch(
                 f"routing covers {routing.shape[0]}x{routing.shape[1]} tokens but the router of layer {layer} "
                 f"got {tokens}: set the routing of this batch before its forward"
             )

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agentrl.trainer.errors import BatchError, TrainerSettingError
+
 VARLEN_SDPA = "agentrl_varlen_sdpa"
 """The name under which :func:`varlen_sdpa` is registered with transformers."""
 
@@ -51,7 +53,7 @@ def varlen_sdpa(
     layout = kwargs.get("prefix_layout_S_4")
     if layout is not None:
         if window is not None:
-            raise ValueError("shared prompts (trainer.share_prefix) do not support sliding-window attention")
+            raise TrainerSettingError("shared prompts (trainer.share_prefix) do not support sliding-window attention")
         return _shared(query, key, value, layout, dropout, scaling), None
     parts = []
     for lo, hi in itertools.pairwise(bounds):
@@ -109,7 +111,7 @@ def _bounds(kwargs: dict[str, Any], batch: int) -> list[int] | None:
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
         if batch != 1:
-            raise ValueError(f"packed attention takes one row, got a batch of {batch}")
+            raise BatchError(f"packed attention takes one row, got a batch of {batch}")
         return [int(b) for b in cu.tolist()]
     pos = kwargs.get("position_ids")
     if pos is None or batch != 1 or pos.shape[0] != 1:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from agentrl.trainer.errors import BatchError
 from agentrl.types import TrainSample
 
 
@@ -16,7 +17,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     with ``routing_B_T_L_K`` (long, -1 where a position has no recorded routing) when any sample has MoE
     routing."""
     if not samples:
-        raise ValueError("collate() needs at least one sample")
+        raise BatchError("collate() needs at least one sample")
     B = len(samples)
     T = max(len(s.input_ids) for s in samples)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -45,7 +46,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     if routed:
         shape = {(r.layers, r.top_k) for r in routed}
         if len(shape) > 1:
-            raise ValueError(f"samples of one batch have routing of different shapes {sorted(shape)}")
+            raise BatchError(f"samples of one batch have routing of different shapes {sorted(shape)}")
         (L, K), = shape
         routing = torch.full((B, T, L, K), -1, dtype=torch.long)
         for b, s in enumerate(samples):
@@ -63,7 +64,7 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     micro-batch of its own. Deterministic for a given input.
     """
     if max_tokens < 1:
-        raise ValueError("max_tokens must be positive")
+        raise BatchError("max_tokens must be positive")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     current: list[int] = []

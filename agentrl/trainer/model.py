@@ -26,6 +26,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.errors import AgentRLError, ConfigError
+from agentrl.trainer.errors import TrainerSettingError
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -40,12 +42,36 @@ TOKENIZER_FILES = (
 )
 
 
+class NoGpuForRank(ConfigError, RuntimeError):
+    """A trainer rank has no GPU of its own: more ranks on this host than visible GPUs."""
+
+    code = "config.trainer_gpus"
+
+
+class NoDecoderLayers(ConfigError, RuntimeError):
+    """The model has no decoder layers to shard: its class lists none in ``_no_split_modules``."""
+
+    code = "config.no_decoder_layers"
+
+
+class CheckpointLoraMismatch(ConfigError, ValueError):
+    """The checkpoint was saved with ``trainer.lora`` set otherwise than this trainer's."""
+
+    code = "config.checkpoint_lora"
+
+
+class CheckpointMismatch(AgentRLError, RuntimeError):
+    """The checkpoint's state does not fit the model: trained weights are missing from it, or it holds others."""
+
+    code = "trainer.checkpoint_mismatch"
+
+
 def resolve_device(cfg: TrainerConfig, local_rank: int) -> torch.device:
     """The device of this rank: ``cuda:<local_rank>`` or ``cpu``."""
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if use_cuda:
         if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible)")
+            raise NoGpuForRank(f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible)")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -57,7 +83,7 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     names = set(getattr(base, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise RuntimeError(f"no decoder layers found in {type(base).__name__} (looked for {sorted(names)})")
+        raise NoDecoderLayers(f"no decoder layers found in {type(base).__name__} (looked for {sorted(names)})")
     return layers
 
 
@@ -85,7 +111,7 @@ def lora_targets(names: list[str], config: Any) -> list[str]:
         return list(names)
     kept = [n for n in names if n not in MLP_PROJECTIONS]
     if not kept:
-        raise ValueError(f"lora_target_modules = {names}: on a mixture-of-experts model LoRA covers attention "
+        raise TrainerSettingError(f"lora_target_modules = {names}: on a mixture-of-experts model LoRA covers attention "
                          "only (q_proj, k_proj, v_proj, o_proj); name at least one of those")
     return kept
 
@@ -131,7 +157,7 @@ def freeze(model: nn.Module, patterns: list[str]) -> list[str]:
     frozen = [n for n, p in model.named_parameters() if any(s in n for s in patterns)]
     unused = [s for s in patterns if not any(s in n for n in frozen)]
     if unused:
-        raise ValueError(f"trainer.frozen_parameters: {unused} name no parameter of this model "
+        raise TrainerSettingError(f"trainer.frozen_parameters: {unused} name no parameter of this model "
                          f"(its names look like {next(iter(dict(model.named_parameters())))!r})")
     for name, p in model.named_parameters():
         if name in frozen:
@@ -304,7 +330,7 @@ def load_checkpoint(
     path = Path(path)
     meta = json.loads((path / "agentrl_meta.json").read_text())
     if bool(meta["lora"]) != cfg.lora:
-        raise ValueError(f"checkpoint lora={meta['lora']} does not match this trainer's lora={cfg.lora}")
+        raise CheckpointLoraMismatch(f"checkpoint lora={meta['lora']} does not match this trainer's lora={cfg.lora}")
     opts = _state_options(cfg, full=False)
     msd, osd = get_state_dict(model, optimizer, options=opts)
     state = {"model": msd, "optim": osd}
@@ -317,7 +343,7 @@ def load_checkpoint(
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     missing = [k for k in result.missing_keys if k in trainable]
     if missing or result.unexpected_keys:
-        raise RuntimeError(
+        raise CheckpointMismatch(
             f"checkpoint mismatch: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
         )
     rng_file = path / f"rng_rank{dist.get_rank()}.pt"

@@ -20,6 +20,14 @@ import httpx
 import torch.distributed as dist
 from torch import nn
 
+from agentrl.errors import ConfigError
+
+
+class NcclSyncUnavailable(ConfigError, RuntimeError):
+    """``pipeline.weight_sync = 'nccl'`` needs vLLM (its NCCL weight-transfer engine) in the trainer's environment."""
+
+    code = "config.nccl_sync_needs_vllm"
+
 
 def _free_port(host: str) -> int:
     with socket.socket() as s:
@@ -50,7 +58,7 @@ class NcclSender:
                 NCCLTrainerWeightTransferEngine,
             )
         except ImportError as exc:
-            raise RuntimeError("pipeline.weight_sync = 'nccl' needs vLLM installed in the trainer's environment "
+            raise NcclSyncUnavailable("pipeline.weight_sync = 'nccl' needs vLLM installed in the trainer's environment "
                                f"(its NCCL weight-transfer engine): {exc}") from exc
         rank = dist.get_rank()
         info = NCCLTrainerInitInfo(rank=rank, master_address=master_address,

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from agentrl.errors import ConfigError
 from agentrl.trainer.batch import collate
+from agentrl.trainer.errors import BatchError
 from agentrl.types import TrainSample
 
 
@@ -49,7 +50,7 @@ def pack(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     into the first row with room). Deterministic for a given input; each row lists its indices in ascending
     order. Raises :class:`TooLongForBudget` for a sample longer than the budget."""
     if max_tokens < 1:
-        raise ValueError("max_tokens must be positive")
+        raise BatchError("max_tokens must be positive")
     rows: list[list[int]] = []
     room: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -117,7 +118,7 @@ def pack_shared(samples: Sequence[TrainSample], max_tokens: int) -> list[list[in
     """:func:`pack` with shared prompts: families (:func:`families`, split where one would not fit a row) are
     packed first-fit decreasing by the tokens they take in a row. Each row lists its indices ascending."""
     if max_tokens < 1:
-        raise ValueError("max_tokens must be positive")
+        raise BatchError("max_tokens must be positive")
     chunks: list[tuple[int, list[int]]] = []
     for fam in families(samples):
         q = shared_len(samples[fam[0]]) if len(fam) > 1 else 0
@@ -176,7 +177,7 @@ def balance(costs: Sequence[float], world: int) -> list[list[int]]:
     """Indices dealt to ``world`` ranks so their summed costs are close: largest first, each to the rank
     with the least so far (ties to the lower rank). Deterministic; each rank's indices ascend."""
     if world < 1:
-        raise ValueError("world must be positive")
+        raise BatchError("world must be positive")
     loads = [0.0] * world
     out: list[list[int]] = [[] for _ in range(world)]
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):

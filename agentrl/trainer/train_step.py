@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer.batch import collate, micro_batches, split_minibatches
+from agentrl.trainer.errors import BatchError
 from agentrl.trainer.head import fusable, logprob_head
 from agentrl.trainer.loss import policy_loss, token_logprobs
 from agentrl.trainer.packing import (
@@ -211,9 +212,9 @@ class TrainStep:
         t0 = time.perf_counter()
         batch_samples = [_as_sample(s) for s in samples]
         if not batch_samples:
-            raise ValueError("train: empty batch")
+            raise BatchError("train: empty batch")
         if sum(s.num_loss_tokens for s in batch_samples) == 0:
-            raise ValueError("train: the batch has no loss tokens")
+            raise BatchError("train: the batch has no loss tokens")
         cfg, lcfg = self.cfg, self.cfg.loss
         minibatches = split_minibatches(batch_samples, cfg.num_minibatches)
         local = [[mb[i] for i in self._mine(mb)] for mb in minibatches]

@@ -25,11 +25,31 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from agentrl.errors import ConfigError, WeightSyncError
 from agentrl.weight_sync.buckets import Layout, layout_bytes
 from agentrl.weight_sync.worker_io import attach_segment
 
 PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling projections an engine packs into one layer (vLLM's ``qkv_proj`` and ``gate_up_proj``)."""
+
+
+class UnmergeableAdapter(ConfigError, NotImplementedError):
+    """A LoRA adapter on parameters (e.g. MoE expert tensors) cannot be merged into full weights for an engine
+    without LoRA support."""
+
+    code = "config.unmergeable_adapter"
+
+
+class UnknownLayoutWeight(WeightSyncError, KeyError):
+    """A weight-sync layout names a weight the trained model does not have (or, for LoRA, does not publish)."""
+
+    code = "weight_sync.layout_unknown_weight"
+
+
+class LayoutShapeMismatch(WeightSyncError, ValueError):
+    """A weight's full shape in the trained model is not the one the weight-sync layout gives it."""
+
+    code = "weight_sync.layout_shape"
 
 
 def weight_specs(model: nn.Module) -> list[tuple[str, list[int]]]:
@@ -49,7 +69,7 @@ def merged_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     wraps (the module is the peft layer) and of their packed siblings (plain linear layers), in model order.
     Raises for adapters on parameters (e.g. MoE expert tensors), which this path cannot merge yet."""
     if getattr(next(iter(model.peft_config.values())), "target_parameters", None):
-        raise NotImplementedError("merged LoRA sync covers adapters on linear modules; this adapter targets "
+        raise UnmergeableAdapter("merged LoRA sync covers adapters on linear modules; this adapter targets "
                                   "parameters (e.g. MoE experts): serve it from an engine with LoRA support")
     modules = dict(model.named_modules())
     wrapped = {name for name, m in modules.items() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
@@ -73,7 +93,7 @@ def _merged_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
     for name, _, shape, _ in layout:
         m = modules.get(name)
         if m is None:
-            raise KeyError(f"{name} is not a weight the LoRA model publishes")
+            raise UnknownLayoutWeight(f"{name} is not a weight the LoRA model publishes")
         if not hasattr(m, "base_layer"):
             w = _full(m.weight)
         else:
@@ -82,7 +102,7 @@ def _merged_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
                 a, b = _full(m.lora_A[adapter].weight), _full(m.lora_B[adapter].weight)
                 w += m.scaling[adapter] * (b.float() @ a.float()).to(w.dtype)
         if list(w.shape) != list(shape):
-            raise ValueError(f"{name}: the model's shape {list(w.shape)} is not the layout's {shape}")
+            raise LayoutShapeMismatch(f"{name}: the model's shape {list(w.shape)} is not the layout's {shape}")
         yield w
 
 
@@ -92,9 +112,9 @@ def _layout_params(model: nn.Module, layout: Layout) -> Iterator[nn.Parameter]:
     for name, _, shape, _ in layout:
         p = params.get(name)
         if p is None:
-            raise KeyError(f"{name} is not a parameter of the trained model")
+            raise UnknownLayoutWeight(f"{name} is not a parameter of the trained model")
         if list(p.shape) != list(shape):
-            raise ValueError(f"{name}: the model's shape {list(p.shape)} is not the layout's {shape}")
+            raise LayoutShapeMismatch(f"{name}: the model's shape {list(p.shape)} is not the layout's {shape}")
         yield p
 
 

@@ -30,11 +30,19 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.errors import AgentRLError
 from agentrl.trainer import model as model_io
+from agentrl.trainer.errors import TrainerSettingError
 from agentrl.trainer.train_step import TrainStep
 from agentrl.trainer.weights import BucketWriter, weight_specs
 
 log = logging.getLogger("agentrl.trainer")
+
+
+class UnknownOp(AgentRLError, ValueError):
+    """The client asked rank 0 for an op the worker does not have."""
+
+    code = "trainer.unknown_op"
 
 
 class Worker:
@@ -47,7 +55,7 @@ class Worker:
         self.device = model_io.resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
         torch.manual_seed(cfg.seed)
         if cfg.loss.kl_coef > 0 and not cfg.lora:
-            raise ValueError("loss.kl_coef > 0 needs lora=True (the reference policy is the base model)")
+            raise TrainerSettingError("loss.kl_coef > 0 needs lora=True (the reference policy is the base model)")
         mesh = init_device_mesh(self.device.type, (self.world,))
         self.model = model_io.build_model(cfg, mesh, self.device)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -107,7 +115,7 @@ class Worker:
             step = model_io.load_checkpoint(self.model, self.optimizer, self.cfg, req["path"])
             self.step.optimizer_step = step
             return {"path": str(req["path"]), "optimizer_step": step}
-        raise ValueError(f"unknown op {op!r}")
+        raise UnknownOp(f"unknown op {op!r}")
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

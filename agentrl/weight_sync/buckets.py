@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agentrl.errors import ConfigError
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the dtypes an engine serves weights in."""
 ALIGN = 64
 
 Layout = list[tuple[str, str, list[int], int]]
 """One bucket: (HF parameter name, dtype, shape, byte offset) per tensor."""
+
+
+class BucketPlanError(ConfigError, ValueError):
+    """Full weights cannot be cut into buckets as asked: an engine dtype without a known size, or a bucket
+    size that is not positive."""
+
+    code = "config.weight_buckets"
 
 
 def _nbytes(shape: Sequence[int], dtype: str) -> int:
@@ -29,9 +38,9 @@ def plan_buckets(specs: Sequence[tuple[str, Sequence[int]]], dtype: str, bucket_
     """Cut ``specs`` (parameter name and full shape, in model order) into buckets of at most ``bucket_bytes``
     in ``dtype`` (a tensor larger than that gets a bucket of its own)."""
     if dtype not in DTYPE_BYTES:
-        raise ValueError(f"engine dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+        raise BucketPlanError(f"engine dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     if bucket_bytes < 1:
-        raise ValueError("bucket_bytes must be positive")
+        raise BucketPlanError("bucket_bytes must be positive")
     buckets: list[Layout] = []
     cur: Layout = []
     offset = 0

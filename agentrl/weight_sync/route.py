@@ -20,13 +20,20 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.errors import EngineError
+from agentrl.errors import ConfigError, EngineError
 from agentrl.weight_sync.base import Engines, Publisher
 from agentrl.weight_sync.file import FileAdapterSync
 from agentrl.weight_sync.network import NetworkAdapterSync
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, worker_failures
 
 PROBE_METHOD = "agentrl_probe_shm"
+
+
+class WeightSyncModeError(ConfigError, ValueError):
+    """``pipeline.weight_sync`` names a path that cannot carry this run's weights (files for full weights,
+    NCCL for a LoRA adapter)."""
+
+    code = "config.weight_sync_mode"
 
 
 async def engines_on_this_host(client: Engines, timeout_s: float = 30.0) -> dict[str, bool]:
@@ -114,7 +121,7 @@ async def full_weight_publisher(mode: Literal["shm", "network", "file", "nccl"],
         yield NcclWeightSync(trainer, client, nccl_addr)
         return
     if mode == "file":
-        raise ValueError("pipeline.weight_sync = 'file' reloads LoRA adapters; full weights go through shared "
+        raise WeightSyncModeError("pipeline.weight_sync = 'file' reloads LoRA adapters; full weights go through shared "
                          "memory or the network ('shm' or 'network')")
     if mode == "network":
         remote = list(client.endpoints)
@@ -131,6 +138,6 @@ def weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: A
     (:func:`full_weight_publisher`)."""
     if lora:
         if mode == "nccl":
-            raise ValueError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")
+            raise WeightSyncModeError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")
         return adapter_publisher(mode, trainer, client, name, adapter_dir)
     return full_weight_publisher(mode, trainer, client, nccl_addr)

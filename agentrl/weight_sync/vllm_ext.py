@@ -73,6 +73,13 @@ class AdapterNotLoaded(UpdateError):
     code = ADAPTER_NOT_LOADED
 
 
+class AdapterWriteError(WeightSyncError, ValueError):
+    """The adapter files sent to the engine cannot be written: a name that is not one path segment.
+    ``agentrl_write_adapter`` returns it as a failure record carrying its ``code``."""
+
+    code = WRITE_FAILED
+
+
 class _Plan:
     """Precomputed views for one (adapter object, slot, shm layout): the update is a few foreach ops."""
 
@@ -156,7 +163,7 @@ class LoRAInPlaceExtension(FullWeightsMixin):
             files = json.loads(files_json)
             names = [dir_name, *files]
             if not all(isinstance(n, str) and _SEGMENT.match(n) for n in names):
-                raise ValueError(f"names must be single path segments: {names}")
+                raise AdapterWriteError(f"names must be single path segments: {names}")
             root = os.path.join(tempfile.gettempdir(), "agentrl-adapters", dir_name)
             os.makedirs(root, exist_ok=True)
             for name, data in files.items():

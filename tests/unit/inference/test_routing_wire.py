@@ -130,7 +130,7 @@ def test_enable_on_an_engine_that_cannot_capture(experts: int, needle: str) -> N
         model_config=SimpleNamespace(get_num_experts=lambda: experts, model="org/model")))
     rec = w.agentrl_routing_enable()
     assert (rec["ok"], rec["code"]) == (False, ROUTING_UNAVAILABLE)
-    assert rec["error"] == f"ValueError: org/model {needle}"
+    assert rec["error"] == f"RoutingNotCapturable: org/model {needle}"  # a ValueError, caught by the engine
     assert "_agentrl_routing" not in w.__dict__
     rec = Worker().agentrl_routing_enable()  # no model runner at all
     assert (rec["ok"], rec["code"]) == (False, ROUTING_UNAVAILABLE) and rec["error"].startswith("AttributeError")
