@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.errors import AgentRLError
+
 
 class StopReason(str, enum.Enum):
     """Why an episode ended."""
@@ -53,6 +55,20 @@ FAILED_STOP_REASONS = frozenset(
 SCORED_STOP_REASONS = frozenset(
     {StopReason.COMPLETED, StopReason.MAX_TURNS, StopReason.MAX_TOKENS, StopReason.PARSE_ERROR})
 """Stop reasons whose episodes are scored by ``reward()``; the others get reward 0."""
+
+
+class RoutingShapeError(AgentRLError, ValueError):
+    """MoE routing rows do not fit: their shape or dtype is not the record's, their versions do not match
+    them, or they cover more positions than the sequence they belong to."""
+
+    code = "trajectory.routing"
+
+
+class TokenDataError(AgentRLError, ValueError):
+    """The per-token data of a trajectory, a training sample or a sampled call is inconsistent: lengths that
+    disagree, an empty sequence, a trained first token, or a temperature that is not positive."""
+
+    code = "trajectory.tokens"
 
 
 class ToolCall(BaseModel):
@@ -151,10 +167,10 @@ class Routing(BaseModel):
     def extend(self, rows: Any, versions: list[int]) -> None:
         """Append positions ``n ..`` (``rows``: ``[m, layers, top_k]``), computed by ``versions[i]`` each."""
         if tuple(rows.shape[1:]) != (self.layers, self.top_k) or str(rows.dtype) != self.dtype:
-            raise ValueError(f"routing rows of shape {tuple(rows.shape)} {rows.dtype} do not extend "
-                             f"[n, {self.layers}, {self.top_k}] {self.dtype}")
+            raise RoutingShapeError(f"routing rows of shape {tuple(rows.shape)} {rows.dtype} do not extend "
+                                    f"[n, {self.layers}, {self.top_k}] {self.dtype}")
         if len(versions) != len(rows):
-            raise ValueError(f"{len(rows)} routing rows but {len(versions)} versions")
+            raise RoutingShapeError(f"{len(rows)} routing rows but {len(versions)} versions")
         start = self.n
         for i, v in enumerate(versions):
             if not self.versions or self.versions[-1][1] != v:
@@ -162,12 +178,13 @@ class Routing(BaseModel):
         self.ids += rows.tobytes()
 
     def check(self, seq_len: int) -> None:
-        """Raise ValueError if the routing does not fit a sequence of ``seq_len`` tokens."""
+        """Raise :class:`RoutingShapeError` (a ``ValueError``) if the routing does not fit a sequence of
+        ``seq_len`` tokens."""
         if len(self.ids) % self.row_bytes:
-            raise ValueError(f"routing holds {len(self.ids)} bytes, not a whole number of {self.row_bytes}-byte rows")
+            raise RoutingShapeError(f"routing holds {len(self.ids)} bytes, not a whole number of {self.row_bytes}-byte rows")
         if self.n > max(0, seq_len - 1):
-            raise ValueError(f"routing covers {self.n} positions but the sequence has {seq_len} tokens "
-                             "(at most one position fewer: the last token is never fed forward)")
+            raise RoutingShapeError(f"routing covers {self.n} positions but the sequence has {seq_len} tokens "
+                                    "(at most one position fewer: the last token is never fed forward)")
 
 
 class Trajectory(BaseModel):
@@ -212,11 +229,12 @@ class Trajectory(BaseModel):
         return sum(self.loss_mask)
 
     def check(self) -> None:
-        """Raise ValueError if the per-token fields disagree in length."""
+        """Raise :class:`TokenDataError` (a ``ValueError``) if the per-token fields disagree in length (or
+        :class:`RoutingShapeError` if the routing does not fit)."""
         n = len(self.completion_ids)
         for name in ("loss_mask", "logprobs", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")
+                raise TokenDataError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")
         if self.routing is not None:
             self.routing.check(len(self.prompt_ids) + n)
 
@@ -248,15 +266,15 @@ class TrainSample:
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         if n == 0:
-            raise ValueError("TrainSample.input_ids is empty")
+            raise TokenDataError("TrainSample.input_ids is empty")
         if not self.temperature > 0:
-            raise ValueError(f"TrainSample.temperature must be > 0 (got {self.temperature}): greedy "
-                             "generations have no sampling distribution to train")
+            raise TokenDataError(f"TrainSample.temperature must be > 0 (got {self.temperature}): greedy "
+                                 "generations have no sampling distribution to train")
         for name in ("loss_mask", "behav_logprobs", "versions"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"TrainSample.{name} has {len(getattr(self, name))} entries, expected {n}")
+                raise TokenDataError(f"TrainSample.{name} has {len(getattr(self, name))} entries, expected {n}")
         if self.loss_mask[0]:
-            raise ValueError("TrainSample.loss_mask[0] must be 0: the first token has no context")
+            raise TokenDataError("TrainSample.loss_mask[0] must be 0: the first token has no context")
         if self.routing is not None:
             self.routing.check(n)
 

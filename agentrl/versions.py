@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
-from agentrl.errors import EngineError
+from agentrl.errors import AgentRLError, EngineError
 from agentrl.types import Trajectory
 
 
@@ -37,10 +37,16 @@ class VersionLabelError(EngineError, ValueError):
     code = "inference.version_label"
 
 
+class PolicyVersionError(AgentRLError, ValueError):
+    """A policy version is not an integer >= 0, or the current version was moved backwards."""
+
+    code = "versions.policy_version"
+
+
 def engine_label(version: int) -> str:
     """The engine's weight label for policy ``version``."""
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"a policy version is an integer >= 0, not {version!r}")
+        raise PolicyVersionError(f"a policy version is an integer >= 0, not {version!r}")
     return str(version)
 
 
@@ -126,7 +132,7 @@ class PolicyVersion:
     def advance(self, version: int) -> None:
         """Make ``version`` the current one (monotone) and tell every watcher."""
         if version < self._value:
-            raise ValueError(f"version went backwards: {version} < {self._value}")
+            raise PolicyVersionError(f"version went backwards: {version} < {self._value}")
         engine_label(version)
         self._value = version
         for watcher in list(self._watchers):

@@ -41,6 +41,13 @@ class ConfigValidationError(ConfigError, ValueError):
         super().__init__("\n".join(self.problems))
 
 
+class SettingError(ConfigError, ValueError):
+    """A setting's value cannot be used, alone or with the others: raised by the config models' validators
+    (pydantic reports it in a validation error, then :class:`ConfigValidationError`) and by their checks."""
+
+    code = "config.setting"
+
+
 def validate(
     model: type[M],
     data: Mapping[str, Any],

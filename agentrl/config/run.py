@@ -14,13 +14,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentrl.config.errors import ConfigValidationError, validate
+from agentrl.config.errors import ConfigValidationError, SettingError, validate
 from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, is_embedded_model, preset_for
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig
+from agentrl.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -113,14 +114,14 @@ class PipelineConfig(BaseModel):
     def eta(self) -> int:
         """η, once resolved (``RunConfig`` resolves it from the mode)."""
         if self.max_staleness is None:
-            raise ValueError("pipeline.max_staleness is unresolved: build the config through RunConfig")
+            raise SettingError("pipeline.max_staleness is unresolved: build the config through RunConfig")
         return self.max_staleness
 
     def capacity(self, groups_per_step: int) -> int:
         """The buffer capacity in groups for ``groups_per_step`` groups per step."""
         cap = self.capacity_groups or (self.eta + 1) * groups_per_step
         if cap < groups_per_step:
-            raise ValueError(f"pipeline.capacity_groups = {cap} cannot hold one step's {groups_per_step} groups")
+            raise SettingError(f"pipeline.capacity_groups = {cap} cannot hold one step's {groups_per_step} groups")
         return cap
 
 
@@ -244,12 +245,12 @@ class RunConfig(BaseModel):
         eta = self.pipeline.max_staleness
         mode = self.mode or ("async" if eta else "sync")
         if mode == "sync" and eta:
-            raise ValueError(
+            raise SettingError(
                 f"mode = 'sync' trains on-policy (max_staleness 0), but pipeline.max_staleness = {eta}: "
                 "use mode = 'async' (--mode async) to train on rollouts up to that many versions old, or "
                 "leave max_staleness out")
         if mode == "async" and eta == 0:
-            raise ValueError(
+            raise SettingError(
                 "mode = 'async' overlaps generation and training, which needs pipeline.max_staleness >= 1 "
                 "(--max-staleness N); max_staleness 0 is mode = 'sync'")
         self.mode = mode
@@ -263,17 +264,17 @@ class RunConfig(BaseModel):
         and file weight sync (which reloads LoRA adapters)."""
         if self.trainer.lora:
             if self.pipeline.weight_sync == "nccl":
-                raise ValueError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); a "
-                                 "LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
+                raise SettingError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); "
+                                   "a LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
             return self
         if self.trainer.loss.kl_coef > 0:
-            raise ValueError(
+            raise SettingError(
                 f"trainer.loss.kl_coef = {self.trainer.loss.kl_coef:g} needs a reference policy: with LoRA it is "
                 "the base model with the adapter switched off, but full weights (trainer.lora = false) would "
                 "need a second, frozen, sharded copy of the model, which agentrl does not keep yet; use LoRA "
                 "or trainer.loss.kl_coef = 0")
         if self.pipeline.weight_sync == "file":
-            raise ValueError(
+            raise SettingError(
                 "pipeline.weight_sync = 'file' reloads LoRA adapters from disk, but trainer.lora = false trains "
                 "full weights, which go to the engines through shared memory or the request body: use "
                 "pipeline.weight_sync = 'shm' or 'network'")
@@ -345,14 +346,27 @@ class RunConfig(BaseModel):
         return out
 
     def check_trainable(self) -> None:
-        """Raise ``ValueError`` listing :meth:`training_problems`, if any."""
+        """Raise :class:`~agentrl.config.errors.SettingError` (a ``ValueError``) listing
+        :meth:`training_problems`, if any."""
         problems = self.training_problems()
         if problems:
-            raise ValueError("this configuration cannot train correctly:\n  " + "\n  ".join(problems))
+            raise SettingError("this configuration cannot train correctly:\n  " + "\n  ".join(problems))
 
     def to_toml(self) -> str:
         """The fully resolved config as TOML (what ``agentrl train --print-config`` prints)."""
         return to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+class TomlValueError(ConfigError, TypeError):
+    """A config value has a type TOML cannot write (``to_toml`` writes scalars, lists and tables)."""
+
+    code = "config.toml_value"
+
+
+class ConfigFileNotFound(ConfigError, FileNotFoundError):
+    """The TOML config file given (a run's or an env server's) does not exist."""
+
+    code = "config.file_not_found"
 
 
 def _toml_value(v: Any) -> str:
@@ -366,7 +380,7 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+    raise TomlValueError(f"cannot write {type(v).__name__} as TOML")
 
 
 def to_toml(data: dict[str, Any], prefix: str = "") -> str:
@@ -387,11 +401,11 @@ def default_run_name(env: str) -> str:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """A TOML config file's contents; ``FileNotFoundError`` when it is missing, ``ConfigValidationError``
-    naming the file and line when it is not TOML."""
+    """A TOML config file's contents; :class:`ConfigFileNotFound` (a ``FileNotFoundError``) when it is missing,
+    ``ConfigValidationError`` naming the file and line when it is not TOML."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
+        raise ConfigFileNotFound(f"config file {path} does not exist")
     with path.open("rb") as f:
         try:
             return tomllib.load(f)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentrl.config.errors import validate
+from agentrl.config.errors import SettingError, validate
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -91,7 +91,7 @@ class ServerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_auth(self) -> ServerConfig:
         if not self.auth and not is_loopback(self.host):
-            raise ValueError(
+            raise SettingError(
                 f"refusing to serve without authentication on {self.host!r}: --no-auth is only allowed on a "
                 "loopback address (127.0.0.1, ::1, localhost)"
             )

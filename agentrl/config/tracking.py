@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agentrl.config.errors import SettingError
+
 BUILTIN_TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 """The trackers agentrl knows by name (each through its own library, imported only when chosen)."""
 
@@ -56,6 +58,6 @@ class TrackingConfig(BaseModel):
     def _known(cls, v: list[str]) -> list[str]:
         unknown = [n for n in v if ":" not in n and n not in BUILTIN_TRACKERS]
         if unknown:
-            raise ValueError(f"unknown tracker {', '.join(map(repr, unknown))}; expected any of "
-                             f"{', '.join(BUILTIN_TRACKERS)} (jsonl is always on), or package.module:Class")
+            raise SettingError(f"unknown tracker {', '.join(map(repr, unknown))}; expected any of "
+                               f"{', '.join(BUILTIN_TRACKERS)} (jsonl is always on), or package.module:Class")
         return v

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.config.errors import SettingError
+
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 LORA_LR_SCALE = 5.0
@@ -75,8 +77,8 @@ class DistributedConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> DistributedConfig:
         if self.nnodes > 1 and self.master_port == 0:
-            raise ValueError("trainer.distributed.master_port must be set when nnodes > 1: every node must "
-                             "know the rendezvous port before it starts")
+            raise SettingError("trainer.distributed.master_port must be set when nnodes > 1: every node must "
+                               "know the rendezvous port before it starts")
         return self
 
 
@@ -184,6 +186,6 @@ class TrainerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_frozen(self) -> TrainerConfig:
         if self.frozen_parameters and self.lora:
-            raise ValueError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
-                             "a LoRA adapter already leaves every base weight frozen")
+            raise SettingError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
+                               "a LoRA adapter already leaves every base weight frozen")
         return self

@@ -88,6 +88,45 @@ class ToolArgumentError(ToolError):
     code = "env.tool_arguments"
 
 
+class ToolTimeoutError(EnvError, asyncio.TimeoutError):
+    """A remote environment reports that a tool call ran past its time limit (an observation; the episode goes
+    on, as for a local tool that times out)."""
+
+    code = "env.tool_timeout"
+
+
+class EnvDefinitionError(EnvError, TypeError):
+    """An ``Environment`` subclass sets a class attribute agentrl no longer reads (raised as the class is
+    defined; the message names what replaced it)."""
+
+    code = "env.definition"
+
+
+class ToolShadowedError(EnvError, AttributeError):
+    """An environment assigned to an attribute that names one of its tools, which would hide the tool."""
+
+    code = "env.tool_shadowed"
+
+
+class TaskPromptError(EnvError, KeyError):
+    """The default ``reset`` found neither ``prompt`` nor ``messages`` in the task."""
+
+    code = "env.task_prompt"
+
+
+class NoTasksError(EnvError, NotImplementedError):
+    """The environment has no dataset of its own: tasks must come from a file or a dataset (``--tasks``)."""
+
+    code = "env.no_tasks"
+
+
+class EnvStateError(EnvError, RuntimeError):
+    """An environment's methods were called out of order (``call_tool`` before ``reset``, a second
+    ``reset`` on one instance)."""
+
+    code = "env.state"
+
+
 # Not an AgentRLError, deliberately: a control-flow signal (the episode ends as ``timeout``, an outcome the
 # episode records and scores), not a failure of agentrl or of the environment.
 class AgentTimeLimit(Exception):
@@ -222,7 +261,7 @@ class Environment:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "episode_timeout_s" in cls.__dict__:
-            raise TypeError(
+            raise EnvDefinitionError(
                 f"{cls.__name__}.episode_timeout_s is no longer used: the episode clock was split into "
                 "agent_time_limit_s (the agent's tool time, the limit the model is judged by) and "
                 "wall_time_limit_s (a hard safety limit; episodes cut by it are infrastructure failures)")
@@ -239,7 +278,7 @@ class Environment:
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The environment's own dataset for ``split`` ("train" or "test"). Optional: tasks may come
         from a file or a dataset instead (``--tasks``: JSONL, parquet, CSV, a saved or a hub dataset)."""
-        raise NotImplementedError(
+        raise NoTasksError(
             f"{cls.__name__} has no built-in dataset; pass tasks with --tasks (a JSONL, parquet or CSV file, "
             "or a dataset) instead"
         )
@@ -253,7 +292,7 @@ class Environment:
             return list(task["messages"])
         if "prompt" in task:
             return str(task["prompt"])
-        raise KeyError(f"task {task.get('id')!r} has neither 'prompt' nor 'messages'; override reset()")
+        raise TaskPromptError(f"task {task.get('id')!r} has neither 'prompt' nor 'messages'; override reset()")
 
     async def reward(self, messages: list[Message]) -> float | dict[str, float]:
         """Score the finished episode. Return a float, or a dict with a ``"reward"`` key plus extra metrics."""
@@ -308,8 +347,8 @@ class Environment:
     # ----- machinery ---------------------------------------------------------------------------
     def __setattr__(self, attr: str, value: Any) -> None:
         if any(spec.attr == attr for spec in type(self).tool_specs().values()):
-            raise AttributeError(f"{type(self).__name__}.{attr} is a tool; assigning self.{attr} would hide it "
-                                 "from the model's calls. Store the value under another name.")
+            raise ToolShadowedError(f"{type(self).__name__}.{attr} is a tool; assigning self.{attr} would hide "
+                                    "it from the model's calls. Store the value under another name.")
         super().__setattr__(attr, value)
 
     @classmethod

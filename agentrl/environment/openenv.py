@@ -27,7 +27,15 @@ from typing import Any, ClassVar
 
 import httpx
 
-from agentrl.environment.base import Environment, Task, ToolArgumentError, ToolError
+from agentrl.environment.base import (
+    Environment,
+    EnvStateError,
+    Task,
+    ToolArgumentError,
+    ToolError,
+    ToolTimeoutError,
+)
+from agentrl.environment.tasks import TaskSourceError
 from agentrl.errors import EnvError
 
 log = logging.getLogger(__name__)
@@ -150,7 +158,7 @@ class OpenEnvEnvironment(Environment):
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """Seeds of ``split`` (``train`` or ``test``)."""
         if split not in SPLITS:
-            raise ValueError(f"an OpenEnv environment has splits {sorted(SPLITS)}, not {split!r}")
+            raise TaskSourceError(f"an OpenEnv environment has splits {sorted(SPLITS)}, not {split!r}")
         first, n = SPLITS[split]
         return [{"id": f"{split}-{i}", "seed": first + i} for i in range(n)]
 
@@ -187,7 +195,7 @@ class OpenEnvEnvironment(Environment):
     async def call_tool(self, name: str, arguments: Any) -> str:
         """One ``call_tool`` step; tool failures are raised as the agent loop expects them."""
         if self._ws is None:
-            raise RuntimeError("call reset() before call_tool()")
+            raise EnvStateError("call reset() before call_tool()")
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
@@ -207,7 +215,7 @@ class OpenEnvEnvironment(Environment):
             if kind in ("tool_not_found", "invalid_args"):
                 raise ToolArgumentError(message)
             if kind == "timeout":
-                raise asyncio.TimeoutError(message)
+                raise ToolTimeoutError(message)
             raise ToolError(message)
         text, is_error = _text_of(obs.get("result"))
         if is_error:

@@ -87,7 +87,8 @@ def _import_module(module_name: str, target: str) -> ModuleType:
     """Import ``module_name``; if it (or its package) is missing, again with the current directory on the
     import path (first, as ``python -m`` puts it)."""
     cwd = _cwd()
-    for attempt in (1, 2):
+    retried = False
+    while True:
         try:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as e:
@@ -97,13 +98,14 @@ def _import_module(module_name: str, target: str) -> ModuleType:
                     f"cannot load environment {target!r}: module {module_name!r} was found, but it imports "
                     f"{missing!r}, which is not installed{_origin(e, cwd)}. Install it in this environment."
                 ) from None
-            if attempt == 2 or _on_path(cwd):
+            if retried or _on_path(cwd):
                 raise UnknownEnvironmentError(
                     f"cannot load environment {target!r}: no module {missing!r} in the current directory "
                     f"({cwd}) or among the installed packages. Run from the directory that holds it, pass "
                     f"the file instead (--env path/to/{module_name.replace('.', '/')}.py:Class), or install "
                     "its package."
                 ) from None
+            retried = True
             sys.path.insert(0, cwd)
             importlib.invalidate_caches()
         except Exception as e:
@@ -111,7 +113,6 @@ def _import_module(module_name: str, target: str) -> ModuleType:
                 f"cannot load environment {target!r}: importing {module_name!r} failed: "
                 f"{type(e).__name__}: {e}{_origin(e, cwd)}"
             ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _load_file(where: str, target: str) -> ModuleType:

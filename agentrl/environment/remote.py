@@ -16,7 +16,6 @@ returns the first result: a tool never runs twice.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import logging
@@ -27,8 +26,17 @@ from typing import Any, ClassVar
 
 import httpx
 
-from agentrl.environment.base import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError
-from agentrl.errors import EnvError
+from agentrl.environment.base import (
+    AgentTimeLimit,
+    Environment,
+    EnvStateError,
+    NoTasksError,
+    Task,
+    ToolArgumentError,
+    ToolError,
+    ToolTimeoutError,
+)
+from agentrl.errors import ConfigError, EnvError
 from agentrl.http.tls import tls_context
 from agentrl.types import Message
 from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
@@ -51,6 +59,12 @@ class RemoteEnvError(EnvError, RuntimeError):
         super().__init__(message)
         self.status_code = status_code
         self.code = code or type(self).code
+
+
+class MissingServerUrl(ConfigError, ValueError):
+    """A ``RemoteEnvironment`` was created without the env server's URL (and its class is not bound to one)."""
+
+    code = "config.env_server_url"
 
 
 def _error_of(r: httpx.Response) -> tuple[str, str | None]:
@@ -192,7 +206,7 @@ class RemoteEnvironment(Environment):
         cls = type(self)
         self._url = url or cls.url
         if not self._url:
-            raise ValueError("RemoteEnvironment needs the server's URL (or use RemoteEnvironment.bind)")
+            raise MissingServerUrl("RemoteEnvironment needs the server's URL (or use RemoteEnvironment.bind)")
         self._env = env or cls.remote_env
         self._http_cfg = _Retrying(
             self._url,
@@ -261,7 +275,7 @@ class RemoteEnvironment(Environment):
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The server's dataset for ``split`` (fetched page by page once, then cached)."""
         if not cls.url:
-            raise NotImplementedError(
+            raise NoTasksError(
                 "an unbound RemoteEnvironment has no dataset; use RemoteEnvironment.bind"
             )
         cache: dict[str, list[Task]] = cls.__dict__.get("_task_cache", {})
@@ -298,7 +312,7 @@ class RemoteEnvironment(Environment):
     async def reset(self, task: Task) -> list[dict[str, Any]]:
         """Open a session on ``task``; returns the opening messages (system prompt included)."""
         if self.session_id is not None:
-            raise RuntimeError(
+            raise EnvStateError(
                 "this RemoteEnvironment already holds a session; create one instance per episode"
             )
         body: dict[str, Any] = {"env": self._env} if self._env else {}
@@ -316,7 +330,7 @@ class RemoteEnvironment(Environment):
     async def call_tool(self, name: str, arguments: Any) -> str:
         """One step with one tool call; tool failures are raised as the local loop expects them."""
         if self.session_id is None:
-            raise RuntimeError("call reset() before call_tool()")
+            raise EnvStateError("call reset() before call_tool()")
         body = {
             "tool_calls": [
                 {
@@ -350,13 +364,13 @@ class RemoteEnvironment(Environment):
         if kind == "tool_error":
             raise ToolError(message)
         if kind == "timeout":
-            raise asyncio.TimeoutError(message)
+            raise ToolTimeoutError(message)
         return text
 
     async def reward(self, messages: list[Message]) -> dict[str, float]:
         """Score the episode on the server with this side's transcript."""
         if self.session_id is None:
-            raise RuntimeError("call reset() before reward()")
+            raise EnvStateError("call reset() before reward()")
         body = {"messages": [m.to_openai() if isinstance(m, Message) else m for m in messages]}
         result = await self._call("POST", f"/v1/sessions/{self.session_id}/reward", json=body)
         if result.get("stop_reason") == "env_error":

@@ -13,7 +13,22 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, get_args, get_origin
 
+from agentrl.errors import EnvError
+
 _PRIMITIVES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+class ToolSchemaError(EnvError, TypeError):
+    """A tool's signature cannot be written as a JSON schema: an unsupported or unresolvable type hint."""
+
+    code = "env.tool_schema"
+
+
+class ArgumentSchemaError(EnvError, ValueError):
+    """Tool-call arguments do not fit the tool's schema (``validate_arguments``; ``Environment.call_tool``
+    reports it to the model as a ``ToolArgumentError``)."""
+
+    code = "env.argument_schema"
 
 
 def type_to_schema(tp: Any) -> dict[str, Any]:
@@ -44,7 +59,7 @@ def type_to_schema(tp: Any) -> dict[str, Any]:
         return {"type": "array", "items": type_to_schema(item)}
     if origin is dict or tp is dict:
         return {"type": "object"}
-    raise TypeError(f"unsupported tool argument type: {tp!r}")
+    raise ToolSchemaError(f"unsupported tool argument type: {tp!r}")
 
 
 _GOOGLE_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
@@ -98,7 +113,7 @@ def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str
     try:
         hints = typing.get_type_hints(fn)
     except Exception as e:  # unresolvable forward references
-        raise TypeError(f"cannot resolve type hints of tool {fn.__qualname__}: {e}") from e
+        raise ToolSchemaError(f"cannot resolve type hints of tool {fn.__qualname__}: {e}") from e
     description, arg_docs = parse_docstring(fn.__doc__)
     properties: dict[str, Any] = {}
     required: list[str] = []
@@ -131,19 +146,19 @@ def function_schema(fn: Callable[..., Any], name: str | None = None) -> dict[str
 def validate_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any]:
     """Check tool-call arguments against a function schema; return them with types coerced.
 
-    Raises ValueError with a message meant for the model to read.
+    Raises :class:`ArgumentSchemaError` (a ``ValueError``) with a message meant for the model to read.
     """
     params = schema["function"]["parameters"]
     name = schema["function"]["name"]
     if not isinstance(arguments, dict):
-        raise ValueError(f"arguments of {name} must be a JSON object, got {type(arguments).__name__}")
+        raise ArgumentSchemaError(f"arguments of {name} must be a JSON object, got {type(arguments).__name__}")
     props: dict[str, Any] = params["properties"]
     unknown = sorted(set(arguments) - set(props))
     if unknown:
-        raise ValueError(f"{name} got unknown argument(s) {unknown}; expected {sorted(props)}")
+        raise ArgumentSchemaError(f"{name} got unknown argument(s) {unknown}; expected {sorted(props)}")
     missing = [r for r in params["required"] if r not in arguments]
     if missing:
-        raise ValueError(f"{name} is missing required argument(s) {missing}")
+        raise ArgumentSchemaError(f"{name} is missing required argument(s) {missing}")
     out: dict[str, Any] = {}
     for key, value in arguments.items():
         out[key] = _coerce(name, key, props[key], value)
@@ -152,9 +167,9 @@ def validate_arguments(schema: dict[str, Any], arguments: Any) -> dict[str, Any]
 
 def _coerce(tool: str, key: str, prop: dict[str, Any], value: Any) -> Any:
     kind = prop.get("type")
-    bad = ValueError(f"argument {key!r} of {tool} must be of type {kind}, got {value!r}")
+    bad = ArgumentSchemaError(f"argument {key!r} of {tool} must be of type {kind}, got {value!r}")
     if "enum" in prop and value not in prop["enum"]:
-        raise ValueError(f"argument {key!r} of {tool} must be one of {prop['enum']}, got {value!r}")
+        raise ArgumentSchemaError(f"argument {key!r} of {tool} must be one of {prop['enum']}, got {value!r}")
     if kind == "string":
         if not isinstance(value, str):
             raise bad

@@ -57,6 +57,12 @@ class MissingDataExtra(TaskSourceError, ImportError):
     code = "config.task_source.missing_extra"
 
 
+class TaskFileNotFound(ConfigError, FileNotFoundError):
+    """The task file named as the task source does not exist."""
+
+    code = "config.task_source.not_found"
+
+
 def read_tasks_jsonl(path: Path) -> list[Task]:
     """Tasks from a JSONL file: one JSON object per line, each with an ``id`` (added if missing)."""
     path = Path(path)
@@ -70,7 +76,7 @@ def read_tasks_jsonl(path: Path) -> list[Task]:
 def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` of each non-blank line of a JSONL file."""
     if not path.is_file():
-        raise FileNotFoundError(f"task file {path} does not exist")
+        raise TaskFileNotFound(f"task file {path} does not exist")
     rows: list[tuple[int, dict[str, Any]]] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -78,12 +84,12 @@ def _jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON: {e.msg}") from e
+            raise TaskSourceError(f"{path}:{lineno}: not valid JSON: {e.msg}") from e
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: a task must be a JSON object, got {type(obj).__name__}")
+            raise TaskSourceError(f"{path}:{lineno}: a task must be a JSON object, got {type(obj).__name__}")
         rows.append((lineno, obj))
     if not rows:
-        raise ValueError(f"task file {path} holds no tasks")
+        raise TaskSourceError(f"task file {path} holds no tasks")
     return rows
 
 
@@ -103,13 +109,14 @@ def load_tasks(
     ``tasks(source_split or split)`` are used as they are. ``columns`` maps task fields to the source's
     columns. The environment's ``check_tasks`` sees the result in every case.
 
-    Raises ``FileNotFoundError`` for a missing file, :class:`TaskSourceError` (a ``ValueError``) for a source
-    that cannot be used, :class:`MissingDataExtra` when ``pyarrow``/``datasets`` is needed and missing.
+    Raises :class:`TaskFileNotFound` (a ``FileNotFoundError``) for a missing file, :class:`TaskSourceError`
+    (a ``ValueError``) for a source that cannot be used, :class:`MissingDataExtra` when ``pyarrow``/``datasets``
+    is needed and missing.
     """
     if source is None:
         tasks = list(env_cls.tasks(source_split or split))
         if not tasks:
-            raise ValueError(f"environment {env_cls.__name__} returned no tasks for split {source_split or split!r}")
+            raise TaskSourceError(f"environment {env_cls.__name__} returned no tasks for split {source_split or split!r}")
     else:
         table = _read_source(source, split, source_split)
         tasks = _as_tasks(env_cls, table, dict(columns or {}))
@@ -146,7 +153,7 @@ def _read_source(source: str | Path, split: str, source_split: str | None) -> _T
         table = (_read_parquet(path, name) if suffix == ".parquet" else _read_csv(path, name) if suffix == ".csv"
                  else _read_jsonl(path, name))
     elif _looks_like_path(name):
-        raise FileNotFoundError(f"task file {path} does not exist")
+        raise TaskFileNotFound(f"task file {path} does not exist")
     else:
         table = _read_hub(name, source_split or split)
     if table.single and source_split is not None:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from agentrl.errors import ConfigError
 from agentrl.http.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -27,6 +28,12 @@ bearer = HTTPBearer(
     description="`Authorization: Bearer <token>`; the token is printed "
     "by `agentrl serve-env` at start unless given with --token or $AGENTRL_ENV_TOKEN.",
 )
+
+
+class TokenError(ConfigError, ValueError):
+    """A service's bearer token is missing, or too short to be safe (``$AGENTRL_ENV_TOKEN``)."""
+
+    code = "config.service_token"
 
 
 def generate_token() -> str:

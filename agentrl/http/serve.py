@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import socket
 
+from agentrl.errors import ConfigError
+
+
+class BindError(ConfigError, OSError):
+    """The listening socket cannot be set up where asked: a host that does not resolve, a port in use, a
+    path that cannot be bound."""
+
+    code = "config.bind"
+
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: a free one). Raises OSError with a clear message."""
+    """A listening TCP socket on ``host:port`` (port 0: a free one). Raises :class:`BindError` (an
+    ``OSError``) with a clear message."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
-        raise OSError(f"cannot resolve host {host!r}: {e}") from e
+        raise BindError(f"cannot resolve host {host!r}: {e}") from e
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -18,7 +28,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        raise OSError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
+        raise BindError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
     sock.set_inheritable(True)
     return sock
 
@@ -38,7 +48,7 @@ def bind_unix_socket(path: str) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        raise OSError(f"cannot serve on {path}: {e.strerror or e}") from e
+        raise BindError(f"cannot serve on {path}: {e.strerror or e}") from e
     return sock
 
 

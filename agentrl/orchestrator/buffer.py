@@ -43,6 +43,18 @@ class BufferClosed(AgentRLError):
     code = "orchestrator.buffer_closed"
 
 
+class BufferStateError(AgentRLError, RuntimeError):
+    """The buffer was told a group was abandoned while it holds none in flight (a driver bug)."""
+
+    code = "orchestrator.buffer_state"
+
+
+class OverCapacity(AgentRLError, ValueError):
+    """More groups were asked to start at once than the buffer can ever hold (``capacity_groups``)."""
+
+    code = "orchestrator.over_capacity"
+
+
 class BufferCore(Generic[T]):
     """Admission, completion and batch selection bookkeeping; pure (no asyncio, no clock)."""
 
@@ -128,7 +140,7 @@ class BufferCore(Generic[T]):
     def release(self, admitted_version: int | None = None) -> None:
         """An admitted group was abandoned: free its slot."""
         if self._leave_flight(admitted_version) is None:
-            raise RuntimeError("release() without a group in flight")
+            raise BufferStateError("release() without a group in flight")
         self.released += 1
 
     def complete(self, item: T, oldest: int | None, admitted_version: int | None = None) -> None:
@@ -248,7 +260,7 @@ class RolloutBuffer:
     async def admit(self, n_groups: int = 1) -> int:
         """Wait until ``n_groups`` more groups may start; returns the policy version at admission."""
         if n_groups > self.core.capacity_groups:
-            raise ValueError(f"n_groups={n_groups} exceeds capacity_groups={self.core.capacity_groups}")
+            raise OverCapacity(f"n_groups={n_groups} exceeds capacity_groups={self.core.capacity_groups}")
         t0 = time.monotonic()
         try:
             while not self.core.can_admit(n_groups):

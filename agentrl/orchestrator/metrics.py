@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentrl.errors import AgentRLError
 from agentrl.rollout.stats import error_lines, metric_means
 from agentrl.utils.atomic import write_atomic
 from agentrl.utils.stats import binomial_stderr
@@ -45,12 +46,24 @@ class MetricsWriter:
             self.sink(json.loads(line))  # plain JSON types, as a reader of the file sees them
 
 
+class NotJsonable(AgentRLError, TypeError):
+    """A metrics record holds a value that cannot be written as JSON."""
+
+    code = "orchestrator.metrics.not_jsonable"
+
+
+class WindowError(AgentRLError, ValueError):
+    """A rolling window was asked for with fewer than one point."""
+
+    code = "orchestrator.metrics.window"
+
+
 def _jsonable(x: Any) -> Any:
     if hasattr(x, "item"):
         return x.item()
     if isinstance(x, Path):
         return str(x)
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+    raise NotJsonable(f"not JSON serialisable: {type(x).__name__}")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -212,7 +225,7 @@ def rolling_mean(values: Sequence[float | None], window: int) -> list[float]:
     ``None`` and NaN are left out of the windows they fall in; a window with no finite value is NaN.
     The result has one entry per input value."""
     if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+        raise WindowError(f"window must be >= 1, got {window}")
     out: list[float] = []
     for i in range(len(values)):
         seen = [v for v in values[max(0, i - window + 1): i + 1] if v is not None and math.isfinite(v)]

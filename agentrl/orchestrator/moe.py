@@ -8,10 +8,23 @@ import logging
 from pathlib import Path
 
 from agentrl.config.run import RunConfig
+from agentrl.errors import ConfigError, EngineError
 from agentrl.moe.families import MoEInfo, moe_info
 from agentrl.types import Routing
 
 log = logging.getLogger(__name__)
+
+
+class ReplayUnsupported(ConfigError, ValueError):
+    """Routing replay is on for a run whose rollouts cannot carry routing (a black-box agent of a MoE model)."""
+
+    code = "config.routing_replay_unsupported"
+
+
+class RoutingCaptureError(EngineError, RuntimeError):
+    """The engines cannot capture MoE routing for replay, or route another shape than the trainer's model."""
+
+    code = "inference.routing_capture"
 
 
 def model_moe(model: str) -> MoEInfo | None:
@@ -28,7 +41,7 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     that cannot serve LoRA on MoE layers (vLLM's CPU build), else ``adapter``. Logs the path taken. A black-box
     agent of a MoE model is refused while replay is on: the policy endpoint's recorded rows carry no routing."""
     if info is not None and cfg.agent.command and cfg.trainer.routing_replay:
-        raise ValueError("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
+        raise ReplayUnsupported("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
                          "no expert routing yet, so the trainer could not replay it; set "
                          "trainer.routing_replay = false to train without routing replay")
     if cfg.pipeline.lora_sync != "auto":
@@ -57,16 +70,16 @@ async def routing_template(client: object, info: MoEInfo | None, replay: bool) -
     if bad:
         msg = "; ".join(f"{u}: {e}" for u, e in bad.items())
         if replay:
-            raise RuntimeError(f"MoE routing capture is unavailable on engine(s) {msg}; routing replay needs it "
-                               "(set trainer.routing_replay = false to train without replay)")
+            raise RoutingCaptureError(f"MoE routing capture is unavailable on engine(s) {msg}; routing replay "
+                                      "needs it (set trainer.routing_replay = false to train without replay)")
         log.warning("MoE routing capture unavailable (%s): training without routing replay", msg)
         return None
     if any(rec.get("new") for rec in recs.values()):  # blocks cached before capture have no routing
         await client.reset_prefix_cache()  # type: ignore[attr-defined]
     first = next(iter(recs.values()))
     if (first["layers"], first["top_k"]) != (info.layers, info.top_k):
-        raise RuntimeError(f"the engines route {first['layers']} layers x top-{first['top_k']}, the trainer's model "
-                           f"{info.layers} x top-{info.top_k}: not the same model")
+        raise RoutingCaptureError(f"the engines route {first['layers']} layers x top-{first['top_k']}, the "
+                                  f"trainer's model {info.layers} x top-{info.top_k}: not the same model")
     log.info("MoE routing capture on: %d experts, top-%d, %d MoE layers", first["experts"], first["top_k"],
              len(first["moe_layers"]))
     return Routing(layers=info.layers, top_k=info.top_k, dtype=first["dtype"])

@@ -5,8 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from agentrl.errors import AgentRLError
 from agentrl.rollout.stats import BatchStats, episodes_of, rollout_stats
 from agentrl.types import TrainSample, Trajectory
+
+
+class AdvantageInputError(AgentRLError, ValueError):
+    """``group_advantages`` was given a different number of group ids than rewards."""
+
+    code = "orchestrator.advantage_inputs"
 
 
 def group_advantages(
@@ -18,7 +25,7 @@ def group_advantages(
     are all equal gets advantage 0 exactly. Plain Python: the orchestrator side never imports torch.
     """
     if len(group_ids) != len(rewards):
-        raise ValueError(f"{len(group_ids)} group ids for {len(rewards)} rewards")
+        raise AdvantageInputError(f"{len(group_ids)} group ids for {len(rewards)} rewards")
     members: dict[object, list[int]] = {}
     for i, g in enumerate(group_ids):
         members.setdefault(g, []).append(i)

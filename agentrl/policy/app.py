@@ -24,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel, Field
 
 from agentrl import __version__
-from agentrl.http.auth import bearer
+from agentrl.http.auth import TokenError, bearer
 from agentrl.http.errors import ApiError, install_error_handlers
 from agentrl.http.limits import BodyLimit
 from agentrl.policy.episodes import PolicyEpisode
@@ -67,7 +67,7 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
     """The application over ``service``; ``token`` creates episodes; ``public_url`` is the base of the
     ``base_url`` handed to agents (default: the URL the creating request reached)."""
     if not token:
-        raise ValueError("the policy endpoint needs a token")
+        raise TokenError("the policy endpoint needs a token")
     expected = token.encode()
     book = service.book
 

@@ -17,6 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from agentrl.errors import AgentRLError
+from agentrl.types import TokenDataError
+
+
+class RowChangedError(AgentRLError, RuntimeError):
+    """A row changed while one of its calls was in flight (calls of one episode must be serialised)."""
+
+    code = "policy.row_changed"
+
 
 class Renderer(Protocol):
     """What stitching needs from a chat format (:class:`agentrl.rollout.chat.ChatFormat` is one)."""
@@ -105,13 +114,13 @@ def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[flo
            answer: dict[str, Any]) -> Row:
     """Record a sampled call: extend its row (or start one) and remember the conversation with ``answer``."""
     if len(logprobs) != len(token_ids) or len(versions) != len(token_ids):
-        raise ValueError(f"{len(token_ids)} sampled ids with {len(logprobs)} logprobs and {len(versions)} versions")
+        raise TokenDataError(f"{len(token_ids)} sampled ids with {len(logprobs)} logprobs and {len(versions)} versions")
     row = plan.row
     if row is None:
         row = Row(prompt_ids=list(plan.prompt_ids), tools_key=plan.tools_key, temperature=plan.temperature)
         rows.append(row)
     elif row.ids + plan.delta != plan.prompt_ids:
-        raise RuntimeError("the row changed while its call was in flight (calls of one episode are serialised)")
+        raise RowChangedError("the row changed while its call was in flight (calls of one episode are serialised)")
     row.completion_ids += plan.delta + list(token_ids)
     row.loss_mask += [0] * len(plan.delta) + [1] * len(token_ids)
     row.logprobs += [0.0] * len(plan.delta) + list(logprobs)

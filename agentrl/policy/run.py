@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agentrl.config.policy import PolicyConfig
+from agentrl.errors import AgentRLError
 from agentrl.http.auth import generate_token
 from agentrl.http.serve import bind_socket, bind_unix_socket, url_of
 from agentrl.policy.service import PolicyService
@@ -21,6 +22,12 @@ log = logging.getLogger("agentrl.policy")
 
 TOKEN_ENV = "AGENTRL_POLICY_TOKEN"
 """Environment variable holding the policy endpoint's token (when ``--token`` is not given)."""
+
+
+class EndpointStartError(AgentRLError, RuntimeError):
+    """The policy endpoint's server stopped before it started serving."""
+
+    code = "policy.endpoint_start"
 
 
 @contextlib.asynccontextmanager
@@ -52,7 +59,7 @@ async def serving(service: PolicyService, token: str, uds: str | None = None) ->
         while not server.started:
             if task.done():
                 task.result()
-                raise RuntimeError("the policy endpoint stopped while starting")
+                raise EndpointStartError("the policy endpoint stopped while starting")
             await asyncio.sleep(0.02)
         yield url
     finally:

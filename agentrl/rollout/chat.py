@@ -21,10 +21,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import ConfigError
 from agentrl.rollout.toolcalls import DEFAULT_TOOL_PARSER, ParsedTurn, ToolCallParser
 from agentrl.utils.lru import lru_get
 
-__all__ = ["ChatFormat", "ParsedTurn", "end_of_turn_ids", "generation_eos_ids"]
+__all__ = ["ChatFormat", "ParsedTurn", "UnusableChatTemplate", "end_of_turn_ids", "generation_eos_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,13 @@ _NAME_MARK = "agentrlmarkerfn"
 """The function name of the dummy call that :meth:`ChatFormat.call_opening` finds again in a render."""
 _DUMMY_USER = {"role": "user", "content": "x"}
 _DUMMY_ASSISTANT = {"role": "assistant", "content": MARK}
+
+
+class UnusableChatTemplate(ConfigError, ValueError):
+    """The tokenizer or its chat template cannot format turns as agentrl needs: no template, no end-of-turn
+    token, a turn whose end cannot be located, or no way to force a tool call."""
+
+    code = "config.unusable_chat_template"
 _DUMMY_CALL = {"role": "assistant", "content": "", "tool_calls": [
     {"id": "a1b2c3d4e", "type": "function", "function": {"name": "probe", "arguments": {"q": MARK}}}]}
 
@@ -108,7 +116,7 @@ class ChatFormat:
         self.chat_template: str = apply(tokenizer, chat_template)
         """Which template renders the turns: ``own`` (the tokenizer's), a built-in name or a file's path."""
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat_template; agentrl needs one to format turns")
+            raise UnusableChatTemplate("the tokenizer has no chat_template; agentrl needs one to format turns")
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
         self._parser: ToolCallParser | None = None
@@ -122,8 +130,8 @@ class ChatFormat:
             if i not in stop:
                 stop.append(int(i))
         if not stop:
-            raise ValueError("the tokenizer has no eos_token and the chat template closes turns with no special "
-                             "token; agentrl cannot tell when a turn ends")
+            raise UnusableChatTemplate("the tokenizer has no eos_token and the chat template closes turns with no "
+                                       "special token; agentrl cannot tell when a turn ends")
         self.stop_token_ids: list[int] = stop
         """Every token that ends a turn (sent to the engine as ``stop_token_ids``; kept in the trajectory)."""
         self.eos_token_id: int = stop[0]
@@ -172,17 +180,17 @@ class ChatFormat:
         """The text after the dummy assistant turn's end-of-turn token in ``rendered``."""
         at = rendered.rfind(MARK)
         if at < 0:
-            raise ValueError("the chat template dropped the assistant turn's content; agentrl cannot locate "
-                             "where a turn ends")
+            raise UnusableChatTemplate("the chat template dropped the assistant turn's content; agentrl cannot "
+                                       "locate where a turn ends")
         rest = rendered[at + len(MARK):]
         body = rest.lstrip(" ")
         for tid in self.end_of_turn_ids or [self.eos_token_id]:
             end = self.tokenizer.convert_ids_to_tokens(tid)
             if body.startswith(end):
                 return body[len(end):]
-        raise ValueError(f"the chat template does not close assistant turns with an end-of-turn token "
-                         f"({', '.join(repr(self.tokenizer.convert_ids_to_tokens(t)) for t in self.stop_token_ids)}): "
-                         f"after the turn it renders {rest[:40]!r}")
+        raise UnusableChatTemplate(f"the chat template does not close assistant turns with an end-of-turn token "
+                                   f"({', '.join(repr(self.tokenizer.convert_ids_to_tokens(t)) for t in self.stop_token_ids)}): "
+                                   f"after the turn it renders {rest[:40]!r}")
 
     def observation_text(self, new_messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                          ended_with: int | None = None) -> str:
@@ -261,8 +269,8 @@ class ChatFormat:
                             gen=False)
         at = full.find(_NAME_MARK if name is None else MARK, len(gen))
         if not full.startswith(gen) or at < 0:
-            raise ValueError("this model's chat template does not render an assistant tool call after its "
-                             "generation prompt, so a tool call cannot be forced")
+            raise UnusableChatTemplate("this model's chat template does not render an assistant tool call after "
+                                       "its generation prompt, so a tool call cannot be forced")
         opening = full[len(gen):at].rstrip(" \t\n\"'{")
         self._call_openings[key] = opening
         return opening

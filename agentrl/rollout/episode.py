@@ -77,6 +77,31 @@ class EpisodeStateError(AgentRLError, RuntimeError):
     code = "rollout.episode_state"
 
 
+class RewardError(EnvError):
+    """``reward()`` returned something the reward rule refuses (see :func:`check_reward`): the episode is an
+    ``env_error``. Raised as one of its subclasses, which keep the builtin each case used to raise."""
+
+    code = "env.reward"
+
+
+class RewardKeyError(RewardError, KeyError):
+    """``reward()`` returned a dict without a ``"reward"`` key."""
+
+    code = "env.reward.missing_key"
+
+
+class RewardTypeError(RewardError, TypeError):
+    """``reward()`` returned a reward that is not a number."""
+
+    code = "env.reward.not_a_number"
+
+
+class RewardValueError(RewardError, ValueError):
+    """``reward()`` returned a non-finite reward, or a metric that is not a finite number."""
+
+    code = "env.reward.not_finite"
+
+
 @dataclass(frozen=True)
 class EpisodeLimits:
     """A driver's limits on top of the environment class's own (never charged to the agent)."""
@@ -128,21 +153,22 @@ def error_text(e: BaseException, where: str = "", *, trace: bool = False) -> str
 
 
 def check_reward(result: Any, where: str = "reward()") -> tuple[float, dict[str, float]]:
-    """The reward rule: ``(reward, metrics)`` from what ``reward()`` returned, or ``ValueError``/``TypeError``."""
+    """The reward rule: ``(reward, metrics)`` from what ``reward()`` returned, or a :class:`RewardError` (a
+    ``KeyError``, ``TypeError`` or ``ValueError``)."""
     if isinstance(result, dict):
         if "reward" not in result:
-            raise KeyError(f"{where} returned a dict without a 'reward' key (keys: {sorted(map(str, result))})")
+            raise RewardKeyError(f"{where} returned a dict without a 'reward' key (keys: {sorted(map(str, result))})")
         reward, extra = result["reward"], {k: v for k, v in result.items() if k != "reward"}
     else:
         reward, extra = result, {}
     if not isinstance(reward, numbers.Real):
-        raise TypeError(f"{where} returned a {type(reward).__name__} reward ({reward!r:.100}); it must be a number")
+        raise RewardTypeError(f"{where} returned a {type(reward).__name__} reward ({reward!r:.100}); it must be a number")
     if not math.isfinite(reward):
-        raise ValueError(f"{where} returned a non-finite reward ({reward})")
+        raise RewardValueError(f"{where} returned a non-finite reward ({reward})")
     metrics: dict[str, float] = {}
     for k, v in extra.items():
         if not isinstance(v, numbers.Real) or not math.isfinite(v):
-            raise ValueError(f"{where} returned metric {k!r} = {v!r:.100}; metrics must be finite numbers")
+            raise RewardValueError(f"{where} returned metric {k!r} = {v!r:.100}; metrics must be finite numbers")
         metrics[str(k)] = float(v)
     return float(reward), metrics
 

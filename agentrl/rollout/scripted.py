@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 from agentrl.config.run import SamplingConfig
 from agentrl.environment.base import Environment, Task, run_scope
+from agentrl.errors import ConfigError
 from agentrl.inference.wire import Generation
 from agentrl.rollout.loop import run_episode
 from agentrl.types import Trajectory
@@ -113,6 +114,12 @@ POLICIES: dict[str, type[ScriptedPolicy]] = {"oracle": OraclePolicy, "null": Nul
 """Scripted policies by name."""
 
 
+class UnknownScriptedPolicy(ConfigError, ValueError):
+    """The evaluation policy named (``--policy``) is neither ``model`` nor a scripted policy."""
+
+    code = "config.scripted_policy"
+
+
 async def run_scripted(env_cls: type[Environment], tasks: Sequence[Task], policy: ScriptedPolicy,
                        *, max_concurrency: int = 4) -> list[Trajectory]:
     """One episode per task under ``policy``, at most ``max_concurrency`` at once (trajectories in task order)."""
@@ -145,7 +152,7 @@ async def run_scripted_eval(cfg: Any, policy: str, *, n: int = 200, split: str =
     from agentrl.environment.tasks import load_tasks
 
     if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; expected model or one of {sorted(POLICIES)}")
+        raise UnknownScriptedPolicy(f"unknown policy {policy!r}; expected model or one of {sorted(POLICIES)}")
     env_cls = load_env(cfg.env)
     tasks = load_tasks(env_cls, split, cfg.eval_tasks, source_split=cfg.eval_tasks_split,
                        columns=cfg.task_columns)[:n]

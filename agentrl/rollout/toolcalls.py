@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.errors import ConfigError
 from agentrl.types import ToolCall
 from agentrl.utils.lru import lru_get
 
@@ -45,6 +46,18 @@ class ParsedTurn:
     errors: list[str] = field(default_factory=list)
 
 
+class ToolParserError(ConfigError, ValueError):
+    """The tool parser named (``--tool-parser``) is not one of vLLM's, or cannot be used with the tokenizer."""
+
+    code = "config.tool_parser"
+
+
+class ToolParsersMissing(ConfigError, RuntimeError):
+    """vLLM, whose tool parsers read the model's tool calls, is not installed here."""
+
+    code = "config.tool_parser.no_vllm"
+
+
 def new_call_id() -> str:
     """A fresh tool-call id: 9 alphanumeric characters, the one form every tested template accepts
     (Mistral's refuses any other)."""
@@ -56,18 +69,19 @@ def tool_parser_names() -> list[str]:
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError as e:
-        raise RuntimeError("tool calls are parsed by vLLM's tool parsers, and vLLM is not installed here: install "
-                           "agentrl with its inference stack (the cpu or gpu extra)") from e
+        raise ToolParsersMissing("tool calls are parsed by vLLM's tool parsers, and vLLM is not installed here: "
+                                 "install agentrl with its inference stack (the cpu or gpu extra)") from e
 
     return ToolParserManager.list_registered()
 
 
 def check_tool_parser_name(name: str) -> None:
-    """Raise ``ValueError`` naming the valid parsers when ``name`` is not one of them."""
+    """Raise :class:`ToolParserError` (a ``ValueError``) naming the valid parsers when ``name`` is not one of
+    them."""
     names = tool_parser_names()
     if name not in names:
-        raise ValueError(f"unknown tool parser {name!r} (--tool-parser / tool_parser); vLLM's parsers are: "
-                         f"{', '.join(names)}")
+        raise ToolParserError(f"unknown tool parser {name!r} (--tool-parser / tool_parser); vLLM's parsers are: "
+                              f"{', '.join(names)}")
 
 
 def _hermes_problems(text: str) -> list[str]:
@@ -149,7 +163,7 @@ class ToolCallParser:
         try:
             self._default = cls(tokenizer, None)
         except Exception as e:
-            raise ValueError(f"the {name!r} tool parser cannot be used with this tokenizer: {e}") from e
+            raise ToolParserError(f"the {name!r} tool parser cannot be used with this tokenizer: {e}") from e
         self.start_marker: str | None = next(
             (v for a in _START_ATTRS if isinstance(v := getattr(self._default, a, None), str) and v),
             _START_MARKERS.get(name))

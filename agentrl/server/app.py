@@ -14,7 +14,7 @@ from fastapi.responses import PlainTextResponse
 
 from agentrl import __version__
 from agentrl.config.server import ServerConfig
-from agentrl.http.auth import BearerAuth, make_auth
+from agentrl.http.auth import BearerAuth, TokenError, make_auth
 from agentrl.http.errors import install_error_handlers
 from agentrl.http.limits import BodyLimit
 from agentrl.server.capability import CLIENT_PATTERN
@@ -97,7 +97,7 @@ def _client(request: Request) -> str:
 def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
     """The application serving ``config.envs``; ``token`` is required when ``config.auth`` is on."""
     if config.auth and not token:
-        raise ValueError("auth is on but no token was given")
+        raise TokenError("auth is on but no token was given")
     catalog = EnvCatalog(config.envs, allow_task_payload=config.allow_task_payload)
     metrics = Metrics()
     manager = SessionManager(config, catalog, metrics)

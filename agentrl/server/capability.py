@@ -13,6 +13,8 @@ import hashlib
 import hmac
 import re
 
+from agentrl.errors import ConfigError
+
 PREFIX = "/openenv"
 """Path prefix of every OpenEnv and MCP route; the capability is the next path segment."""
 
@@ -28,6 +30,12 @@ CLIENT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 _CLIENT_RE = re.compile(CLIENT_PATTERN)
 
 
+class ClientNameError(ConfigError, ValueError):
+    """A capability was asked for a client name that does not match :data:`CLIENT_PATTERN`."""
+
+    code = "config.openenv_client"
+
+
 def _mac(token: str, client: str) -> str:
     return hmac.new(token.encode(), f"openenv-client:{client}".encode(), hashlib.sha256).hexdigest()[:32]
 
@@ -35,7 +43,7 @@ def _mac(token: str, client: str) -> str:
 def mint(token: str | None, client: str = DEFAULT_CLIENT) -> str:
     """The capability of ``client`` (``<client>.<mac>``); ``NO_AUTH`` when the server has no token."""
     if not _CLIENT_RE.match(client):
-        raise ValueError(f"client name {client[:80]!r} must match {CLIENT_PATTERN}")
+        raise ClientNameError(f"client name {client[:80]!r} must match {CLIENT_PATTERN}")
     if token is None:
         return NO_AUTH
     return f"{client}.{_mac(token, client)}"

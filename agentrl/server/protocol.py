@@ -11,10 +11,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agentrl.errors import AgentRLError
 from agentrl.types import Message, StopReason, ToolCall, Trajectory
 
 MAX_ID = 256
 """Longest id (session, task, tool call, environment name) accepted."""
+
+
+class RequestFieldsError(AgentRLError, ValueError):
+    """A request gives a combination of fields that cannot go together, or leaves out one of a required pair
+    (raised in a validator: pydantic reports it, and the server answers 422)."""
+
+    code = "server.request_fields"
 
 
 class Wire(BaseModel):
@@ -207,9 +215,9 @@ class CreateSession(Wire):
     @model_validator(mode="after")
     def _one_task(self) -> CreateSession:
         if (self.task_id is None) == (self.task is None):
-            raise ValueError("give exactly one of task_id (a task of the dataset) or task (a task object)")
+            raise RequestFieldsError("give exactly one of task_id (a task of the dataset) or task (a task object)")
         if self.task is not None and self.split is not None:
-            raise ValueError("split only applies to task_id")
+            raise RequestFieldsError("split only applies to task_id")
         return self
 
 
@@ -431,7 +439,7 @@ class RolloutRequest(Wire):
     @model_validator(mode="after")
     def _one_task(self) -> RolloutRequest:
         if (self.task_id is None) == (self.task is None):
-            raise ValueError("give exactly one of task_id (a task of the dataset) or task (a task object)")
+            raise RequestFieldsError("give exactly one of task_id (a task of the dataset) or task (a task object)")
         return self
 
 

@@ -9,7 +9,7 @@ import socket
 import sys
 
 from agentrl.config.server import ServerConfig
-from agentrl.http.auth import TOKEN_ENV, generate_token
+from agentrl.http.auth import TOKEN_ENV, TokenError, generate_token
 from agentrl.http.serve import bind_socket, url_of
 from agentrl.server.capability import base_url as capability_url
 
@@ -27,7 +27,7 @@ def resolve_token(config: ServerConfig) -> tuple[str | None, bool]:
     env = os.environ.get(TOKEN_ENV, "")
     if env:
         if len(env) < 16:
-            raise ValueError(f"${TOKEN_ENV} is too short: use at least 16 characters")
+            raise TokenError(f"${TOKEN_ENV} is too short: use at least 16 characters")
         return env, False
     return generate_token(), True
 
