@@ -17,32 +17,39 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import gc as _gc_module
-from ._engine import SandboxError, SandboxUnavailable, engine_reachable
-from .config import ExecResult, SandboxConfig
+from ._engine import BadSandboxRequest, SandboxError, SandboxTooLarge, SandboxUnavailable, engine_reachable
+from ._util import UploadNotADirectory
+from .config import ExecResult, SandboxConfig, SandboxConfigError
 
 # The submodule ``gc`` would otherwise shadow the function of the same name on this package.
 gc = _gc_module.gc
 cleanup_on_start = _gc_module.cleanup_on_start
 
 if TYPE_CHECKING:
-    from .docker_sandbox import DockerSandbox
+    from .docker_sandbox import DockerSandbox, SandboxFileNotFound
     from .image import build_image, default_tag
     from .pool import SandboxPool
 
 _LAZY = {
     "DockerSandbox": "docker_sandbox",
+    "SandboxFileNotFound": "docker_sandbox",
     "SandboxPool": "pool",
     "build_image": "image",
     "default_tag": "image",
 }
 
 __all__ = [
+    "BadSandboxRequest",
     "DockerSandbox",
     "ExecResult",
     "SandboxConfig",
+    "SandboxConfigError",
     "SandboxError",
+    "SandboxFileNotFound",
     "SandboxPool",
+    "SandboxTooLarge",
     "SandboxUnavailable",
+    "UploadNotADirectory",
     "build_image",
     "cleanup_on_start",
     "default_tag",

@@ -37,6 +37,20 @@ class SandboxUnavailable(SandboxError):
     code = "sandbox.unavailable"
 
 
+class BadSandboxRequest(SandboxError, ValueError):
+    """A call on a sandbox asks for something it cannot do: a path outside the workspace (or the workspace
+    itself), a timeout or limit that is not positive."""
+
+    code = "sandbox.bad_request"
+
+
+class SandboxTooLarge(SandboxError, ValueError):
+    """A file read or written, or an upload, exceeds its configured bound (``max_file_bytes``,
+    ``max_upload_bytes``)."""
+
+    code = "sandbox.too_large"
+
+
 def docker_host(explicit: str | None = None) -> str:
     """The engine address in use: ``explicit``, else ``$DOCKER_HOST``, else the default socket."""
     return explicit or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
@@ -94,17 +108,19 @@ def is_connection_error(exc: BaseException) -> bool:
 
 
 def retry(fn: Callable[[], T], attempts: int = 3, backoff_s: float = 0.2, what: str = "docker call") -> T:
-    """Call ``fn`` (blocking), retrying transient engine errors with jittered exponential backoff."""
-    for i in range(attempts):
+    """Call ``fn`` (blocking), retrying transient engine errors with jittered exponential backoff; at most
+    ``attempts`` calls (one at least)."""
+    i = 0
+    while True:  # ends with the first success, or by raising the last attempt's error
         try:
             return fn()
         except Exception as e:
-            if i == attempts - 1 or not is_transient(e):
+            if i >= attempts - 1 or not is_transient(e):
                 raise
             delay = backoff_s * (2**i) * (0.5 + random.random())
             log.warning("%s failed (%s); retry %d/%d in %.2fs", what, e, i + 1, attempts - 1, delay)
             time.sleep(delay)
-    raise AssertionError("unreachable")
+            i += 1
 
 
 # Blocking SDK calls run in a dedicated pool: asyncio's default executor has min(32, cpus + 4)

@@ -89,6 +89,12 @@ class HelperBroken(SandboxError):
     code = "sandbox.helper_broken"
 
 
+class HelperTimeout(SandboxError, TimeoutError):
+    """The helper's next reply did not come before the deadline (the caller gives up on the command)."""
+
+    code = "sandbox.helper_timeout"
+
+
 class ExecHelper:
     """Host side of the helper (blocking; call from a worker thread). One request at a time."""
 
@@ -107,7 +113,7 @@ class ExecHelper:
         self.alive = True
 
     def _next(self, deadline: float) -> tuple[bytes, bytes]:
-        """Next reply frame; raises TimeoutError at ``deadline``, HelperBroken on EOF/garbage."""
+        """Next reply frame; raises HelperTimeout (a TimeoutError) at ``deadline``, HelperBroken on EOF/garbage."""
         while True:
             if len(self._buf) >= 5:
                 kind, size = struct.unpack(">cI", self._buf[:5])
@@ -121,12 +127,12 @@ class ExecHelper:
             if not data:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError
+                    raise HelperTimeout
                 self._sock.settimeout(remaining)
                 try:
                     data = self._sock.recv(1 << 16)
                 except (TimeoutError, BlockingIOError):
-                    raise TimeoutError from None
+                    raise HelperTimeout from None
                 except OSError as e:
                     raise HelperBroken(str(e)) from e
                 if not data:

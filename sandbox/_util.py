@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from agentrl.utils.procs import stat_fields
 
+from ._engine import BadSandboxRequest, SandboxError, SandboxTooLarge
 from .runtime import guest_ulimits, host_pids_limit
 
 if TYPE_CHECKING:
@@ -75,11 +76,11 @@ def wrap_command(cmd: str, timeout_s: float, kill_after_s: float = 1.0, mem_limi
     With ``mem_limit_mb``, a shell first sets the address-space limit (``ulimit -v``, soft and hard, so the
     command cannot raise it) and then ``exec``s the same argv."""
     if timeout_s <= 0:
-        raise ValueError("timeout must be positive")
+        raise BadSandboxRequest("timeout must be positive")
     argv = ["timeout", f"--kill-after={_secs(kill_after_s)}", _secs(timeout_s), "sh", "-c", cmd]
     if mem_limit_mb is not None:
         if mem_limit_mb <= 0:
-            raise ValueError("mem_limit_mb must be positive")
+            raise BadSandboxRequest("mem_limit_mb must be positive")
         argv = ["sh", "-c", 'ulimit -v "$0" && exec "$@"', str(mem_limit_mb * 1024), *argv]
     return argv
 
@@ -146,13 +147,14 @@ class FrameParser:
 
 def workspace_relpath(workspace: str, path: str) -> str:
     """``path`` (absolute, or relative to the workspace) as a normalised path relative to the workspace;
-    raises ValueError when it points outside (host-side writes only go to the workspace volume)."""
+    raises BadSandboxRequest (a ValueError) when it points outside (host-side writes only go to the workspace
+    volume)."""
     full = posixpath.normpath(posixpath.join(workspace, path))
     ws = posixpath.normpath(workspace)
     if full == ws:
         return "."
     if not full.startswith(ws.rstrip("/") + "/"):
-        raise ValueError(f"{path!r} is outside the sandbox workspace {workspace}")
+        raise BadSandboxRequest(f"{path!r} is outside the sandbox workspace {workspace}")
     return posixpath.relpath(full, ws)
 
 
@@ -179,13 +181,20 @@ def file_tar(rel: str, content: bytes, uid: int, gid: int, mode: int = 0o644) ->
     return buf.getvalue()
 
 
+class UploadNotADirectory(SandboxError, NotADirectoryError):
+    """The local path given to ``upload`` is not a directory."""
+
+    code = "sandbox.upload_not_a_directory"
+
+
 def dir_tar(local_dir: str | os.PathLike[str], rel: str, uid: int, gid: int, out: BinaryIO,
             max_bytes: int) -> int:
     """Write to ``out`` a tar of ``local_dir``'s contents placed under ``rel`` (relative to the extraction
-    dir), owned by uid:gid; returns the file bytes added. Raises ValueError beyond ``max_bytes``."""
+    dir), owned by uid:gid; returns the file bytes added. Raises UploadNotADirectory (a NotADirectoryError)
+    when ``local_dir`` is not a directory, SandboxTooLarge (a ValueError) beyond ``max_bytes``."""
     root = Path(local_dir)
     if not root.is_dir():
-        raise NotADirectoryError(str(root))
+        raise UploadNotADirectory(str(root))
     total = 0
 
     def owned(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
@@ -194,7 +203,7 @@ def dir_tar(local_dir: str | os.PathLike[str], rel: str, uid: int, gid: int, out
             return None  # no devices, fifos or hard links
         total += info.size
         if total > max_bytes:
-            raise ValueError(f"upload of {root} exceeds {max_bytes} bytes")
+            raise SandboxTooLarge(f"upload of {root} exceeds {max_bytes} bytes")
         info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
         info.mode &= 0o777  # never setuid/setgid/sticky
         return info

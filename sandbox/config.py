@@ -10,9 +10,19 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentrl.errors import ConfigError
+
+from ._engine import SandboxError
 from .runtime import runsc_budget_error
 
 _OWNER: str | None = None
+
+
+class SandboxConfigError(SandboxError, ConfigError, ValueError):
+    """A sandbox or pool setting cannot be used (in a :class:`SandboxConfig`, pydantic reports it as a
+    validation error); the message says what to change."""
+
+    code = "sandbox.config"
 
 
 def default_owner() -> str:
@@ -106,28 +116,28 @@ class SandboxConfig(BaseModel):
     def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
         for host, target in v.items():
             if not (host.startswith("/") and target.startswith("/")):
-                raise ValueError(f"binds need absolute paths on both sides, not {host!r}: {target!r}")
+                raise SandboxConfigError(f"binds need absolute paths on both sides, not {host!r}: {target!r}")
         return v
 
     @field_validator("user", "keeper_user")
     @classmethod
     def _not_root(cls, v: str) -> str:
         if int(v.split(":")[0]) == 0 or int(v.split(":")[1]) == 0:
-            raise ValueError("sandboxed processes never run as root (uid/gid 0)")
+            raise SandboxConfigError("sandboxed processes never run as root (uid/gid 0)")
         return v
 
     @model_validator(mode="after")
     def _disk_fits_in_memory(self) -> SandboxConfig:
         need = self.workspace_mb + self.tmp_mb + self.headroom_mb
         if need > self.mem_mb:
-            raise ValueError(
+            raise SandboxConfigError(
                 f"workspace_mb ({self.workspace_mb}) + tmp_mb ({self.tmp_mb}) + headroom_mb ({self.headroom_mb}) = "
                 f"{need} MiB does not fit in mem_mb ({self.mem_mb}): tmpfs pages count against the memory limit, so "
                 f"a full workspace would OOM-kill the sandbox. Raise mem_mb to {need} or lower the sizes.")
         if self.runtime == "runsc":
             why = runsc_budget_error(self.workspace_mb, self.tmp_mb, self.headroom_mb, self.mem_mb, self.pids_limit)
             if why:
-                raise ValueError(why)
+                raise SandboxConfigError(why)
         return self
 
     @property

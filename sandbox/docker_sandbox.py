@@ -19,7 +19,9 @@ from typing import Any
 from agentrl.utils.lifeline import own_containers
 
 from ._engine import (
+    BadSandboxRequest,
     SandboxError,
+    SandboxTooLarge,
     SandboxUnavailable,
     docker_host,
     is_connection_error,
@@ -43,7 +45,7 @@ from ._util import (
 from .config import ExecResult, SandboxConfig, default_owner
 from .runtime import process_mem_limit_mb, reap_runtime_leftovers
 
-__all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "container_kwargs"]
+__all__ = ["DockerSandbox", "ExecResult", "SandboxConfig", "SandboxFileNotFound", "container_kwargs"]
 OOM_COUNTER_SCRIPT = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; true"
 """Prints the container cgroup's ``oom_kill N`` line (cgroup v2, or v1 on kernels that count kills)."""
 SHELL_FORK_FAILED = re.compile(rb"^sh: \d+: Cannot fork$", re.M)
@@ -53,6 +55,13 @@ ENOMEM_MESSAGE = re.compile(rb"MemoryError|Cannot allocate memory|std::bad_alloc
 address-space limit fails this way instead of being killed."""
 
 log = logging.getLogger("agentrl.sandbox")
+
+
+class SandboxFileNotFound(SandboxError, FileNotFoundError):
+    """``read_file`` could not read the file: missing, a directory, not readable by the sandbox user, or the
+    read did not finish in time."""
+
+    code = "sandbox.file_not_found"
 
 
 class DockerSandbox:
@@ -295,7 +304,8 @@ class DockerSandbox:
     async def read_file(self, path: str) -> bytes:
         """Contents of ``path`` (absolute, or relative to the workspace), read as the sandbox user.
 
-        Raises FileNotFoundError when it cannot be read, ValueError beyond ``max_file_bytes``.
+        Raises SandboxFileNotFound (a FileNotFoundError) when it cannot be read, SandboxTooLarge (a ValueError)
+        beyond ``max_file_bytes``.
         """
         cfg = self.config
         full = posixpath.join(cfg.workspace, path)
@@ -309,21 +319,25 @@ class DockerSandbox:
 
         code, gave_up = await self._run(read_file_command(full, cfg.max_file_bytes), cfg.api_timeout_s, sink)
         if gave_up or code != 0:
-            raise FileNotFoundError(f"{full}: {err.getvalue().decode('utf-8', 'replace').strip() or 'unreadable'}")
+            raise SandboxFileNotFound(f"{full}: {err.getvalue().decode('utf-8', 'replace').strip() or 'unreadable'}")
         if len(out) > cfg.max_file_bytes:
-            raise ValueError(f"{full} is larger than max_file_bytes={cfg.max_file_bytes}")
+            raise SandboxTooLarge(f"{full} is larger than max_file_bytes={cfg.max_file_bytes}")
         return bytes(out)
 
     async def write_file(self, path: str, content: str | bytes, mode: int = 0o644) -> None:
-        """Write ``content`` to ``path`` inside the workspace (parents created), owned by the sandbox user."""
+        """Write ``content`` to ``path`` inside the workspace (parents created), owned by the sandbox user.
+
+        Raises SandboxTooLarge (a ValueError) beyond ``max_file_bytes``, BadSandboxRequest (a ValueError) for a
+        path outside the workspace or the workspace itself.
+        """
         self._check()
         cfg = self.config
         data = content.encode() if isinstance(content, str) else bytes(content)
         if len(data) > cfg.max_file_bytes:
-            raise ValueError(f"{len(data)} bytes exceed max_file_bytes={cfg.max_file_bytes}")
+            raise SandboxTooLarge(f"{len(data)} bytes exceed max_file_bytes={cfg.max_file_bytes}")
         rel = workspace_relpath(cfg.workspace, path)
         if rel == ".":
-            raise ValueError("path names the workspace itself")
+            raise BadSandboxRequest("path names the workspace itself")
         tar = file_tar(rel, data, *cfg.uid_gid, mode=mode & 0o777)
         await to_thread(self._put, tar)
 

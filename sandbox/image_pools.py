@@ -18,8 +18,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
-from ._engine import make_client, to_thread
-from .config import SandboxConfig
+from ._engine import SandboxError, make_client, to_thread
+from .config import SandboxConfig, SandboxConfigError
 from .docker_sandbox import DockerSandbox
 
 log = logging.getLogger("agentrl.sandbox")
@@ -32,7 +32,7 @@ class ImagePools:
     def __init__(self, config: SandboxConfig, *, per_image: int = 1, max_images: int = 2,
                  max_idle_s: float = 600.0, refill_parallelism: int = 2) -> None:
         if per_image < 0 or max_images < 0 or refill_parallelism < 1:
-            raise ValueError("per_image >= 0, max_images >= 0, refill_parallelism >= 1")
+            raise SandboxConfigError("per_image >= 0, max_images >= 0, refill_parallelism >= 1")
         self.config = config
         self.per_image, self.max_images, self.max_idle_s = per_image, max_images, max_idle_s
         self.refill_parallelism = refill_parallelism
@@ -85,7 +85,7 @@ class ImagePools:
         async def ready() -> None:
             while len(self._warm.get(image, ())) < want:
                 if image in self._failed:
-                    raise RuntimeError(f"image {image} cannot be started: {self._failed[image]}")
+                    raise SandboxError(f"image {image} cannot be started: {self._failed[image]}")
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -102,7 +102,7 @@ class ImagePools:
     async def acquire(self, image: str) -> DockerSandbox:
         """A started sandbox of ``image`` for one use: warm when one is ready, else started now."""
         if self._closed or self._client is None:
-            raise RuntimeError("image pools are not started (or closed)")
+            raise SandboxError("image pools are not started (or closed)")
         try:
             self._plan.remove(image)
         except ValueError:

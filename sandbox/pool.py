@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ._engine import SandboxError, SandboxUnavailable, is_transient, make_client, to_thread
-from .config import SandboxConfig
+from .config import SandboxConfig, SandboxConfigError
 from .docker_sandbox import DockerSandbox
 
 log = logging.getLogger("agentrl.sandbox")
@@ -29,7 +29,7 @@ class SandboxPool:
                  max_idle_s: float = 600.0, refill_parallelism: int = 2, retries: int = 3,
                  backoff_s: float = 0.5) -> None:
         if size < 0 or max_concurrency < 1 or refill_parallelism < 1 or retries < 1:
-            raise ValueError("size >= 0, max_concurrency >= 1, refill_parallelism >= 1, retries >= 1")
+            raise SandboxConfigError("size >= 0, max_concurrency >= 1, refill_parallelism >= 1, retries >= 1")
         self.config = config or SandboxConfig()
         self.size, self.max_idle_s, self.retries, self.backoff_s = size, max_idle_s, retries, backoff_s
         self.refill_parallelism = refill_parallelism
@@ -81,7 +81,8 @@ class SandboxPool:
 
     async def _create(self) -> DockerSandbox:
         """Start one sandbox, retrying transient engine errors with exponential backoff."""
-        for attempt in range(self.retries):
+        attempt = 0
+        while True:  # ends with a started sandbox, or by raising the last attempt's error
             sb = DockerSandbox(self.config, client=self._client)
             try:
                 await sb.start()
@@ -92,10 +93,10 @@ class SandboxPool:
             except SandboxError as e:
                 self.stats["errors"] += 1
                 self.last_error = e
-                if attempt == self.retries - 1 or not is_transient(e.__cause__ or e):
+                if attempt >= self.retries - 1 or not is_transient(e.__cause__ or e):
                     raise
                 await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def _fresh(self, sb: DockerSandbox) -> bool:
         now = time.time()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentrl.environment.base import Environment, Task, ToolError, tool
+from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
 from agentrl.envs.calc.tasks import make_tasks
 from agentrl.types import Message
@@ -86,7 +87,7 @@ class CalcEnv(Environment):
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The built-in problems of ``split`` ("train": 2000, "test": 200), generated once and cached."""
         if split not in SPLIT_SIZES:
-            raise ValueError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
+            raise TaskSourceError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
         return [dict(t) for t in _cached_tasks(split)]
 
     async def reset(self, task: Task) -> str:

@@ -17,6 +17,22 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.environment.tasks import TaskSourceError
+from agentrl.errors import EnvError
+
+
+class BadTemplate(EnvError, AssertionError):
+    """A problem template produced an answer that is not an integer (a bug in the template)."""
+
+    code = "env.calc.bad_template"
+
+
+class NotEnoughTasks(EnvError, RuntimeError):
+    """A split has fewer distinct problems than were asked for."""
+
+    code = "env.calc.not_enough_tasks"
+
+
 NAMES: list[tuple[str, str]] = [
     ("Ann", "She"), ("Ben", "He"), ("Cara", "She"), ("Dev", "He"), ("Eli", "He"), ("Fay", "She"),
     ("Gus", "He"), ("Hana", "She"), ("Ivy", "She"), ("Jon", "He"), ("Kim", "She"), ("Leo", "He"),
@@ -169,7 +185,7 @@ def _evaluate(expression: str) -> int:
 
     value = safe_eval(expression)
     if not isinstance(value, int):
-        raise AssertionError(f"template produced a non-integer answer: {expression} = {value}")
+        raise BadTemplate(f"template produced a non-integer answer: {expression} = {value}")
     return value
 
 
@@ -179,7 +195,7 @@ def make_tasks(split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
     Each task is ``{"id": "calc-<split>-<i>", "question", "expression", "answer"}``.
     """
     if split not in ("train", "test"):
-        raise ValueError(f"unknown split {split!r}; expected 'train' or 'test'")
+        raise TaskSourceError(f"unknown split {split!r}; expected 'train' or 'test'")
     rng = random.Random(f"calc:{split}:{seed}")
     names = sorted(TEMPLATES)
     seen: set[tuple[str, tuple[int, ...]]] = set()
@@ -188,7 +204,7 @@ def make_tasks(split: str, n: int, seed: int = 0) -> list[dict[str, Any]]:
     while len(tasks) < n:
         attempts += 1
         if attempts > 200 * n + 10_000:
-            raise RuntimeError(f"could not draw {n} distinct {split} tasks")
+            raise NotEnoughTasks(f"could not draw {n} distinct {split} tasks")
         template = rng.choice(names)
         numbers, question, expression = TEMPLATES[template](rng)
         key = (template, numbers)

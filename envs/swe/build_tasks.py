@@ -193,7 +193,14 @@ def _oracle_ok(base: dict[str, str], patch: str, clean_parts: dict[str, str]) ->
     return all(files[p] == c for p, c in clean_parts.items())
 
 
-class NoSymptom(EnvError, RuntimeError):
+class TaskBuildError(EnvError, RuntimeError):
+    """The bundled tasks cannot be built: a repository's tests fail or hang, or a bug has no usable reference
+    patch."""
+
+    code = "env.swe.task_build"
+
+
+class NoSymptom(TaskBuildError):
     """No failing test of a bug shows a symptom a user could report (the bug is skipped)."""
 
     code = "env.swe.no_symptom"
@@ -208,7 +215,7 @@ def make_task(repo: str, bugs: list[Accepted], clean: dict[str, str], cfg: Build
         buggy[b.mutation.path] = b.mutation.apply(buggy[b.mutation.path])
     status = run_tests(buggy)
     if status is None:
-        raise RuntimeError(f"{repo} {label}: the buggy tree's tests hang")
+        raise TaskBuildError(f"{repo} {label}: the buggy tree's tests hang")
     f2p = sorted(failing(status))
     test_files = files_of(f2p)
     p2p = sorted(t for t in status if t.split("::")[0] in test_files and t not in f2p)
@@ -220,7 +227,7 @@ def make_task(repo: str, bugs: list[Accepted], clean: dict[str, str], cfg: Build
         if _oracle_ok(base, patch, {p: clean[p] for p in paths}):
             break
     else:
-        raise RuntimeError(f"{repo} {label}: no reference patch whose hunks are unique")
+        raise TaskBuildError(f"{repo} {label}: no reference patch whose hunks are unique")
     symptoms = []
     for b in bugs:
         candidates = sorted(b.failing & set(f2p))
@@ -308,7 +315,7 @@ def build(cfg: BuildConfig, log: Any = print, repos: tuple[str, ...] = REPOS) ->
             clean = read_tree(REPOS_DIR / repo)
             clean_status = run_tests(clean)
             if clean_status is None or failing(clean_status) or not clean_status:
-                raise RuntimeError(f"{repo}: the clean repository's tests do not all pass")
+                raise TaskBuildError(f"{repo}: the clean repository's tests do not all pass")
             bugs = choose_bugs(repo, clean, clean_status, cfg, pool, log)
             rows = list(pool.map(lambda b: _try_task(repo, [b], clean, cfg), bugs))  # noqa: B023
             singles = [i for i, row in enumerate(rows) if row is not None][: cfg.singles_per_repo]

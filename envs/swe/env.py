@@ -82,7 +82,7 @@ class SweEnv(Environment):
         """Rows of ``config.tasks_file`` (default: the bundled tasks) in ``split``: "train", "test" or
         "all". Rows without a ``split`` field belong to every split."""
         if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+            raise TaskSourceError(f"unknown split {split!r}; expected one of {SPLITS}")
         rows = _rows(Path(cls.config.tasks_file or BUNDLED_TASKS))
         return [dict(r) for r in rows if split == "all" or r.get("split") in (None, split)]
 

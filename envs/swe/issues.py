@@ -14,6 +14,15 @@ import random
 import textwrap
 from dataclasses import dataclass, field
 
+from agentrl.errors import EnvError
+
+
+class ProbeError(EnvError, ValueError):
+    """An issue probe shows no symptom to report: it printed no result, or none of its checks fails on the
+    buggy tree."""
+
+    code = "env.swe.probe"
+
 
 @dataclass
 class Check:
@@ -178,7 +187,7 @@ def parse_probe(stdout: str) -> list[dict]:
     for line in stdout.splitlines():
         if line.startswith("AGENTRL_PROBE "):
             return json.loads(line[len("AGENTRL_PROBE ") :])
-    raise ValueError(f"the probe printed no result: {stdout[-500:]}")
+    raise ProbeError(f"the probe printed no result: {stdout[-500:]}")
 
 
 @dataclass
@@ -199,7 +208,8 @@ def _fence(code: str) -> str:
 
 
 def symptom(repro: Repro, records: list[dict]) -> Symptom:
-    """The first failing check, with the setup that leads to it (raises ValueError if none fails)."""
+    """The first failing check, with the setup that leads to it (raises ProbeError, a ValueError, if none
+    fails)."""
     by_index = {r["i"]: r for r in records}
     code: list[str] = []
     for i, step in enumerate(repro.steps):
@@ -232,7 +242,7 @@ def symptom(repro: Repro, records: list[dict]) -> Symptom:
                            repro.doc)
         if step.kind != "raises":  # keep the effect of passing checks that mutate state
             code.append(step.code)
-    raise ValueError("no check of this test fails on the buggy tree")
+    raise ProbeError("no check of this test fails on the buggy tree")
 
 
 _TITLES = [

@@ -21,6 +21,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from agentrl.errors import EnvError
+
+
+class LogParserError(EnvError, ValueError):
+    """A log parser name is not allowed, or names no registered parser."""
+
+    code = "env.swe.log_parser"
+
+
 LogParser = Callable[[str], dict[str, str]]
 """Test output (stdout and stderr) -> status per test id."""
 
@@ -98,7 +107,7 @@ LOG_PARSERS: dict[str, LogParser] = {"pytest": parse_pytest, "unittest": parse_u
 def register_log_parser(name: str, parser: LogParser) -> None:
     """Make ``parser`` available to task rows as ``log_parser: name`` (before the rows are loaded)."""
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ValueError(f"log parser name {name!r}: use letters, digits, '_', '.', '-'")
+        raise LogParserError(f"log parser name {name!r}: use letters, digits, '_', '.', '-'")
     LOG_PARSERS[name] = parser
 
 
@@ -107,5 +116,5 @@ def parse_log(name: str, log: str) -> dict[str, str]:
     try:
         parser = LOG_PARSERS[name]
     except KeyError:
-        raise ValueError(f"unknown log parser {name!r}; known: {sorted(LOG_PARSERS)}") from None
+        raise LogParserError(f"unknown log parser {name!r}; known: {sorted(LOG_PARSERS)}") from None
     return parser(log)

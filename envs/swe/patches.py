@@ -25,6 +25,19 @@ class PatchError(EnvError, ValueError):
     code = "env.swe.patch"
 
 
+class TextNotFound(EnvError, LookupError):
+    """The text to replace does not occur in the file (``args[0]``: that text)."""
+
+    code = "env.swe.replace.not_found"
+
+
+class TextNotUnique(EnvError, ValueError):
+    """The text to replace is empty, or occurs more than once (then ``args[0]`` lists the lines where it
+    starts)."""
+
+    code = "env.swe.replace.not_unique"
+
+
 @dataclass
 class Hunk:
     """One ``@@`` hunk: its lines as ``(tag, text)``, tag in `` ``/``-``/``+``, text with its line ending."""
@@ -342,16 +355,17 @@ def patch_to_edits(patch: str) -> list[Edit]:
 
 def replace_unique(content: str, old: str, new: str) -> tuple[str, int]:
     """``content`` with the single occurrence of ``old`` replaced by ``new``, and the 1-based line where it
-    starts. Raises LookupError when ``old`` is missing, ValueError(positions) when it occurs more than once."""
+    starts. Raises TextNotFound (a LookupError) when ``old`` is missing, TextNotUnique(lines) (a ValueError)
+    when it occurs more than once, TextNotUnique when it is empty."""
     if not old:
-        raise ValueError("old_str is empty")
+        raise TextNotUnique("old_str is empty")
     first = content.find(old)
     if first < 0:
-        raise LookupError(old)
+        raise TextNotFound(old)
     second = content.find(old, first + 1)
     if second >= 0:
         lines = [content.count("\n", 0, m.start()) + 1 for m in re.finditer(re.escape(old), content)]
         if len(lines) < 2:  # overlapping matches: finditer skips them
             lines = [content.count("\n", 0, first) + 1, content.count("\n", 0, second) + 1]
-        raise ValueError(lines)
+        raise TextNotUnique(lines)
     return content[:first] + new + content[first + len(old) :], content.count("\n", 0, first) + 1

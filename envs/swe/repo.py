@@ -17,12 +17,19 @@ from pathlib import Path
 from agentrl.envs.swe.gitobj import tree_id
 from agentrl.envs.swe.patches import apply_patch
 from agentrl.envs.swe.task import SweTask
+from agentrl.errors import EnvError
 
 REPOS_DIR = Path(__file__).resolve().parent / "repos"
 """Clean sources of the bundled repositories, one directory each."""
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".git", ".ruff_cache"}
 HIDDEN_DIRS = ("tests/",)
 """Directories of a bundled repository that the agent never sees (the hidden tests live there)."""
+
+
+class NoBundledRepo(EnvError, FileNotFoundError):
+    """A task without an image of its own names a repository that is not bundled."""
+
+    code = "env.swe.no_bundled_repo"
 
 
 def bundled_dir(repo: str) -> Path | None:
@@ -49,7 +56,7 @@ def clean_tree(repo: str) -> dict[str, str]:
     """The clean (fixed) sources of a bundled repository."""
     path = bundled_dir(repo)
     if path is None:
-        raise FileNotFoundError(f"no bundled repository {repo!r} under {REPOS_DIR}")
+        raise NoBundledRepo(f"no bundled repository {repo!r} under {REPOS_DIR}")
     return read_tree(path)
 
 

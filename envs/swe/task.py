@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentrl.envs.swe.logparse import LOG_PARSERS
+from agentrl.environment.tasks import TaskSourceError
+from agentrl.envs.swe.logparse import LOG_PARSERS, LogParserError
 from agentrl.envs.swe.patches import parse_patch, touched_paths
 
 TEST_FILES = "{test_files}"
@@ -72,27 +73,27 @@ class SweTask(BaseModel):
     @classmethod
     def _known_parser(cls, v: str) -> str:
         if v not in LOG_PARSERS:
-            raise ValueError(f"unknown log parser {v!r}; known: {sorted(LOG_PARSERS)}")
+            raise LogParserError(f"unknown log parser {v!r}; known: {sorted(LOG_PARSERS)}")
         return v
 
     @field_validator("test_cmd")
     @classmethod
     def _command(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
-            raise ValueError("test_cmd is empty (leave it out for pytest)")
+            raise TaskSourceError("test_cmd is empty (leave it out for pytest)")
         return v
 
     @model_validator(mode="after")
     def _parser_needs_command(self) -> SweTask:
         if self.test_cmd is None and self.log_parser != "pytest":
-            raise ValueError(f"log_parser {self.log_parser!r} needs a test_cmd (without one, pytest runs the tests)")
+            raise TaskSourceError(f"log_parser {self.log_parser!r} needs a test_cmd (without one, pytest runs the tests)")
         return self
 
     @field_validator("patch", "test_patch")
     @classmethod
     def _parses(cls, v: str) -> str:
         if v.strip() and not parse_patch(v):
-            raise ValueError("not a unified diff (no file headers)")
+            raise TaskSourceError("not a unified diff (no file headers)")
         return v
 
     @property
@@ -125,7 +126,7 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
             SweTask.model_validate(row)
         except ValueError as e:
-            raise ValueError(f"{path}:{lineno}: not a valid SWE task: {e}") from e
+            raise TaskSourceError(f"{path}:{lineno}: not a valid SWE task: {e}") from e
         row.setdefault("id", row["instance_id"])
         rows.append(row)
     return rows

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from agentrl.errors import EnvError
+
+
+class TextViewError(EnvError, ValueError):
+    """A view of a text cannot be made as asked: a line range that does not fit the file (the message is
+    meant for the model), a length limit that is not positive."""
+
+    code = "env.swe.text_view"
+
 
 def truncate_middle(text: str, limit: int) -> str:
     """``text`` if it has at most ``limit`` characters, else its head and tail with a marker between
     them saying how many characters were left out (the result stays within ``limit`` + the marker)."""
     if limit <= 0:
-        raise ValueError("limit must be positive")
+        raise TextViewError("limit must be positive")
     if len(text) <= limit:
         return text
     head = limit // 2
@@ -24,21 +33,21 @@ def numbered(lines: list[str], first: int) -> str:
 
 def view_range(content: str, start_line: int, end_line: int | None, max_lines: int) -> tuple[str, int, int]:
     """Numbered lines ``start_line``..``end_line`` (1-based, inclusive; ``None``/-1: to the end) of
-    ``content``, at most ``max_lines`` of them: ``(text, first, last)``. Raises ValueError for a range
-    that does not fit the file, with a message meant for the model."""
+    ``content``, at most ``max_lines`` of them: ``(text, first, last)``. Raises TextViewError (a ValueError)
+    for a range that does not fit the file, with a message meant for the model."""
     lines = content.splitlines()
     total = len(lines)
     if end_line == -1:
         end_line = None
     if start_line < 1:
-        raise ValueError(f"start_line must be >= 1 (got {start_line})")
+        raise TextViewError(f"start_line must be >= 1 (got {start_line})")
     if total == 0:
-        raise ValueError("the file is empty")
+        raise TextViewError("the file is empty")
     if start_line > total:
-        raise ValueError(f"start_line {start_line} is past the end of the file ({total} lines)")
+        raise TextViewError(f"start_line {start_line} is past the end of the file ({total} lines)")
     last = total if end_line is None else end_line
     if last < start_line:
-        raise ValueError(f"end_line {end_line} is before start_line {start_line}")
+        raise TextViewError(f"end_line {end_line} is before start_line {start_line}")
     last = min(last, total, start_line + max_lines - 1)
     return numbered(lines[start_line - 1 : last], start_line), start_line, last
 
