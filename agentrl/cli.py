@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from agentrl.config import flags
+from agentrl.config.policy import PolicyConfig
+from agentrl.config.run import RunConfig
+from agentrl.config.server import ServerConfig
 
 
 class _App(typer.Typer):
@@ -50,6 +55,35 @@ sandbox_app = typer.Typer(help="The Docker sandbox: build its image, remove orph
                           rich_markup_mode=None)
 app.add_typer(sandbox_app, name="sandbox")
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _with_settings(model: Any, flags: Sequence[Any], into: str = "settings") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command one option per flag of ``flags`` (``agentrl.config.flags``), each typed, helped and
+    defaulted by the setting of ``model`` it sets; the command receives them in its parameter ``into``: option
+    parameter -> value (None: not given), for :func:`agentrl.config.flags.overrides`."""
+    import functools
+    import inspect
+
+    from agentrl.config.flags import help_text, value_type
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != into]
+        options = [
+            inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+                value_type(model, f) | None,
+                typer.Option(f.name, help=help_text(model, f), metavar=f.metavar, envvar=f.envvar,
+                             show_envvar=f.envvar is not None, show_default=False)])
+            for f in flags]
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            return command(**{into: {f.param: kwargs.pop(f.param) for f in flags}}, **kwargs)
+
+        run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [*options, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own)])
+        return run
+
+    return wrap
 
 
 def _setup(verbose: bool) -> None:
@@ -96,110 +130,18 @@ def _run(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-EnvOpt = Annotated[str, typer.Option(
-    "--env", help="Environment: a name (calc), package.module:Class (from the current directory), file.py:Class, or openenv:URL (an OpenEnv server).")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="Model directory (default: the embedded tiny model).")]
-ToolParserOpt = Annotated[str | None, typer.Option(
-    "--tool-parser", help="How the model writes tool calls: a vLLM tool parser name (hermes, llama3_json, mistral, "
-                          "qwen3_coder, pythonic, ...; default hermes). See `agentrl doctor`.")]
+EnvOpt = Annotated[str, typer.Option("--env", help=flags.help_text(RunConfig, flags.Flag("env")))]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
-    "--chat-template", help="Render turns with this chat template instead of the model's own: a built-in name "
-                            "(hermes) or a Jinja file; for models whose template shows no tools. See `agentrl doctor`.")]
-EndpointOpt = Annotated[
-    list[str] | None, typer.Option("--endpoint", help="Use an existing inference server (repeatable).")
-]
-_TASKS_HELP = ("{} tasks: a JSONL, parquet or CSV file, a saved dataset directory, or a Hugging Face hub dataset "
-               "name (parquet and datasets: pip install 'agentrl[data]').")
-TaskColumnOpt = Annotated[list[str] | None, typer.Option(
-    "--task-column", metavar="FIELD=COLUMN",
-    help="Take task field FIELD from the source's column COLUMN (repeatable; run config: task_columns).")]
-
-
-def _task_columns(values: list[str] | None) -> dict[str, str] | None:
-    """``--task-column FIELD=COLUMN`` values as ``task_columns`` (None: none given); a malformed one exits 2."""
-    if not values:
-        return None
-    out: dict[str, str] = {}
-    for value in values:
-        field, sep, column = value.partition("=")
-        if not sep or not field.strip() or not column.strip():
-            _fail(f"--task-column {value!r}: expected FIELD=COLUMN (the task field, then the source's column), "
-                  "e.g. --task-column question=prompt")
-        out[field.strip()] = column.strip()
-    return out
-
-# The flag that sets each dotted config setting, so a config error can name the one to fix.
-_EVAL_FLAGS = {"env": "--env", "model": "--model", "tool_parser": "--tool-parser", "chat_template": "--chat-template",
-               "eval_tasks": "--tasks",
-               "endpoints": "--endpoint", "eval_tasks_split": "--tasks-split", "task_columns": "--task-column"}
-_TRAIN_FLAGS = {
-    "env": "--env", "model": "--model", "tool_parser": "--tool-parser", "chat_template": "--chat-template",
-    "endpoints": "--endpoint", "tasks": "--tasks", "name": "--name", "steps": "--steps", "nproc": "--nproc",
-    "tasks_split": "--tasks-split", "eval_tasks": "--eval-tasks", "eval_tasks_split": "--eval-tasks-split",
-    "task_columns": "--task-column",
-    "time_limit_min": "--time-limit-min", "env_url": "--env-url", "mode": "--mode",
-    "pipeline.max_staleness": "--max-staleness", "sampling.temperature": "--temperature",
-    "agent.command": "--agent", "agent.reward": "--agent-reward", "agent.image": "--agent-image",
-    "placement.inference_gpus": "--inference-gpus",
-    "placement.trainer_gpus": "--trainer-gpus", "trainer.lora": "--full", "tracking.report_to": "--report-to",
-    "seed": "--seed",
-}
-_SERVE_ENV_FLAGS = {
-    "envs": "--env", "host": "--host", "port": "--port", "token": "--token", "auth": "--no-auth",
-    "max_sessions": "--max-sessions", "max_sessions_per_client": "--max-sessions-per-client",
-    "session_ttl_s": "--session-ttl", "step_timeout_s": "--step-timeout", "tokenizers": "--tokenizer",
-    "chat_template": "--chat-template",
-}
+    "--chat-template", help=flags.help_text(RunConfig, flags.Flag("chat_template")))]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]
 
 
 @app.command()
+@_with_settings(RunConfig, flags.TRAIN)
 def train(
-    env: EnvOpt = "calc",
+    settings: dict[str, Any],
     config: ConfigOpt = None,
-    model: ModelOpt = None,
-    tool_parser: ToolParserOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    name: Annotated[str | None, typer.Option(help="Run name (outputs in runs/NAME).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Optimizer steps.")] = None,
-    tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Training"))] = None,
-    tasks_split: Annotated[str | None, typer.Option(
-        help="Split of --tasks: a dataset's split (default train), or a file's rows with this split column.")] = None,
-    eval_tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Held-out"))] = None,
-    eval_tasks_split: Annotated[str | None, typer.Option(
-        help="Split of --eval-tasks: a dataset's split (default test), or a file's rows with this split column.")] = None,
-    task_column: TaskColumnOpt = None,
-    nproc: Annotated[int | None, typer.Option(help="Trainer processes (torchrun).")] = None,
-    endpoint: EndpointOpt = None,
-    env_url: Annotated[str | None, typer.Option(
-        help="Run the environment on an `agentrl serve-env` server (token: $AGENTRL_ENV_TOKEN).")] = None,
-    time_limit_min: Annotated[float | None, typer.Option(help="Stop after this many minutes.")] = None,
-    mode: Annotated[str | None, typer.Option(
-        help="sync (generate, then train) or async (overlapped, bounded staleness).")] = None,
-    max_staleness: Annotated[int | None, typer.Option(
-        help="Most versions a trained rollout may lag the trainer (eta); eta >= 1 is async mode.")] = None,
-    temperature: Annotated[float | None, typer.Option(
-        help="Rollout sampling temperature (the trainer scores the same distribution).")] = None,
-    seed: Annotated[int | None, typer.Option(
-        help="The run's seed: task sampling and the trainer's seed (the engine's sampling is not seeded).")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the run's latest checkpoint.")] = False,
-    agent: Annotated[str | None, typer.Option(
-        help="Train a black-box agent program (a command line, launched per episode with OPENAI_BASE_URL, "
-             "OPENAI_API_KEY and AGENTRL_TASK; docs/blackbox.md).")] = None,
-    agent_reward: Annotated[str | None, typer.Option(
-        help="Who scores a black-box episode: env (the environment's reward) or agent (the program posts it).")] = None,
-    agent_image: Annotated[str | None, typer.Option(
-        help="Run each black-box agent program in a fresh container of this image, whose only network path is "
-             "the policy endpoint (needs a Docker engine on this host; docs/blackbox.md).")] = None,
-    inference_gpus: Annotated[str | None, typer.Option(
-        help="GPUs for the local vLLM servers, e.g. 0-3 (one server per tensor-parallel group).")] = None,
-    trainer_gpus: Annotated[str | None, typer.Option(
-        help="GPUs for the trainer, e.g. 4-7 (one torchrun rank per GPU).")] = None,
-    full: Annotated[bool, typer.Option(
-        "--full", help="Fine-tune every weight (trainer.lora = false) instead of a LoRA adapter.")] = False,
-    report_to: Annotated[str | None, typer.Option(
-        help="Experiment trackers besides metrics.jsonl, comma-separated: tensorboard, wandb, trackio, mlflow "
-             "(pip install 'agentrl[trackers]'), or package.module:Class.")] = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the fully resolved config as TOML and exit.")] = False,
     dry_run: Annotated[bool, typer.Option(
@@ -211,24 +153,11 @@ def train(
     from agentrl.config.run import load_config
     from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
-    overrides = {
-        "env": canonical_spec(env), "model": model, "tool_parser": tool_parser, "chat_template": chat_template,
-        "name": name, "steps": steps,
-        "tasks": tasks, "nproc": nproc, "endpoints": endpoint or None, "time_limit_min": time_limit_min,
-        "env_url": env_url, "mode": mode, "seed": seed,
-        "tasks_split": tasks_split, "eval_tasks": eval_tasks, "eval_tasks_split": eval_tasks_split,
-        "task_columns": _task_columns(task_column),
-        "pipeline": {"max_staleness": max_staleness} if max_staleness is not None else None,
-        "sampling": {"temperature": temperature} if temperature is not None else None,
-        "agent": {k: v for k, v in (("command", shlex.split(agent) if agent else None), ("reward", agent_reward),
-                                    ("image", agent_image)) if v is not None} or None,
-        "placement": {k: v for k, v in (("inference_gpus", inference_gpus), ("trainer_gpus", trainer_gpus))
-                      if v is not None} or None,
-        "trainer": {"lora": False} if full else None,
-        "tracking": {"report_to": report_to} if report_to is not None else None,
-    }
     try:
-        cfg = load_config(config, overrides, flags=_TRAIN_FLAGS)
+        overrides = flags.overrides(flags.TRAIN, settings)
+        if "env" in overrides:
+            overrides["env"] = canonical_spec(overrides["env"])
+        cfg = load_config(config, overrides, flags=flags.flag_names(flags.TRAIN))
         cfg.check_trainable()
         if print_config:
             typer.echo(cfg.resolved().to_toml())
@@ -240,7 +169,7 @@ def train(
             typer.echo(plan.render())
             typer.echo(json.dumps(plan.as_dict()))
             return
-        load_env(env, url=cfg.env_url, token=cfg.env_token)
+        load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(e)
     except RuntimeError as e:  # agentrl.environment.remote.RemoteEnvError: the env server is unreachable or refuses
@@ -257,21 +186,14 @@ def train(
 
 
 @app.command("eval")
+@_with_settings(RunConfig, flags.EVAL)
 def eval_(
-    env: EnvOpt = "calc",
+    settings: dict[str, Any],
     config: ConfigOpt = None,
-    model: ModelOpt = None,
-    tool_parser: ToolParserOpt = None,
-    chat_template: ChatTemplateOpt = None,
     adapter: Annotated[Path | None, typer.Option(
         help="LoRA adapter directory to evaluate (a full-weight run's final_model: pass it as --model).")] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
-    tasks: Annotated[str | None, typer.Option(help=_TASKS_HELP.format("Held-out"))] = None,
-    tasks_split: Annotated[str | None, typer.Option(
-        help="Split of --tasks: a dataset's split (default test), or a file's rows with this split column.")] = None,
-    task_column: TaskColumnOpt = None,
-    endpoint: EndpointOpt = None,
     policy: Annotated[str, typer.Option(
         help="model (the LLM), or a scripted check of tools and reward: oracle (the reference solution) "
              "or null (gives up at once); scripted policies need no inference server.")] = "model",
@@ -283,13 +205,12 @@ def eval_(
     from agentrl.config.run import load_config
     from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
 
-    env = canonical_spec(env)
     try:
-        load_env(env)
-        cfg = load_config(config, {"env": env, "model": model, "tool_parser": tool_parser,
-                                   "chat_template": chat_template, "eval_tasks": tasks,
-                                   "endpoints": endpoint or None, "eval_tasks_split": tasks_split,
-                                   "task_columns": _task_columns(task_column)}, flags=_EVAL_FLAGS)
+        overrides = flags.overrides(flags.EVAL, settings)
+        if "env" in overrides:
+            overrides["env"] = canonical_spec(overrides["env"])
+        cfg = load_config(config, overrides, flags=flags.flag_names(flags.EVAL))
+        load_env(cfg.env)
     except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
         _fail(e)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
@@ -334,24 +255,23 @@ def show(
 
 
 @app.command()
+@_with_settings(RunConfig, flags.DOCTOR)
 def doctor(
-    model: Annotated[str | None, typer.Option("--model", help="Model directory to check (default: the embedded tiny model).")] = None,
-    tool_parser: ToolParserOpt = None,
-    chat_template: ChatTemplateOpt = None,
+    settings: dict[str, Any],
     as_json: Annotated[bool, typer.Option("--json", help="Also print the report as one JSON object (last line).")] = False,
 ) -> None:
     """Check a model directory for the agent loop: chat template, stop tokens, tool-call parser, observation
     delta (the checks `agentrl train` runs at start). Exit 1 when a problem is found."""
-    from agentrl.config.run import DEFAULT_MODEL
     from agentrl.launch.doctor import diagnose
     from agentrl.launch.stack import ensure_model
 
-    model = model or DEFAULT_MODEL
+    cfg = RunConfig.model_validate(flags.overrides(flags.DOCTOR, settings))
+    model, tool_parser, chat_template = cfg.model, cfg.tool_parser, cfg.chat_template
     try:
         ensure_model(model)
     except (FileNotFoundError, ValueError) as e:
         _fail(str(e))
-    report = diagnose(model, tool_parser or "hermes", chat_template)
+    report = diagnose(model, tool_parser, chat_template)
     typer.echo(report.text())
     if as_json:
         typer.echo(json.dumps(report.model_dump(mode="json")))
@@ -539,20 +459,9 @@ def init_env(
 
 
 @app.command("serve-env")
+@_with_settings(ServerConfig, flags.SERVE_ENV)
 def serve_env(
-    env: Annotated[list[str] | None, typer.Option("--env", help="Environment to serve, named as for train (repeatable; default calc).")] = None,
-    host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="TCP port (default 8765; 0: any free port).")] = None,
-    token: Annotated[str | None, typer.Option(envvar="AGENTRL_ENV_TOKEN", show_envvar=True,
-                                              help="Bearer token clients must send (default: generated, printed).")] = None,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="No token (only on a loopback address).")] = False,
-    max_sessions: Annotated[int | None, typer.Option(help="Open sessions at most (default 256).")] = None,
-    max_sessions_per_client: Annotated[int | None, typer.Option(help="Per client address (default 128).")] = None,
-    session_ttl: Annotated[float | None, typer.Option(help="Close sessions idle this many seconds (default 600).")] = None,
-    step_timeout: Annotated[float | None, typer.Option(help="Seconds one step may take (default 60).")] = None,
-    tokenizer: Annotated[list[str] | None, typer.Option(
-        "--tokenizer", help="Model dir whose chat template POST /v1/rollouts uses (repeatable).")] = None,
-    chat_template: ChatTemplateOpt = None,
+    settings: dict[str, Any],
     config: Annotated[Path | None, typer.Option("--config", help="TOML server config (its 'server' table, or top level).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
@@ -561,15 +470,11 @@ def serve_env(
     from agentrl.environment.registry import UnknownEnvironmentError
     from agentrl.server import load_server_config
 
-    overrides = {
-        "envs": env or None, "host": host, "port": port, "token": token, "auth": False if no_auth else None,
-        "max_sessions": max_sessions, "max_sessions_per_client": max_sessions_per_client,
-        "session_ttl_s": session_ttl, "step_timeout_s": step_timeout, "tokenizers": tokenizer or None,
-        "chat_template": chat_template,
-        "access_log": True if verbose else None,
-    }
     try:
-        cfg = load_server_config(config, overrides, flags=_SERVE_ENV_FLAGS)
+        overrides = flags.overrides(flags.SERVE_ENV, settings)
+        if verbose:
+            overrides["access_log"] = True
+        cfg = load_server_config(config, overrides, flags=flags.flag_names(flags.SERVE_ENV))
         from agentrl.server.run import serve
 
         serve(cfg)
@@ -580,16 +485,11 @@ def serve_env(
 
 
 @app.command("serve-policy")
+@_with_settings(RunConfig, flags.MODEL_FLAGS, into="model_settings")
+@_with_settings(PolicyConfig, flags.POLICY)
 def serve_policy(
-    model: ModelOpt = None,
-    endpoint: EndpointOpt = None,
-    tool_parser: ToolParserOpt = None,
-    chat_template: ChatTemplateOpt = None,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (0: any free port).")] = 8780,
-    token: Annotated[str | None, typer.Option(envvar="AGENTRL_POLICY_TOKEN", show_envvar=True,
-                                              help="Token that creates episodes (default: generated, printed).")] = None,
-    episode_ttl: Annotated[float, typer.Option(help="Close an episode silent this many seconds, as failed.")] = 600.0,
+    settings: dict[str, Any],
+    model_settings: dict[str, Any],
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
@@ -597,19 +497,17 @@ def serve_policy(
     _setup(verbose)
     from agentrl.config.errors import ConfigValidationError
     from agentrl.config.policy import load_policy_config
-    from agentrl.config.run import DEFAULT_MODEL
 
     try:
-        cfg = load_policy_config({"host": host, "port": port, "token": token, "episode_ttl_s": episode_ttl},
-                                 flags={"host": "--host", "port": "--port", "token": "--token",
-                                        "episode_ttl_s": "--episode-ttl"})
-    except ConfigValidationError as e:
+        run = RunConfig.model_validate(flags.overrides(flags.MODEL_FLAGS, model_settings))
+        cfg = load_policy_config(flags.overrides(flags.POLICY, settings), flags=flags.flag_names(flags.POLICY))
+    except (ConfigValidationError, ValueError) as e:
         _fail(e)
     from agentrl.policy.run import serve_policy as serve
 
     try:
-        _run(serve(cfg, model=model or DEFAULT_MODEL, endpoints=endpoint or [], tool_parser=tool_parser or "hermes",
-                   chat_template=chat_template, log_dir=Path("runs") / "serve-policy"))
+        _run(serve(cfg, model=run.model, endpoints=run.endpoints, tool_parser=run.tool_parser,
+                   chat_template=run.chat_template, log_dir=Path("runs") / "serve-policy"))
     except typer.Exit:
         raise
     except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:

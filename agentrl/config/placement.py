@@ -10,7 +10,7 @@ _LIST = r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"
 class PlacementConfig(BaseModel):
     """Where the processes this run starts go. Empty lists: an automatic split (see :func:`plan_run`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     inference_gpus: str | None = Field(None, pattern=_LIST)
     """GPUs for the local vLLM servers (``"0-3"``): consecutive groups of ``inference.tensor_parallel_size``

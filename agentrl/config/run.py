@@ -36,7 +36,7 @@ class SamplingConfig(BaseModel):
     """How the policy samples during rollouts. Every field is sent with every request, so a model's own
     sampling defaults (its ``generation_config.json``) never change the distribution behind the scenes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature. The engine reports logprobs at this temperature and the trainer scales its
@@ -70,7 +70,7 @@ class SamplingConfig(BaseModel):
 class PipelineConfig(BaseModel):
     """How rollouts and training overlap: the staleness bound, the bounded buffer and weight updates."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_staleness: int | None = Field(None, ge=0)
     """η: a trained group's oldest model token is at most this many versions behind the trainer. 0 is the
@@ -128,7 +128,7 @@ class PipelineConfig(BaseModel):
 class RunConfig(BaseModel):
     """Everything one training run needs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str | None = None
     """Run name: outputs go to ``<output_dir>/<name>/``. An explicit name that holds another run is refused

@@ -22,7 +22,7 @@ convention used here."""
 class LossConfig(BaseModel):
     """Hyper-parameters of :func:`policy_loss`."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     clip_low: float = Field(0.2, ge=0.0, le=1.0)
     """Lower PPO clip: the ratio is clipped below at ``1 - clip_low``."""
@@ -60,7 +60,7 @@ class DistributedConfig(BaseModel):
     rendezvous. The orchestrator starts one node itself; every other node runs ``agentrl trainer-node
     --join <run>/trainer_join.json`` (see docs/scale-out.md)."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     nnodes: int = Field(1, ge=1)
     """Nodes in the trainer job (torchrun ``--nnodes``)."""
@@ -85,7 +85,7 @@ class DistributedConfig(BaseModel):
 class TrainerConfig(BaseModel):
     """Everything the trainer worker needs; sent to it as JSON."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     model_path: str
     """Local directory (or hub id) of the Hugging Face causal LM to train."""

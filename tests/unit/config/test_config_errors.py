@@ -86,7 +86,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     r = subprocess.run([*cmd, "--config", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == f"config error: trainer.lr: Input should be greater than 0 (got -1); " \
-                               f"set trainer.lr in {bad}"
+                               f"set trainer.lr in {bad} or --lr"
     r = subprocess.run([*cmd, "--steps", "0"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "config error: steps: Input should be greater than or equal to 1 (got 0); fix --steps"

@@ -64,6 +64,7 @@ def test_cli_flag_set_is_pinned() -> None:
          "--tasks-split", "--eval-tasks", "--eval-tasks-split", "--task-column",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
          "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--agent-image", "--full", "--report-to", "--seed",
+         "--lr",
          "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
