@@ -24,7 +24,9 @@ The hierarchy (area bases here; the leaves live next to the code that raises the
     └── ...                                     a few more without an area (ApiError, RpcError, ...)
 
 ``tests/unit/test_errors.py`` walks every module and checks that each exception class is in this tree
-(or on its short, commented allow-list of control-flow signals) and that the codes are unique.
+(or on its short, commented allow-list of control-flow signals) and that the codes are unique;
+``tests/unit/test_raises.py`` checks that no module raises a bare builtin exception (only what Python's
+protocols ask for: ``AttributeError`` from ``__getattr__``, ``NotImplementedError`` from an abstract stub, ...).
 
 This module imports nothing: anything may import it (the vLLM worker extension included).
 """
