@@ -346,7 +346,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
             "endpoints": [engine_a or a.url, b.url], "inference": {"max_model_len": 1024},
             "sampling": {"max_context_tokens": 1024},
         })
-        run = TrainingRun(cfg, progress=False)
+        run = await TrainingRun(cfg, progress=False).open()  # open: its run directory is claimed
         metrics = run.run_dir / "metrics.jsonl"
         faults = Faults(run, b, env_server, work, seed, max_engine_kills)
         injected: list[dict[str, Any]] = []

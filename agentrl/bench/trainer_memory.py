@@ -79,6 +79,7 @@ def measure(model_dir: Path, nproc: int, work: Path, tokens: int = 0, logprob_ch
 
     from agentrl.config.trainer import TrainerConfig
     from agentrl.trainer.client import TrainerProcess
+    from agentrl.trainer.messages import Ping
 
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         numel = sum(_prod(f.get_slice(k).get_shape()) for k in f.keys())
@@ -90,7 +91,7 @@ def measure(model_dir: Path, nproc: int, work: Path, tokens: int = 0, logprob_ch
     tp.start()
     try:
         assert tp.proc is not None
-        tp.request("ping", timeout_s=600)  # every rank has finished building once it answers
+        tp.request(Ping(), timeout_s=600)  # every rank has finished building once it answers
         peaks = _rank_peaks(tp.proc.pid)
         _reset_peaks(tp.proc.pid)
         metrics = asyncio.run(tp.train(_batch(vocab, tokens), policy_version=0))

@@ -1,6 +1,11 @@
 """A training run: the inference stack, the trainer process, evaluations, checkpoints and metrics
 around the :class:`~agentrl.orchestrator.loop.Orchestrator` loop (``mode = "sync"`` or ``"async"``).
 
+:class:`TrainingRun` is the run's composition root, in two steps: constructing it only checks and plans
+(no disk or network I/O), :meth:`TrainingRun.open` loads and claims what the run needs
+(:class:`RunResources`), and :meth:`TrainingRun.run` opens it if nobody did, then starts the processes
+and trains.
+
 Each step is timed; the trainer's idle fraction (time not spent in ``train``) and the engine's idle
 fraction (time with no rollout in flight) are the numbers the async mode exists to shrink.
 """
@@ -13,6 +18,7 @@ import json
 import logging
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +26,13 @@ from agentrl.config.run import RunConfig
 from agentrl.environment.base import Environment, Task, run_scope
 from agentrl.environment.registry import load_env
 from agentrl.environment.tasks import load_tasks
+from agentrl.errors import AgentRLError
 from agentrl.inference.client import NoEnginesError
 from agentrl.inference.watch import EnginesLost, EngineWatch
 from agentrl.launch.doctor import check_model
-from agentrl.launch.placement import plan_run
+from agentrl.launch.placement import Plan, plan_run
 from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
+from agentrl.moe.families import MoEInfo
 from agentrl.orchestrator.evaluate import evaluate
 from agentrl.orchestrator.loop import Orchestrator
 from agentrl.orchestrator.metrics import (
@@ -36,7 +44,7 @@ from agentrl.orchestrator.metrics import (
     train_record,
 )
 from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
-from agentrl.orchestrator.parts import EpisodeRunner
+from agentrl.orchestrator.parts import EngineControl, EpisodeRunner, RunTrainer
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout import templates
 from agentrl.rollout.groups import RolloutWorkers
@@ -48,9 +56,16 @@ from agentrl.utils import heap
 from agentrl.utils.atomic import write_atomic
 from agentrl.utils.race import unless_set
 from agentrl.versions import PolicyVersion
+from agentrl.weight_sync.base import Engines, Publisher
 from agentrl.weight_sync.route import weight_publisher
 
 log = logging.getLogger(__name__)
+
+
+class RunNotOpen(AgentRLError, RuntimeError):
+    """A part of a :class:`TrainingRun` that :meth:`TrainingRun.open` loads was asked for before it ran."""
+
+    code = "orchestrator.run_not_open"
 
 
 def _latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -60,49 +75,146 @@ def _latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return (done[-1], json.loads((done[-1] / "state.json").read_text())) if done else None
 
 
-class TrainingRun:
-    """One training run (see module docstring). Use ``await TrainingRun(cfg).run()``.
+@dataclass(frozen=True)
+class RunResources:
+    """What :meth:`TrainingRun.open` loaded and claimed: everything of a run that takes disk or network I/O
+    before any process starts."""
 
-    Raises ``ValueError`` at construction when the config cannot train correctly (e.g. ``top_p < 1``).
+    cfg: RunConfig
+    """The run's config: its MoE plan settled (``pipeline.lora_sync``), resolved, and its name settled by the
+    run directory."""
+    run_id: str
+    moe: MoEInfo | None
+    """The model's MoE shape (None: dense): its runs capture and replay expert routing."""
+    env_cls: type[Environment]
+    train_tasks: list[Task]
+    eval_tasks: list[Task]
+    resume_from: tuple[Path, dict[str, Any]] | None
+    """``--resume``: the checkpoint this run continues from and its state (None: a new run, or none yet)."""
+    trackers: TrackerHub
+    """The run's experiment trackers (``tracking.report_to``), fed every ``metrics.jsonl`` record."""
+    metrics: MetricsWriter
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory (claimed for a new run, checked for a resumed one)."""
+        return self.cfg.run_dir
+
+
+class TrainingRun:
+    """One training run (see module docstring). Use ``await TrainingRun(cfg).run()``; to read the run's
+    directory, tasks or metrics before it starts, ``run = await TrainingRun(cfg).open()`` first.
+
+    Construction does no disk or network I/O. It raises a ``ValueError`` when the config cannot train
+    correctly (e.g. ``top_p < 1``) and a ``PlacementError`` for an impossible placement plan. :meth:`open`
+    raises for what it loads: an unknown environment or unreachable env server, a missing task file, a run
+    directory that holds another run (``RunDirError``), a black-box agent of a MoE model with routing replay on.
     """
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
         cfg.check_trainable()
-        self.moe = model_moe(cfg.model)
-        """The model's MoE shape (None: dense): its runs capture and replay expert routing."""
-        cfg = plan_moe(cfg, self.moe).resolved()
+        self.cfg = cfg.resolved()
+        """The run's config: resolved; after :meth:`open`, also its MoE plan and run name settled."""
         self.resume = resume
         self.progress = progress
-        self.plan = plan_run(cfg)
+        self.plan: Plan = plan_run(self.cfg)
         """Where every process goes, decided before anything starts (raises for an impossible plan)."""
-        self.env_cls: type[Environment] = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
-        self.train_tasks: list[Task] = load_tasks(
-            self.env_cls, "train", cfg.tasks, source_split=cfg.tasks_split, columns=cfg.task_columns)
-        self.eval_tasks: list[Task] = load_tasks(
-            self.env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split, columns=cfg.task_columns
-        )[: cfg.eval_size]
-        # the run directory: a fresh one claimed for this run, or the checked one being resumed
-        self.cfg, self.run_id = open_run(cfg, resume=resume)
-        self.run_dir = self.cfg.run_dir
-        self.resume_from = _latest_checkpoint(self.run_dir) if resume else None
-        """``--resume``: the checkpoint this run continues from and its state (None: a new run, or none yet)."""
-        resume_step = (int(self.resume_from[1]["step"]) if self.resume_from else 0) if resume else None
-        tracking = self.cfg.tracking
-        self.trackers = TrackerHub(tracking.report_to, TrackerContext(
-            run_dir=self.run_dir, run_name=self.run_dir.name, run_id=self.run_id, project=tracking.project,
-            config=self.cfg.model_dump(mode="json"), resume_step=resume_step), close_timeout_s=tracking.close_timeout_s)
-        """The run's experiment trackers (``tracking.report_to``), fed every ``metrics.jsonl`` record."""
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", self.run_id,
-                                     sink=self.trackers.log_record if self.trackers else None)
         self.version = PolicyVersion(0)
         """The policy version's one owner, for the whole run: restored on resume, bumped by the
         orchestrator after each update, read by everything else (through :meth:`policy_version`)."""
         self.orch: Orchestrator | None = None
         self.step = 0
+        self._resources: RunResources | None = None
+
+    async def open(self) -> TrainingRun:
+        """Load and claim what the run needs (:class:`RunResources`), once: the model's MoE shape, the
+        environment (an ``env_url`` contacts its server), the train and eval tasks, the run directory (claimed,
+        or checked on resume), the checkpoint to resume from, the trackers and the metrics file. Returns the
+        run; later calls do nothing. :meth:`run` calls it first."""
+        if self._resources is None:
+            self._resources = await asyncio.to_thread(self._load)
+            self.cfg = self._resources.cfg
+        return self
+
+    def _load(self) -> RunResources:
+        """:meth:`open`'s blocking part, in the order a failure must stop it: nothing is claimed on disk before
+        the environment and the tasks have loaded."""
+        moe = model_moe(self.cfg.model)
+        cfg = plan_moe(self.cfg, moe).resolved()
+        env_cls = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
+        train_tasks = load_tasks(env_cls, "train", cfg.tasks, source_split=cfg.tasks_split, columns=cfg.task_columns)
+        eval_tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
+                                columns=cfg.task_columns)[: cfg.eval_size]
+        # the run directory: a fresh one claimed for this run, or the checked one being resumed
+        cfg, run_id = open_run(cfg, resume=self.resume)
+        resume_from = _latest_checkpoint(cfg.run_dir) if self.resume else None
+        resume_step = (int(resume_from[1]["step"]) if resume_from else 0) if self.resume else None
+        tracking = cfg.tracking
+        trackers = TrackerHub(tracking.report_to, TrackerContext(
+            run_dir=cfg.run_dir, run_name=cfg.run_dir.name, run_id=run_id, project=tracking.project,
+            config=cfg.model_dump(mode="json"), resume_step=resume_step), close_timeout_s=tracking.close_timeout_s)
+        metrics = MetricsWriter(cfg.run_dir / "metrics.jsonl", run_id, sink=trackers.log_record if trackers else None)
+        return RunResources(cfg=cfg, run_id=run_id, moe=moe, env_cls=env_cls, train_tasks=train_tasks,
+                            eval_tasks=eval_tasks, resume_from=resume_from, trackers=trackers, metrics=metrics)
+
+    # ----------------------------------------------------------------- what open() loaded
+    @property
+    def resources(self) -> RunResources:
+        """What :meth:`open` loaded; raises :class:`RunNotOpen` before it ran."""
+        if self._resources is None:
+            raise RunNotOpen("the run is not open yet: await run.open() (run() does it first)")
+        return self._resources
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory (:meth:`open` claims it)."""
+        return self.resources.run_dir
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (``run.json``)."""
+        return self.resources.run_id
+
+    @property
+    def moe(self) -> MoEInfo | None:
+        """The model's MoE shape (None: dense)."""
+        return self.resources.moe
+
+    @property
+    def env_cls(self) -> type[Environment]:
+        """The run's environment class."""
+        return self.resources.env_cls
+
+    @property
+    def train_tasks(self) -> list[Task]:
+        """The tasks training samples from."""
+        return self.resources.train_tasks
+
+    @property
+    def eval_tasks(self) -> list[Task]:
+        """The held-out tasks of every evaluation (at most ``eval_size``)."""
+        return self.resources.eval_tasks
+
+    @property
+    def resume_from(self) -> tuple[Path, dict[str, Any]] | None:
+        """``--resume``: the checkpoint this run continues from and its state (None: a new run, or none yet)."""
+        return self.resources.resume_from
+
+    @property
+    def trackers(self) -> TrackerHub:
+        """The run's experiment trackers."""
+        return self.resources.trackers
+
+    @property
+    def metrics(self) -> MetricsWriter:
+        """The run's ``metrics.jsonl``."""
+        return self.resources.metrics
 
     async def run(self) -> dict[str, Any]:
-        """Train for ``cfg.steps`` steps (or the time limit); returns a summary (also ``summary.json``). The
-        trackers run from the start to the end, and are closed however the run ends."""
+        """Train for ``cfg.steps`` steps (or the time limit); returns a summary (also ``summary.json``). Opens
+        the run first (:meth:`open`) unless it is open. The trackers run from the start to the end, and are
+        closed however the run ends."""
+        await self.open()
         self.trackers.start()
         try:
             summary = await self._run()
@@ -113,6 +225,7 @@ class TrainingRun:
         return summary
 
     async def _run(self) -> dict[str, Any]:
+        """Start the inference stack and the trainer, evaluate, train, evaluate again and save the policy."""
         from agentrl.trainer.client import TrainerProcess
 
         cfg = self.cfg
@@ -170,6 +283,12 @@ class TrainingRun:
                 templates.carry(cfg.final_policy_dir, cfg.chat_template)  # serving it renders as training did
             finally:
                 await asyncio.to_thread(trainer.close)
+        return self._finish(last, t_start)
+
+    def _finish(self, last: dict[str, float], t_start: float) -> dict[str, Any]:
+        """After the processes stopped: the reward curve, the model card and the run's summary (``last``: the
+        final evaluation)."""
+        cfg = self.cfg
         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
         # every evaluation of this run, a resumed run's earlier starts included: the first is its step 0
         evals = sorted((r for r in read_jsonl(self.metrics.path) if r.get("kind") == "eval"
@@ -200,7 +319,7 @@ class TrainingRun:
         """The current policy version."""
         return self.version.value
 
-    async def _maybe_resume(self, trainer: Any) -> None:
+    async def _maybe_resume(self, trainer: RunTrainer) -> None:
         if not self.resume:
             return
         if self.resume_from is None:
@@ -216,7 +335,7 @@ class TrainingRun:
         if moved:
             log.info("--resume: %d metric records of the interrupted steps moved to metrics.superseded.jsonl", moved)
 
-    async def _checkpoint(self, trainer: Any) -> None:
+    async def _checkpoint(self, trainer: RunTrainer) -> None:
         path = self.run_dir / "checkpoints" / f"step_{self.step:06d}"
         await trainer.save_checkpoint(path)
         # written last, atomically: a checkpoint without it is incomplete and never resumed from
@@ -240,14 +359,14 @@ class TrainingRun:
         self.metrics.write(rec)
         return result
 
-    def _publisher(self, trainer: Any, client: Any) -> contextlib.AbstractAsyncContextManager[Any]:
+    def _publisher(self, trainer: RunTrainer, client: Engines) -> contextlib.AbstractAsyncContextManager[Publisher]:
         """The run's weight publisher over ``client``'s engines (LoRA adapters or full weights)."""
         cfg = self.cfg
         return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.serves_adapter,
                                 name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
                                 nccl_addr=cfg.pipeline.weight_transfer_addr)
 
-    async def _republish(self, trainer: Any, url: str, version: int) -> None:
+    async def _republish(self, trainer: RunTrainer, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,
         weights and label, through the path its host needs (a client of its own: it is not in rotation)."""
         from agentrl.inference.client import InferenceClient
@@ -273,14 +392,14 @@ class TrainingRun:
         rejoined = len(await watch.rejoin(orch.version))
         return rec, rejoined, len(watch.client.pool.live)
 
-    async def _loop(self, trainer: Any, publisher: Any, client: Any, workers: EpisodeRunner,
-                    t_start: float, watch: EngineWatch) -> None:
+    async def _loop(self, trainer: RunTrainer, publisher: Publisher, engine: EngineControl,
+                    workers: EpisodeRunner, t_start: float, watch: EngineWatch) -> None:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         rng = random.Random(cfg.seed * 100_003 + self.step)
         self.orch = orch = Orchestrator(
-            runner=workers, trainer=trainer, publisher=publisher, engine=client,
+            runner=workers, trainer=trainer, publisher=publisher, engine=engine,
             sample_task=lambda: rng.choice(self.train_tasks), pipeline=cfg.pipeline,
             groups_per_step=cfg.tasks_per_step, group_size=cfg.group_size, version=self.version,
             normalize_std=cfg.trainer.loss.adv_std_normalize, keep_failed=cfg.keep_failed,

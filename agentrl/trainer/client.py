@@ -1,4 +1,5 @@
-"""Orchestrator side of the trainer: launch ``torchrun`` workers and talk to rank 0."""
+"""Orchestrator side of the trainer: launch ``torchrun`` workers and talk to rank 0 (the messages:
+:mod:`agentrl.trainer.messages`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,22 @@ import torch
 from agentrl.config.trainer import TrainerConfig
 from agentrl.errors import AgentRLError
 from agentrl.trainer.launch import JOIN_FILE, _free_port, count_cores, torchrun_command, worker_env
+from agentrl.trainer.messages import (
+    Call,
+    GetAdapterTensors,
+    LoadCheckpoint,
+    Logprobs,
+    NcclSendWeights,
+    Reply,
+    Request,
+    SaveAdapter,
+    SaveCheckpoint,
+    Shutdown,
+    Train,
+    WeightSpecs,
+    WriteWeightBucket,
+    op_name,
+)
 from agentrl.types import TrainSample
 from agentrl.utils.lifeline import own_process, release_process
 
@@ -37,8 +54,9 @@ class TrainerError(AgentRLError, RuntimeError):
 class TrainerProcess:
     """A ``torchrun`` trainer job and the connection to its rank 0.
 
-    ``start``, ``close`` and ``request`` block (each wait bounded by a timeout); the ops (``train``,
-    ``logprobs``, ``save_adapter``, ``get_adapter_tensors``, ``save_checkpoint``, ``load_checkpoint``) are
+    ``start``, ``close`` and ``request`` (one :class:`~agentrl.trainer.messages.Request`, answered by a
+    :class:`~agentrl.trainer.messages.Reply`) block, each wait bounded by a timeout; the ops (``train``,
+    ``logprobs``, ``save_adapter``, ``get_adapter_tensors``, ``save_checkpoint``, ``load_checkpoint``, ...) are
     coroutines that run one ``request`` in a thread. Requests are serialised (one in flight at a time).
     """
 
@@ -128,13 +146,11 @@ class TrainerProcess:
             raise
         finally:
             listener.close()
-        if not hello.get("ok"):
+        if not hello.ok:
             self._kill()
-            raise TrainerError(
-                f"trainer initialisation failed: {hello.get('error')}", hello.get("traceback", "")
-            )
-        self.info = hello
-        return hello
+            raise TrainerError(f"trainer initialisation failed: {hello.error}", hello.traceback)
+        self.info = {"ok": True, **hello.result}  # the worker's info, and ``ready``
+        return self.info
 
     def _accept(self, listener: Listener, address: tuple[str, int], authkey: bytes) -> Connection:
         """``listener.accept()`` bounded by ``connect_timeout_s`` and by the process staying alive."""
@@ -166,13 +182,16 @@ class TrainerProcess:
         what = "trainer exited before connecting" if not self.alive else "trainer did not connect in time"
         raise self._fail(f"{what} ({self.connect_timeout_s:.0f}s timeout)")
 
-    def _recv(self, timeout_s: float, what: str) -> dict[str, Any]:
+    def _recv(self, timeout_s: float, what: str) -> Reply:
         assert self._conn is not None
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 if self._conn.poll(0.5):
-                    return self._conn.recv()
+                    msg = self._conn.recv()
+                    if not isinstance(msg, Reply):
+                        raise self._fail(f"unexpected message from the trainer while {what}: {msg!r:.200}")
+                    return msg
             except (EOFError, OSError) as exc:
                 raise self._fail(f"trainer connection lost while {what} ({exc!r})") from exc
             if not self.alive:
@@ -180,23 +199,25 @@ class TrainerProcess:
             if time.monotonic() > deadline:
                 raise self._fail(f"timed out after {timeout_s:.0f}s {what}")
 
-    def request(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
-        """Send one op and wait for its reply; raises :class:`TrainerError` on a remote error."""
+    def request(self, request: Request, timeout_s: float = 3600.0) -> Reply:
+        """Send one request and wait for its reply; raises :class:`TrainerError` on a remote error (the
+        message is the remote ``Type: message``, the remote traceback is ``remote_traceback``)."""
+        op = op_name(request)
         with self._lock:
             if self._conn is None or not self.alive:
                 raise self._fail(f"trainer not running (op {op!r})")
             req_id = next(self._ids)
             try:
-                self._conn.send({"op": op, "id": req_id, **kwargs})
+                self._conn.send(Call(req_id, request))
             except (OSError, ValueError) as exc:
                 raise self._fail(f"could not send op {op!r} ({exc!r})") from exc
             deadline = time.monotonic() + timeout_s
             while True:
                 reply = self._recv(max(deadline - time.monotonic(), 0.0), f"running op {op!r}")
-                if reply.get("id") == req_id:
+                if reply.id == req_id:
                     break  # replies to earlier, timed-out requests are dropped
-        if not reply.get("ok"):
-            raise TrainerError(f"trainer op {op!r} failed: {reply.get('error')}", reply.get("traceback", ""))
+        if not reply.ok:
+            raise TrainerError(f"trainer op {op!r} failed: {reply.error}", reply.traceback)
         return reply
 
     def close(self, timeout_s: float = 30.0) -> int | None:
@@ -205,7 +226,7 @@ class TrainerProcess:
             return None
         if self.alive and self._conn is not None:
             try:
-                self.request("shutdown", timeout_s=timeout_s)
+                self.request(Shutdown(), timeout_s=timeout_s)
             except TrainerError:
                 pass
         if self._conn is not None:
@@ -243,63 +264,57 @@ class TrainerProcess:
         self.close()
 
     # ----------------------------------------------------------------- ops (coroutines; requests run in a thread)
-    async def arequest(self, op: str, timeout_s: float = 3600.0, **kwargs: Any) -> dict[str, Any]:
-        """:meth:`request` in a thread, without the protocol fields (``ok``, ``id``)."""
-        return _payload(await asyncio.to_thread(self.request, op, timeout_s, **kwargs))
+    async def arequest(self, request: Request, timeout_s: float = 3600.0) -> dict[str, Any]:
+        """:meth:`request` in a thread; the reply's ``result``."""
+        return (await asyncio.to_thread(self.request, request, timeout_s)).result
 
     async def train(self, samples: Sequence[TrainSample], policy_version: int,
                     timeout_s: float = 3600.0) -> dict[str, Any]:
         """One ``train`` request on a batch of policy ``policy_version`` (the orchestrator's version, which
         staleness is measured against): the metrics (loss, grad_norm, clip_frac, is_weight_mean, kl,
         num_tokens, optimizer_step, staleness, time_s, ...)."""
-        return await self.arequest("train", timeout_s, samples=list(samples), policy_version=int(policy_version))
+        return await self.arequest(Train(list(samples), int(policy_version)), timeout_s)
 
     async def logprobs(self, samples: Sequence[TrainSample], timeout_s: float = 3600.0) -> list[list[float]]:
         """The current policy's logprob of every token of every sample, at the sample's temperature
         (position 0: 0.0); no update."""
-        return (await self.arequest("logprobs", timeout_s, samples=list(samples)))["logprobs"]
+        return (await self.arequest(Logprobs(list(samples)), timeout_s))["logprobs"]
 
     async def save_adapter(self, path: str | Path, timeout_s: float = 600.0) -> dict[str, Any]:
         """Write the adapter (or full model) directory at ``path``; returns ``path`` and ``bytes``."""
-        return await self.arequest("save_adapter", timeout_s, path=str(Path(path).resolve()))
+        return await self.arequest(SaveAdapter(str(Path(path).resolve())), timeout_s)
 
     async def get_adapter_tensors(self, timeout_s: float = 600.0) -> dict[str, torch.Tensor]:
         """The trainable tensors (peft key names for LoRA) as CPU tensors."""
         from safetensors.torch import load
 
-        return load((await self.arequest("get_adapter_tensors", timeout_s))["data"])
+        return load((await self.arequest(GetAdapterTensors(), timeout_s))["data"])
 
     async def weight_specs(self, timeout_s: float = 600.0) -> list[tuple[str, list[int]]]:
         """Every parameter's name and full shape, in model order (full-weight sync plans its buckets on it)."""
-        return [(str(n), list(s)) for n, s in (await self.arequest("weight_specs", timeout_s))["specs"]]
+        return [(str(n), list(s)) for n, s in (await self.arequest(WeightSpecs(), timeout_s))["specs"]]
 
     async def write_weight_bucket(self, layout: list[Any], shm_name: str | None, segment_bytes: int, offset: int,
                                   timeout_s: float = 600.0) -> dict[str, Any]:
         """Gather one bucket of full weights (cast to the layout's dtype) and write it at ``offset`` of the
         shared-memory segment ``shm_name``; ``written`` False (another host, or no segment) returns its bytes
         as ``data``. Also ``gather_ms`` and ``write_ms``."""
-        return await self.arequest("write_weight_bucket", timeout_s, layout=layout, shm_name=shm_name,
-                                   segment_bytes=segment_bytes, offset=offset)
+        return await self.arequest(WriteWeightBucket(layout, shm_name, segment_bytes, offset), timeout_s)
 
     async def nccl_send_weights(self, urls: list[str], master_address: str,
                                 timeout_s: float = 1800.0) -> dict[str, Any]:
         """Broadcast the full weights into the engines ``urls`` through vLLM's NCCL weight-transfer engine
         (groups opened on the first call; ``master_address``: rank 0's address, reachable from the engines)."""
-        return await self.arequest("nccl_send_weights", timeout_s, urls=list(urls), master_address=master_address)
+        return await self.arequest(NcclSendWeights(list(urls), master_address), timeout_s)
 
     async def save_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
         """Sharded checkpoint of trainable params, optimizer, optimizer step and RNGs at ``path``."""
-        return await self.arequest("save_checkpoint", timeout_s, path=str(Path(path).resolve()))
+        return await self.arequest(SaveCheckpoint(str(Path(path).resolve())), timeout_s)
 
     async def load_checkpoint(self, path: str | Path, timeout_s: float = 1800.0) -> dict[str, Any]:
         """Restore a checkpoint written by :meth:`save_checkpoint` (any world size); returns its step."""
-        return await self.arequest("load_checkpoint", timeout_s, path=str(Path(path).resolve()))
+        return await self.arequest(LoadCheckpoint(str(Path(path).resolve())), timeout_s)
 
     async def aclose(self, timeout_s: float = 30.0) -> int | None:
         """:meth:`close` in a thread."""
         return await asyncio.to_thread(self.close, timeout_s)
-
-
-def _payload(reply: dict[str, Any]) -> dict[str, Any]:
-    """A reply without its protocol fields (``ok``, ``id``)."""
-    return {k: v for k, v in reply.items() if k not in ("ok", "id")}

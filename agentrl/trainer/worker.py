@@ -1,29 +1,35 @@
 """The trainer worker: ``torchrun --nproc_per_node N -m agentrl.trainer.worker --config cfg.json``.
 
 Rank 0 connects to the orchestrator (``AGENTRL_TRAINER_ADDR`` = ``host:port``, ``AGENTRL_TRAINER_AUTHKEY``
-= hex) and first sends ``{"ok": True, "ready": True, ...}`` once the model is built. Then, for every
-pickled request ``{"op": ..., "id": ..., ...}`` it receives, it broadcasts the request to all ranks, every
-rank runs the op, and rank 0 replies ``{"ok": True, "id": ..., ...}`` or ``{"ok": False, "id": ...,
-"error": "Type: msg", "traceback": ...}``. Ops: ``train`` (``samples``, ``policy_version``), ``logprobs``
-(``samples``: the current policy's per-token logprobs, no update), ``save_adapter``,
-``get_adapter_tensors``, ``weight_specs`` and ``write_weight_bucket`` (full-weight sync, one bucket per call:
-:mod:`agentrl.trainer.weights`), ``nccl_send_weights`` (full weights through vLLM's NCCL weight-transfer
-engine: :mod:`agentrl.trainer.nccl_sync`), ``save_checkpoint``, ``load_checkpoint``, ``ping``, ``shutdown``. An op that raises on every rank (bad
-arguments, a missing path) leaves the worker serving; a rank failing alone inside a collective is fatal.
+= hex) and first sends a :class:`~agentrl.trainer.messages.Reply` without an id once the model is built
+(``result``: :meth:`Worker.info` and ``ready``). Then, for every :class:`~agentrl.trainer.messages.Call` it
+receives, it broadcasts the call to all ranks, every rank runs its request (:meth:`Worker.handle`
+dispatches on the request's type), and rank 0 replies ``Reply(id, ok=True, result=...)`` or
+``Reply(id, ok=False, error="Type: msg", traceback=...)``. The requests (:mod:`agentrl.trainer.messages`):
+``Train``, ``Logprobs`` (the current policy's per-token logprobs, no update), ``SaveAdapter``,
+``GetAdapterTensors``, ``WeightSpecs`` and ``WriteWeightBucket`` (full-weight sync, one bucket per call:
+:mod:`agentrl.trainer.weights`), ``NcclSendWeights`` (full weights through vLLM's NCCL weight-transfer engine:
+:mod:`agentrl.trainer.nccl_sync`), ``SaveCheckpoint``, ``LoadCheckpoint``, ``Ping``, ``Shutdown``. An op that
+raises on every rank (bad arguments, a missing path), a request of a type the worker has no handler for, and
+a message that is no call (or cannot be unpickled) are answered with an error and leave the worker serving; a
+rank failing alone inside a collective is fatal.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import logging
 import os
+import pickle
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,10 +39,32 @@ from agentrl.config.trainer import TrainerConfig
 from agentrl.errors import AgentRLError
 from agentrl.trainer import model as model_io
 from agentrl.trainer.errors import TrainerSettingError
+from agentrl.trainer.messages import (
+    Call,
+    GetAdapterTensors,
+    Heartbeat,
+    Invalid,
+    LoadCheckpoint,
+    Logprobs,
+    NcclSendWeights,
+    PeerGone,
+    Ping,
+    Reply,
+    Request,
+    SaveAdapter,
+    SaveCheckpoint,
+    Shutdown,
+    Train,
+    WeightSpecs,
+    WriteWeightBucket,
+)
 from agentrl.trainer.train_step import TrainStep
 from agentrl.trainer.weights import BucketWriter, weight_specs
 
 log = logging.getLogger("agentrl.trainer")
+
+Incoming = Call | Heartbeat | PeerGone | Invalid
+"""What rank 0 hands every rank each turn of the request loop."""
 
 
 class UnknownOp(AgentRLError, ValueError):
@@ -45,8 +73,14 @@ class UnknownOp(AgentRLError, ValueError):
     code = "trainer.unknown_op"
 
 
+class Handles(Protocol):
+    """What the request loop needs of a rank's worker: run one request, return its result."""
+
+    def handle(self, req: Request) -> dict[str, Any]: ...
+
+
 class Worker:
-    """One rank's model, optimizer and op handlers."""
+    """One rank's model, optimizer and op handlers (:attr:`HANDLERS`: one method per request type)."""
 
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
@@ -79,103 +113,147 @@ class Worker:
             "pid": os.getpid(),
         }
 
-    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Run one op on this rank; the returned dict is the reply (meaningful on rank 0)."""
-        op = req.get("op")
-        if op == "ping":
-            return {"optimizer_step": self.step.optimizer_step}
-        if op == "train":
-            return self.step.train(req["samples"], int(req["policy_version"]))
-        if op == "logprobs":
-            return {"logprobs": self.step.score(req["samples"])}
-        if op == "save_adapter":
-            size = model_io.save_adapter(self.model, self.cfg, req["path"])
-            return {"path": str(Path(req["path"]).resolve()), "bytes": size}
-        if op == "get_adapter_tensors":
-            from safetensors.torch import save
+    def handle(self, req: Request) -> dict[str, Any]:
+        """Run one request on this rank (its handler, by the request's exact type); the returned dict is the
+        reply's result (meaningful on rank 0). Raises :class:`UnknownOp` for a type without a handler."""
+        handler = self.HANDLERS.get(type(req))
+        if handler is None:
+            raise UnknownOp(f"unknown op {getattr(req, 'op', type(req).__name__)!r}")
+        return handler(self, req)
 
-            tensors = model_io.gather_trainable(self.model, self.cfg)
-            data = save(tensors) if self.rank == 0 else b""
-            return {"format": "safetensors", "data": data}
-        if op == "weight_specs":
-            return {"specs": weight_specs(self.model)}
-        if op == "write_weight_bucket":
-            return self.buckets.write(self.model, req["layout"], req.get("shm_name"), int(req.get("segment_bytes", 0)),
-                                      int(req.get("offset", 0)))
-        if op == "nccl_send_weights":
-            if self.nccl is None:
-                from agentrl.trainer.nccl_sync import NcclSender
+    # ----------------------------------------------------------------- one handler per request type
+    def _ping(self, req: Ping) -> dict[str, Any]:
+        return {"optimizer_step": self.step.optimizer_step}
 
-                self.nccl = NcclSender(self.model)
-            return self.nccl.send(list(req["urls"]), str(req["master_address"]))
-        if op == "save_checkpoint":
-            model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req["path"], self.step.optimizer_step)
-            return {"path": str(req["path"]), "optimizer_step": self.step.optimizer_step}
-        if op == "load_checkpoint":
-            step = model_io.load_checkpoint(self.model, self.optimizer, self.cfg, req["path"])
-            self.step.optimizer_step = step
-            return {"path": str(req["path"]), "optimizer_step": step}
-        raise UnknownOp(f"unknown op {op!r}")
+    def _train(self, req: Train) -> dict[str, Any]:
+        return self.step.train(req.samples, int(req.policy_version))
+
+    def _logprobs(self, req: Logprobs) -> dict[str, Any]:
+        return {"logprobs": self.step.score(req.samples)}
+
+    def _save_adapter(self, req: SaveAdapter) -> dict[str, Any]:
+        size = model_io.save_adapter(self.model, self.cfg, req.path)
+        return {"path": str(Path(req.path).resolve()), "bytes": size}
+
+    def _get_adapter_tensors(self, req: GetAdapterTensors) -> dict[str, Any]:
+        from safetensors.torch import save
+
+        tensors = model_io.gather_trainable(self.model, self.cfg)
+        data = save(tensors) if self.rank == 0 else b""
+        return {"format": "safetensors", "data": data}
+
+    def _weight_specs(self, req: WeightSpecs) -> dict[str, Any]:
+        return {"specs": weight_specs(self.model)}
+
+    def _write_weight_bucket(self, req: WriteWeightBucket) -> dict[str, Any]:
+        return self.buckets.write(self.model, req.layout, req.shm_name, int(req.segment_bytes), int(req.offset))
+
+    def _nccl_send_weights(self, req: NcclSendWeights) -> dict[str, Any]:
+        if self.nccl is None:
+            from agentrl.trainer.nccl_sync import NcclSender
+
+            self.nccl = NcclSender(self.model)
+        return self.nccl.send(list(req.urls), str(req.master_address))
+
+    def _save_checkpoint(self, req: SaveCheckpoint) -> dict[str, Any]:
+        model_io.save_checkpoint(self.model, self.optimizer, self.cfg, req.path, self.step.optimizer_step)
+        return {"path": str(req.path), "optimizer_step": self.step.optimizer_step}
+
+    def _load_checkpoint(self, req: LoadCheckpoint) -> dict[str, Any]:
+        step = model_io.load_checkpoint(self.model, self.optimizer, self.cfg, req.path)
+        self.step.optimizer_step = step
+        return {"path": str(req.path), "optimizer_step": step}
+
+    HANDLERS: ClassVar[dict[type[Request], Callable[[Any, Any], dict[str, Any]]]] = {
+        Ping: _ping,
+        Train: _train,
+        Logprobs: _logprobs,
+        SaveAdapter: _save_adapter,
+        GetAdapterTensors: _get_adapter_tensors,
+        WeightSpecs: _weight_specs,
+        WriteWeightBucket: _write_weight_bucket,
+        NcclSendWeights: _nccl_send_weights,
+        SaveCheckpoint: _save_checkpoint,
+        LoadCheckpoint: _load_checkpoint,
+    }
+    """The handler of each request type (``Shutdown`` is the request loop's own)."""
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
-    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+def _error(exc: BaseException, call_id: int | None = None) -> Reply:
+    """The error reply for ``exc`` (call from its ``except`` block: the traceback is the one being handled)."""
+    return Reply(call_id, ok=False, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
 
 
-def _next_request(conn: Connection, heartbeat_s: float) -> dict[str, Any]:
-    """Rank 0: the next request, a heartbeat after ``heartbeat_s`` idle, or shutdown if the peer left."""
+def _next_request(conn: Connection, heartbeat_s: float) -> Incoming:
+    """Rank 0: the next call, a heartbeat after ``heartbeat_s`` idle, :class:`PeerGone` if the peer left, or
+    :class:`Invalid` for a message that is no call of a request (or cannot be unpickled at all)."""
     try:
         if not conn.poll(heartbeat_s):
-            return {"op": "_heartbeat"}
-        req = conn.recv()
+            return Heartbeat()
+        data = conn.recv_bytes()
     except (EOFError, OSError):
         log.warning("orchestrator connection closed: shutting down")
-        return {"op": "shutdown", "id": None, "_peer_gone": True}
-    if not isinstance(req, dict) or "op" not in req:
-        return {"op": "_invalid", "id": None, "payload": repr(req)[:200]}
-    return req
+        return PeerGone()
+    try:
+        msg = pickle.loads(data)
+    except Exception as exc:  # a class this side cannot import, or not a pickle: answered, never fatal
+        return Invalid(None, f"(unreadable: {type(exc).__name__}: {exc})"[:200])
+    if not isinstance(msg, Call):
+        return Invalid(None, repr(msg)[:200])
+    if not isinstance(msg.request, Request):
+        return Invalid(msg.id, repr(msg.request)[:200])
+    return msg
 
 
-def serve(worker: Worker | None, conn: Connection | None, cfg: TrainerConfig) -> None:
-    """The request loop, on every rank, until ``shutdown``."""
+def _run_call(worker: Handles | None, call: Call, world: int) -> Reply:
+    """Every rank: run ``call``'s request; the reply (rank 0's is sent), failed if any rank failed."""
+    op = call.request.op
+    t0 = time.perf_counter()
+    try:
+        assert worker is not None
+        reply = Reply(call.id, ok=True, result=worker.handle(call.request))
+    except Exception as exc:
+        log.exception("op %s failed", op)
+        reply = _error(exc, call.id)
+    if world > 1:
+        errors: list[Reply | None] = [None] * world
+        dist.all_gather_object(errors, None if reply.ok else reply)
+        failed = [e for e in errors if e is not None]
+        if reply.ok and failed:
+            reply = failed[0].to(call.id)
+    log.info("op %s done in %.2fs ok=%s", op, time.perf_counter() - t0, reply.ok)
+    return reply
+
+
+def serve(worker: Handles | None, conn: Connection | None, cfg: TrainerConfig) -> None:
+    """The request loop, on every rank, until :class:`Shutdown` (or the orchestrator's connection closes)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     while True:
-        req = _next_request(conn, cfg.heartbeat_s) if rank == 0 else None
+        msg: Incoming | None = None
+        if rank == 0:
+            assert conn is not None
+            msg = _next_request(conn, cfg.heartbeat_s)
         if world > 1:
-            box = [req]
+            box: list[Incoming | None] = [msg]
             dist.broadcast_object_list(box, src=0)
-            req = box[0]
-        assert req is not None
-        op = req["op"]
-        if op == "_heartbeat":
+            msg = box[0]
+        assert msg is not None
+        if isinstance(msg, Heartbeat):
             continue
-        reply: dict[str, Any]
-        if op == "shutdown":
-            reply = {"ok": True}
-        elif op == "_invalid":
-            reply = {"ok": False, "error": f"ValueError: malformed request {req['payload']}", "traceback": ""}
+        if isinstance(msg, PeerGone):
+            return
+        if isinstance(msg, Invalid):
+            reply = Reply(msg.id, ok=False, error=f"ValueError: malformed request {msg.payload}")
+        elif isinstance(msg.request, Shutdown):
+            reply = Reply(msg.id, ok=True)
         else:
-            t0 = time.perf_counter()
-            try:
-                assert worker is not None
-                reply = {"ok": True, **worker.handle(req)}
-            except Exception as exc:
-                log.exception("op %s failed", op)
-                reply = _error(exc)
-            if world > 1:
-                errors: list[Any] = [None] * world
-                dist.all_gather_object(errors, None if reply["ok"] else reply)
-                failed = [e for e in errors if e is not None]
-                if reply["ok"] and failed:
-                    reply = failed[0]
-            log.info("op %s done in %.2fs ok=%s", op, time.perf_counter() - t0, reply["ok"])
-        if rank == 0 and not req.get("_peer_gone"):
-            reply["id"] = req.get("id")
+            reply = _run_call(worker, msg, world)
+        if conn is not None:  # rank 0
             try:
                 conn.send(reply)
             except (OSError, ValueError) as exc:
                 log.warning("could not reply to the orchestrator (%s)", exc)
-        if op == "shutdown":
+        if isinstance(msg, Call) and isinstance(msg.request, Shutdown):
             return
 
 
@@ -201,12 +279,13 @@ def main(argv: list[str] | None = None) -> int:
         model_io.resolve_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
     conn = _connect() if rank == 0 else None
+    worker: Worker | None
     try:
         worker = Worker(cfg)
-        ready: dict[str, Any] = {"ok": True, "ready": True, **worker.info()}
+        ready = Reply(None, ok=True, result={"ready": True, **worker.info()})
     except Exception as exc:
         log.exception("trainer initialisation failed")
-        ready = {**_error(exc), "ready": False}
+        ready = dataclasses.replace(_error(exc), result={"ready": False})
         worker = None
     if conn is not None:
         conn.send(ready)

@@ -181,9 +181,12 @@ def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_server
         "engine_warmup": False, "inference": {"max_model_len": 512},
         "trainer": {"lr": 5e-3, "micro_batch_tokens": 2048},
     }
-    run = TrainingRun(load_config(None, {**base, "name": "moe-sync", "steps": 2}), progress=False)
-    assert run.cfg.pipeline.lora_sync == "merged" and not run.cfg.inference.enable_lora
-    asyncio.run(run.run())
+    async def sync_run() -> None:
+        run = await TrainingRun(load_config(None, {**base, "name": "moe-sync", "steps": 2}), progress=False).open()
+        assert run.cfg.pipeline.lora_sync == "merged" and not run.cfg.inference.enable_lora  # settled by open()
+        await run.run()
+
+    asyncio.run(sync_run())
     train = [r for r in read_jsonl(tmp_path / "moe-sync" / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["version"] for r in train] == [1, 2]
     for r in train:

@@ -7,13 +7,14 @@ import itertools
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
 
 from agentrl.config.trainer import TrainerConfig
 from agentrl.trainer.client import TrainerError, TrainerProcess
+from agentrl.trainer.messages import Ping, Request
 from agentrl.types import TrainSample
 from tests.conftest import require
 
@@ -84,8 +85,10 @@ def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             await tp.save_checkpoint(root / "w1" / "ckpt")
             r["w1_more"] = [await tp.train(batch, policy_version=v) for v in range(2, 5)]
             with pytest.raises(TrainerError, match="unknown op"):
-                tp.request("no_such_op", timeout_s=60)
-            r["w1_ping"] = tp.request("ping", timeout_s=60)
+                tp.request(Request(), timeout_s=60)  # a request type the worker has no handler for
+            with pytest.raises(TrainerError, match="malformed request"):
+                tp.request(cast(Any, {"op": "ping"}), timeout_s=60)  # no request at all (the old wire format)
+            r["w1_ping"] = tp.request(Ping(), timeout_s=60).result
         assert tp.proc is not None and tp.proc.returncode == 0
         with TrainerProcess(cfg, root / "w2", nproc=2, env=ENV) as tp:
             r["w2_info"] = tp.info

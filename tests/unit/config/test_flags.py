@@ -3,10 +3,10 @@ it, and its value reaches that setting (``--lr`` included); error messages name 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import typer.main
 from typer.testing import CliRunner
 
