@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class VLLMServerConfig(BaseModel):
     """How to launch one vLLM server."""
 
-    model_config = ConfigDict(extra="forbid")  # a misspelt setting is an error, not a no-op
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     model: str
     """Local model directory (config.json + weights + tokenizer)."""
@@ -58,7 +58,7 @@ class VLLMServerConfig(BaseModel):
     weight_transfer_backend: str | None = None
     """vLLM's weight-transfer engine (``--weight-transfer-config``), e.g. ``nccl``: set by a run with
     ``pipeline.weight_sync = "nccl"`` (full weights over NCCL, GPUs only); None starts none."""
-    worker_extension: str | None = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
+    worker_extension: str | None = "agentrl.engine.extension.WorkerExtension"
     """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
     None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
 
@@ -67,7 +67,7 @@ class EngineHealthConfig(BaseModel):
     """How a run watches its inference engines (``agentrl.inference.watch``): when one leaves the rotation,
     and how long the run waits for one to come back when none is left."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     interval_s: float = Field(5.0, gt=0.0)
     """Seconds between two health checks (``GET /health``) of the engines."""

@@ -131,7 +131,7 @@ class InferenceClient:
 
         ``routing_from``: also return the MoE expert routing of positions ``routing_from ..`` of the
         request's tokens (``Generation.routing``): vLLM's own ``routed_experts`` where the engine returns
-        them, else the capture of agentrl's worker extension (:mod:`agentrl.moe.capture`, enabled with
+        them, else the capture of agentrl's worker extension (:mod:`agentrl.engine.capture`, enabled with
         :meth:`enable_routing_capture`). Routing needs the token route: it is an error on the
         ``/v1/completions`` fallback.
 

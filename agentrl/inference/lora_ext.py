@@ -1,13 +1,10 @@
-"""agentrl's vLLM worker extension (``--worker-extension-cls agentrl.inference.lora_ext.LoRAInPlaceExtension``):
-the weight-sync methods (:mod:`agentrl.weight_sync.vllm_ext`) and MoE routing capture
-(:mod:`agentrl.moe.engine`), all called through ``collective_rpc``."""
+"""The old import path of agentrl's vLLM worker extension, kept so that ``--worker-extension-cls
+agentrl.inference.lora_ext.LoRAInPlaceExtension`` (in users' configs and launch scripts) still loads it. The
+extension is :class:`agentrl.engine.extension.WorkerExtension`; nothing is defined here."""
 
-from agentrl.moe.engine import RoutingCaptureMixin
-from agentrl.weight_sync.vllm_ext import LoRAInPlaceExtension as _WeightSyncExtension
+from agentrl.engine.extension import WorkerExtension
 
+LoRAInPlaceExtension = WorkerExtension
+"""The extension's name before it lived in :mod:`agentrl.engine`."""
 
-class LoRAInPlaceExtension(_WeightSyncExtension, RoutingCaptureMixin):
-    """The worker extension every agentrl-started vLLM server loads (the name predates routing capture)."""
-
-
-__all__ = ["LoRAInPlaceExtension"]
+__all__ = ["LoRAInPlaceExtension", "WorkerExtension"]

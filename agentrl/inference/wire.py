@@ -113,7 +113,7 @@ class RoutingRows:
 
 
 def routing_rows(rec: dict[str, Any]) -> RoutingRows:
-    """A worker's ``agentrl_routing_take`` record (:mod:`agentrl.moe.engine`) as rows."""
+    """A worker's ``agentrl_routing_take`` record (:mod:`agentrl.engine.routing`) as rows."""
     import base64
 
     import numpy as np

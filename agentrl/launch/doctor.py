@@ -48,7 +48,7 @@ TOP_K_FIELDS = ("num_experts_per_tok", "moe_top_k", "num_experts_per_token", "to
 VLLM_NATIVE = "vllm-native"
 """``capture_path``: vLLM returns ``routed_experts`` itself (``enable_return_routed_experts``)."""
 WORKER_CAPTURE = "agentrl-worker-capture"
-"""``capture_path``: agentrl's worker extension taps every ``FusedMoE`` router (:mod:`agentrl.moe.capture`)."""
+"""``capture_path``: agentrl's worker extension taps every ``FusedMoE`` router (:mod:`agentrl.engine.capture`)."""
 CANDIDATE_PARSERS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "llama4_pythonic"]
 """Parsers tried when the chosen one cannot read the template's tool calls, to suggest a fix."""
 

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-# The engine half (:mod:`agentrl.weight_sync.vllm_ext`, called through vLLM's ``POST /collective_rpc``)
+# The engine half (:mod:`agentrl.engine`, called through vLLM's ``POST /collective_rpc``)
 # reports a failure as a per-worker record ``{"ok": False, "code": <one of these>, "error": <message>}``:
 # vLLM passes a dict result through as JSON, while an exception would only come back as an HTTP 500 with
 # its text. Publishers branch on ``code``, never on ``error`` (for people; its wording may change).
+# An engine whose vLLM is not the version agentrl's patches were written for also answers
+# ``inference.vllm_version_refused`` (:mod:`agentrl.engine.version_gate`) unless overridden.
 ADAPTER_NOT_LOADED = "weight_sync.adapter_not_loaded"
 """The adapter has no slot on that engine yet (never loaded there, or evicted): load it once from a file."""
 UPDATE_REFUSED = "weight_sync.update_refused"

@@ -5,7 +5,7 @@ tensors are packed in the same layout as the shared-memory segment (:func:`agent
 base64-encoded into one ``POST /collective_rpc`` per engine, and every worker decodes them into a buffer of
 its own (reused while the layout stays the same) and copies them into the adapter's live slot with the
 same copy plan as the shared-memory path (``agentrl_update_lora_bytes`` in
-:mod:`agentrl.weight_sync.vllm_ext`). An engine that has no slot yet gets the adapter's files in the call
+:mod:`agentrl.engine.adapter`). An engine that has no slot yet gets the adapter's files in the call
 (``agentrl_write_adapter`` writes them under the engine host's temporary directory) and loads them from
 there once. Nothing needs a shared filesystem.
 """

@@ -2,7 +2,7 @@
 
 The trainer's LoRA tensors are written into one persistent shared-memory segment (allocated once, reused
 while the layout stays the same; owned here and unlinked on ``close``). Every engine then runs the worker
-method ``agentrl_update_lora`` (:mod:`agentrl.weight_sync.vllm_ext`) over ``POST /collective_rpc``, which
+method ``agentrl_update_lora`` (:mod:`agentrl.engine.adapter`) over ``POST /collective_rpc``, which
 copies them into the adapter's live slot and its cached copy. The engine core sets the new weight version
 and drops the prefix cache in the same call when it runs in-process; otherwise this is done over HTTP.
 Engines on another host cannot map the segment: use :class:`agentrl.weight_sync.file.FileAdapterSync` there (it is

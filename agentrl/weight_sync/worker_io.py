@@ -1,6 +1,8 @@
-"""What every engine-side weight-sync method shares: mapping the publisher's shared memory, and the failure
-record a method returns instead of raising (a dict crosses vLLM's ``collective_rpc`` route as JSON; an
-exception would come back only as an HTTP 500 with its text).
+"""What every engine-side weight-sync method (:mod:`agentrl.engine`) shares: mapping the publisher's shared
+memory, and the failure record a method returns instead of raising (a dict crosses vLLM's ``collective_rpc``
+route as JSON; an exception would come back only as an HTTP 500 with its text). It stays in ``weight_sync``,
+below the engine package, because the trainer maps the same segments (``agentrl.trainer.weights``) and the
+record's codes are :mod:`agentrl.weight_sync.base`'s.
 
 This module must import without vLLM and without torch at import time (the launcher imports the extension).
 """

@@ -38,10 +38,13 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
 
     bad = VLLMServerConfig(model="org/model", worker_extension="agentrl.no_such_module.Ext")
     assert "--worker-extension-cls" not in VLLMServer(bad, tmp_path).build_command()
-    missing = VLLMServerConfig(model="org/model", worker_extension="agentrl.weight_sync.vllm_ext.NoSuchClass")
+    missing = VLLMServerConfig(model="org/model", worker_extension="agentrl.engine.extension.NoSuchClass")
     assert "--worker-extension-cls" not in VLLMServer(missing, tmp_path).build_command()
     good = VLLMServer(VLLMServerConfig(model="org/model"), tmp_path).build_command()
-    assert good[good.index("--worker-extension-cls") + 1] == "agentrl.inference.lora_ext.LoRAInPlaceExtension"
+    assert good[good.index("--worker-extension-cls") + 1] == "agentrl.engine.extension.WorkerExtension"
+    old_name = "agentrl.inference.lora_ext.LoRAInPlaceExtension"  # users' configs may still name it
+    old = VLLMServer(VLLMServerConfig(model="org/model", worker_extension=old_name), tmp_path).build_command()
+    assert old[old.index("--worker-extension-cls") + 1] == old_name
 
 
 async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path) -> None:

@@ -121,9 +121,9 @@ def test_no_live_engine_is_no_engines_error() -> None:
 # -- the engine side: failure records carry a code -------------------------------------------------------
 
 def _worker(manager: Any) -> Any:
-    from agentrl.weight_sync.vllm_ext import LoRAInPlaceExtension
+    from agentrl.engine.extension import WorkerExtension
 
-    worker = LoRAInPlaceExtension()
+    worker = WorkerExtension()
     worker.model_runner = SimpleNamespace(lora_manager=SimpleNamespace(_adapter_manager=manager))  # type: ignore[attr-defined]
     return worker
 

@@ -17,6 +17,7 @@ LAYERS: list[set[str]] = [
     {"types", "utils", "config", "http", "moe"},  # the contracts, pure config, small helpers
     {"versions", "sandbox"},
     {"environment", "weight_sync", "tracking"},
+    {"engine"},  # what runs inside the vLLM engine: the worker extension and every vLLM patch
     {"inference", "trainer"},
     {"rollout"},
     {"envs", "scaffold"},

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl.engine.capture import RoutingCapture
+from agentrl.engine.routing import ROUTING_MISSING, ROUTING_UNAVAILABLE, RoutingCaptureMixin
 from agentrl.inference.wire import RoutingRows, native_routing, parse_generate, routing_rows
-from agentrl.moe.capture import RoutingCapture
-from agentrl.moe.engine import ROUTING_MISSING, ROUTING_UNAVAILABLE, RoutingCaptureMixin
 
 LAYERS, TOP_K = 2, 2
 

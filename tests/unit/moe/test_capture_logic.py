@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.moe import capture as capture_mod
-from agentrl.moe.capture import UNCLAIMED_TTL_S, RoutingCapture
+from agentrl.engine import capture as capture_mod
+from agentrl.engine.capture import UNCLAIMED_TTL_S, RoutingCapture
 
 LAYERS, TOP_K, BLOCK = 3, 2, 4
 

@@ -10,7 +10,7 @@ whose MoE layers route through a ``BaseRouter`` (the routers of Qwen2/3-MoE, Mix
   graph, which keeps a hook set later out of it. Writing a tensor is all the compiled graph does;
 * the runner's ``_prepare_inputs`` is wrapped to learn the step's token layout (the request and position
   of every scheduled token), and ``execute_model`` to hand the step's rows to their requests once the
-  forward pass has run;
+  forward pass has run (per instance, :func:`agentrl.engine.vllm_patches.wrap_runner_step`);
 * each request keeps its rows by position, **first write wins**: a request preempted by a weight update and
   recomputed under the new weights keeps the routing its earlier tokens were sampled with;
 * every row is also written to a slot store indexed like the KV cache (``block_id * block_size + offset``),
@@ -22,7 +22,9 @@ fed forward. ``take(request_id, start)`` returns positions ``start ..`` and forg
 episode asks only for the positions it does not hold yet). Rows of requests nobody takes are dropped a while
 after the request finished.
 
-This module runs inside a vLLM worker; it imports vLLM only there.
+This module runs inside a vLLM worker. Every vLLM internal it touches (the routers, the runner's step layout
+and its wrapped methods) goes through :mod:`agentrl.engine.vllm_patches`; it imports neither vLLM nor torch
+at module level.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.engine import vllm_patches
 from agentrl.errors import EngineError
 
 UNCLAIMED_TTL_S = 120.0
@@ -42,7 +45,7 @@ UNCLAIMED_TTL_S = 120.0
 class RoutingNotCapturable(EngineError, ValueError):
     """The engine cannot capture expert routing: a dense model, or MoE layers without a router that can be
     tapped. ``agentrl_routing_enable`` reports it as a ``routing.unavailable`` record
-    (:data:`agentrl.moe.engine.ROUTING_UNAVAILABLE`)."""
+    (:data:`agentrl.engine.routing.ROUTING_UNAVAILABLE`)."""
 
     code = "inference.routing_not_capturable"
 
@@ -61,20 +64,12 @@ class RouterTap:
 
     def __init__(self, model: Any, layers: int, top_k: int, experts: int, max_tokens: int) -> None:
         import torch
-        from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
 
         self.layers, self.top_k, self.experts = layers, top_k, experts
         self.step = torch.zeros((max_tokens, layers, top_k), dtype=torch.int32)
-        found: list[tuple[int, Any]] = []
-        for module in model.modules():
-            router = getattr(module, "router", None)
-            if isinstance(router, BaseRouter) and hasattr(module, "layer_id"):
-                found.append((int(module.layer_id), router))
-        if not found:
+        self.moe_layers = vllm_patches.tap_moe_routers(model, self._writer)
+        if not self.moe_layers:
             raise RoutingNotCapturable(f"no MoE router with a capture hook in {type(model).__name__}")
-        for layer_id, router in found:
-            router.set_capture_fn(self._writer(layer_id))
-        self.moe_layers = sorted(layer_id for layer_id, _ in found)
 
     def _writer(self, layer_id: int) -> Any:
         step = self.step
@@ -88,13 +83,11 @@ class RouterTap:
     def attach(cls, runner: Any) -> RouterTap | None:
         """Tap the routers of ``runner``'s freshly loaded model (None for a dense model, or one whose MoE
         layers have no capturable router)."""
-        mc = runner.vllm_config.model_config
-        experts, top_k = mc.get_num_experts(), mc.get_num_experts_per_tok()
+        experts, top_k, layers, max_tokens = vllm_patches.moe_geometry(runner)
         if experts <= 0 or top_k <= 0:
             return None
         try:
-            return cls(runner.get_model(), mc.get_total_num_hidden_layers(), top_k, experts,
-                       int(runner.max_num_tokens) + 64)
+            return cls(vllm_patches.runner_model(runner), layers, top_k, experts, max_tokens + 64)
         except ValueError:
             return None
 
@@ -117,20 +110,7 @@ class RoutingCapture:
 
     def on_layout(self, runner: Any, num_scheduled: np.ndarray) -> None:
         """After ``_prepare_inputs``: which request and position each of the step's tokens is."""
-        batch = runner.input_batch
-        table = batch.block_table[0]
-        total = int(num_scheduled.sum())
-        buf = runner.positions  # a tensor (on the engine's device) or a CPU/GPU buffer pair
-        positions = buf.np[:total] if hasattr(buf, "np") else buf[:total].to("cpu").numpy()
-        layout = []
-        off = 0
-        for i, req_id in enumerate(batch.req_ids[: len(num_scheduled)]):
-            n = int(num_scheduled[i])
-            if n:
-                blocks = table.block_table.np[i, : table.num_blocks_per_row[i]].copy()
-                layout.append((req_id, positions[off: off + n].copy(), blocks, int(table.block_size)))
-            off += n
-        self._layout = layout
+        self._layout = vllm_patches.step_layout(runner, num_scheduled)
 
     def on_step_done(self, finished: Any) -> None:
         """After the forward pass: give the step's rows to their requests and to the slot store."""
@@ -216,22 +196,11 @@ class RoutingCapture:
         ``ValueError``, otherwise)."""
         tap = getattr(runner, "_agentrl_router_tap", None)
         if tap is None:
-            mc = runner.vllm_config.model_config
+            mc = vllm_patches.model_config(runner)
             kind = "is not a mixture-of-experts model" if mc.get_num_experts() <= 0 else (
                 "has no MoE router whose decisions can be captured")
             raise RoutingNotCapturable(f"{mc.model} {kind}")
         cap = cls(tap)
-        prepare, execute = runner._prepare_inputs, runner.execute_model
-
-        def _prepare_inputs(scheduler_output: Any, num_scheduled: Any, *a: Any, **kw: Any) -> Any:
-            out = prepare(scheduler_output, num_scheduled, *a, **kw)
-            cap.on_layout(runner, np.asarray(num_scheduled))
-            return out
-
-        def execute_model(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
-            out = execute(scheduler_output, *a, **kw)
-            cap.on_step_done(getattr(scheduler_output, "finished_req_ids", None))
-            return out
-
-        runner._prepare_inputs, runner.execute_model = _prepare_inputs, execute_model
+        vllm_patches.wrap_runner_step(runner, lambda num_scheduled: cap.on_layout(runner, np.asarray(num_scheduled)),
+                                      cap.on_step_done)
         return cap

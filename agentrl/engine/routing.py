@@ -1,8 +1,10 @@
 """The routing-capture methods of agentrl's vLLM worker extension (called through ``collective_rpc``).
 
-``agentrl_routing_enable`` installs :class:`agentrl.moe.capture.RoutingCapture` once (idempotent) and says
+``agentrl_routing_enable`` installs :class:`agentrl.engine.capture.RoutingCapture` once (idempotent) and says
 what the engine serves; ``agentrl_routing_take`` hands one request's routing to its client. Both return a
-record rather than raising: a dict crosses vLLM's route as JSON, an exception only as an HTTP 500.
+record rather than raising: a dict crosses vLLM's route as JSON, an exception only as an HTTP 500. Both need
+the router tap (patch 7 of :mod:`agentrl.engine.vllm_patches`): when the patches were refused they answer with
+the refusal's record (code ``inference.vllm_version_refused``).
 
 This module must import without vLLM and torch (the launcher imports the extension to check it).
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import base64
 from typing import Any
+
+from agentrl.engine.install import needs_patches
 
 ROUTING_UNAVAILABLE = "routing.unavailable"
 """The engine cannot capture routing (a dense model, or MoE layers without a capturable router)."""
@@ -21,13 +25,14 @@ ROUTING_MISSING = "routing.missing"
 class RoutingCaptureMixin:
     """Mixed into vLLM's worker class with the weight-sync methods."""
 
+    @needs_patches
     def agentrl_routing_enable(self) -> dict[str, Any]:
         """Start capturing routing (once); ``{"ok", "layers", "top_k", "experts", "moe_layers", "dtype", "new"}``
         (``new``: this call turned it on, so the prefix cache may hold blocks computed without capture)."""
         cap = self.__dict__.get("_agentrl_routing")
         new = cap is None
         if cap is None:
-            from agentrl.moe.capture import RoutingCapture
+            from agentrl.engine.capture import RoutingCapture
 
             try:
                 cap = RoutingCapture.install(self.model_runner)
@@ -37,6 +42,7 @@ class RoutingCaptureMixin:
         return {"ok": True, "layers": cap.layers, "top_k": cap.top_k, "experts": cap.experts,
                 "moe_layers": cap.moe_layers, "dtype": cap.dtype.name, "new": new}
 
+    @needs_patches
     def agentrl_routing_take(self, request_id: str, start: str = "0") -> dict[str, Any]:
         """The routing of request ``request_id`` from position ``start`` on, and forget the request:
         ``{"ok", "n", "start", "shape", "dtype", "data"}`` (``data``: base64 of the row-major array)."""

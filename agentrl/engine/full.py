@@ -1,4 +1,4 @@
-"""vLLM worker-extension methods for full-weight sync: load one bucket of the trainer's weights into the
+"""The worker-extension methods for full-weight sync: load one bucket of the trainer's weights into the
 running model, in place, with vLLM's own ``model.load_weights`` (which knows the model's packed and sharded
 layouts: q/k/v into ``qkv_proj``, tensor-parallel slices...).
 
@@ -7,8 +7,9 @@ it there) or in the call itself (an engine on another host). The publisher pause
 the first bucket and labels the new version, resets the prefix cache and resumes it after the last, so no
 request is ever scheduled on a mix of two versions' weights.
 
-Mixed into :class:`agentrl.weight_sync.vllm_ext.LoRAInPlaceExtension` (the worker extension vLLM servers are
-started with). This module must import without vLLM: vLLM is only touched inside a worker.
+Mixed into :class:`agentrl.engine.extension.WorkerExtension`; every vLLM internal it touches goes through
+:mod:`agentrl.engine.vllm_patches` (lookups 6 and patch 8). This module must import without vLLM and torch:
+vLLM is only touched inside a worker.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.engine import vllm_patches
+from agentrl.engine.install import needs_patches
 from agentrl.errors import WeightSyncError
-from agentrl.weight_sync import vllm_patches
 from agentrl.weight_sync.base import BAD_REQUEST, LOAD_FAILED, SHM_UNAVAILABLE
 from agentrl.weight_sync.buckets import DTYPE_BYTES, Layout
 from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of
@@ -70,7 +72,7 @@ class FullWeightsMixin:
 
         from agentrl.moe.checkpoint import to_checkpoint
 
-        model_type = str(getattr(self.vllm_config.model_config.hf_text_config, "model_type", ""))
+        model_type = str(getattr(vllm_patches.model_config(self).hf_text_config, "model_type", ""))
         try:
             with torch.inference_mode():  # fused MoE experts (transformers' layout) split to checkpoint names
                 vllm_patches.load_weight_bucket(self, to_checkpoint(counted(), model_type))
@@ -79,6 +81,7 @@ class FullWeightsMixin:
                                            f"{type(exc).__name__}: {exc}")
         return {"ok": True, "tensors": count, "engine_ms": (time.perf_counter() - t0) * 1e3}
 
+    @needs_patches
     def agentrl_begin_weights(self) -> dict[str, Any]:
         """Start a full-weight load: every layer takes checkpoint-format weights until
         :meth:`agentrl_finish_weights` (the engine must be paused meanwhile)."""
@@ -90,6 +93,7 @@ class FullWeightsMixin:
         self.__dict__["_agentrl_loading"] = True
         return {"ok": True, "engine_ms": (time.perf_counter() - t0) * 1e3}
 
+    @needs_patches
     def agentrl_finish_weights(self) -> dict[str, Any]:
         """Finish the load begun by :meth:`agentrl_begin_weights`: process the layers still pending."""
         t0 = time.perf_counter()
@@ -109,6 +113,7 @@ class FullWeightsMixin:
         p = next(vllm_patches.served_model(self).parameters())
         return {"ok": True, "dtype": str(p.dtype).removeprefix("torch.")}
 
+    @needs_patches
     def agentrl_load_weights(self, shm_name: str, segment_bytes: str, offset: str, meta_json: str) -> dict[str, Any]:
         """Load the bucket described by ``meta_json`` (``{"tensors": layout}``) from ``offset`` in the
         publisher's segment ``shm_name`` of ``segment_bytes`` bytes (mapped once, kept while it is the same).
@@ -132,6 +137,7 @@ class FullWeightsMixin:
         except LoadError as exc:
             return failure_of(exc)
 
+    @needs_patches
     def agentrl_load_weights_bytes(self, payload_b64: str, meta_json: str) -> dict[str, Any]:
         """As :meth:`agentrl_load_weights`, with the bucket's bytes in the call (base64 of the same layout),
         for an engine that cannot map the publisher's shared memory. The result also carries ``decode_ms``."""
@@ -152,6 +158,7 @@ class FullWeightsMixin:
         out["decode_ms"] = decode_ms
         return out
 
+    @needs_patches
     def agentrl_load_weights_from_path(self, path: str) -> dict[str, Any]:
         """Load every ``*.safetensors`` file of the Hugging Face directory ``path`` into the running model (a
         model's original weights back into an engine that served other ones, e.g. after tests)."""

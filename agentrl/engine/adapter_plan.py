@@ -1,0 +1,103 @@
+"""The copy plan of an in-place adapter update: which view of the shared buffer goes into which view of the
+adapter's live slot and of its cached copy, built once per (adapter object, slot, layout).
+
+How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-slice stacked buffers
+``lora_a_stacked[s]`` of shape ``(max_loras, 1, max_rank, in)`` and ``lora_b_stacked[s]`` of shape
+``(max_loras, 1, out, max_rank)``; an adapter in GPU slot ``i`` lives in ``[i, 0, :r, :in]`` /
+``[i, 0, :out, :r]`` (no transposes: peft's ``lora_A.weight`` is ``(r, in)``, ``lora_B.weight`` is
+``(out, r)``). Packed layers (``qkv_proj``, ``gate_up_proj``) have one slice per sub-projection
+(q=0, k=1, v=2). The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
+folded into B at load (``LoRALayerWeights.optimize``). The CPU-side ``LoRAModel`` cache keeps the same
+(scaled) tensors, from which a slot is refilled after an eviction, so both are updated. The manager's layout
+is vLLM's private state: :func:`agentrl.engine.vllm_patches.lora_adapter_manager` records what is read here.
+
+This module must import without vLLM and torch (imported inside :func:`build_plan`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.engine import vllm_patches
+from agentrl.errors import WeightSyncError
+from agentrl.weight_sync.base import ADAPTER_NOT_LOADED, UPDATE_REFUSED
+
+
+class UpdateError(WeightSyncError, RuntimeError):
+    """The in-place update cannot be applied (adapter not loaded, different shapes): reload from a file.
+    The update methods return it as a failure record carrying its ``code`` (``failure_of``)."""
+
+    code = UPDATE_REFUSED
+
+
+class AdapterNotLoaded(UpdateError):
+    """The adapter has no slot on this worker (never loaded here, or evicted): load it once from a file."""
+
+    code = ADAPTER_NOT_LOADED
+
+
+class CopyPlan:
+    """Precomputed views for one (adapter object, slot, shm layout): the update is a few foreach ops."""
+
+    def __init__(self, lora_model: Any, slot: int | None) -> None:
+        self.lora_model = lora_model  # strong ref: `is` check stays valid
+        self.slot = slot
+        self.src: list[Any] = []     # shm views
+        self.live: list[Any] = []    # slot views in the stacked buffers (or the cache when not active)
+        self.cache: list[Any] = []   # LoRAModel tensors (only when a slot is live)
+        self.scales: dict[float, list[Any]] = {}  # scaling -> live B views
+        self.set_lora: list[tuple[Any, Any]] = []  # (layer, layer weights): TP>1 layers re-sliced by vLLM
+
+
+def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: dict[str, Any],
+               path: str | None) -> CopyPlan:
+    """Map every peft tensor name of ``meta["tensors"]`` onto (layer, slice, A/B) of ``manager`` and build the
+    copy lists from ``buf``; the B views are scaled by the adapter's scaling (from ``path``'s config, else
+    ``meta["scaling"]``)."""
+    import torch
+
+    mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
+    mapper = mapper.get_rename_mapper() if mapper is not None else None
+    sub_to_packed = {sub: (packed, i) for packed, subs in manager.packed_modules.items()
+                     for i, sub in enumerate(subs)}
+    helper = vllm_patches.peft_helper(path) if path is not None else None
+    plan = CopyPlan(lora_model, slot)
+    set_lora: dict[str, tuple[Any, Any]] = {}
+    for name, dtype, shape, offset in meta["tensors"]:
+        module, is_a = vllm_patches.parse_lora_name(name, mapper)
+        target, s = sub_to_packed.get(module, (module, None))
+        layer, lw = manager.modules.get(target), lora_model.loras.get(target)
+        if layer is None or lw is None:
+            raise UpdateError(f"{name}: module {target} has no LoRA in the loaded adapter")
+        cached = (lw.lora_a if is_a else lw.lora_b)
+        cached = cached[s] if s is not None else cached
+        if cached is None or list(cached.shape) != list(shape):
+            got = None if cached is None else list(cached.shape)
+            raise UpdateError(f"{name}: shape {list(shape)} differs from the loaded adapter's {got}")
+        tdtype = getattr(torch, dtype)
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=tdtype).element_size()
+        src = buf[offset:offset + nbytes].view(tdtype).view(shape)
+        live = cached
+        if slot is not None and getattr(layer, "tp_size", 1) == 1:
+            stacked = (layer.lora_a_stacked if is_a else layer.lora_b_stacked)[s or 0]
+            live = stacked[slot, 0, : shape[0], : shape[1]]
+        elif slot is not None:
+            set_lora[target] = (layer, lw)  # sharded layer: copy into the cache, vLLM slices it into the slot
+        plan.src.append(src)
+        plan.live.append(live)
+        if live is not cached:
+            plan.cache.append(cached)
+        if is_a:
+            continue
+        if helper is not None:
+            scale = helper.get_rank_and_scaling(vllm_patches.parse_lora_name(name)[0])[1]
+        elif "scaling" in meta:
+            scale = float(meta["scaling"])
+        else:
+            raise UpdateError("adapter path unknown on this worker: pass meta['scaling']")
+        if scale != 1.0:
+            plan.scales.setdefault(scale, []).append(live)
+    if plan.cache and len(plan.cache) != len(plan.live):
+        raise UpdateError("mixed sharded/unsharded layers are not supported")
+    plan.set_lora = list(set_lora.values())
+    return plan

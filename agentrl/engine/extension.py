@@ -1,0 +1,41 @@
+"""agentrl's vLLM worker extension: the one class every agentrl-started vLLM server loads.
+
+Start vLLM with ``--worker-extension-cls agentrl.engine.extension.WorkerExtension`` (the default of
+``VLLMServerConfig.worker_extension``; the older name ``agentrl.inference.lora_ext.LoRAInPlaceExtension`` still
+works) and ``VLLM_SERVER_DEV_MODE=1``; then ``POST /collective_rpc`` with ``{"method": "agentrl_...", ...}``
+runs one of its methods on every worker:
+
+- in-place adapter updates (:class:`agentrl.engine.adapter.AdapterMixin`: ``agentrl_update_lora``,
+  ``agentrl_update_lora_bytes``, ``agentrl_write_adapter``, ``agentrl_probe_shm``, ``agentrl_lora_stats``,
+  ``agentrl_lora_checksum``);
+- full-weight loading (:class:`agentrl.engine.full.FullWeightsMixin`: ``agentrl_begin_weights``,
+  ``agentrl_load_weights``, ``agentrl_load_weights_bytes``, ``agentrl_finish_weights``,
+  ``agentrl_load_weights_from_path``, ``agentrl_weight_dtype``);
+- MoE routing capture (:class:`agentrl.engine.routing.RoutingCaptureMixin`: ``agentrl_routing_enable``,
+  ``agentrl_routing_take``).
+
+Importing this module inside a vLLM worker (vLLM imports it there, before any adapter or model loads)
+installs the vLLM patches (:mod:`agentrl.engine.vllm_patches`) once, after the version check
+(:mod:`agentrl.engine.version_gate`); see :mod:`agentrl.engine.install` for what a refusal does.
+
+This module must import without vLLM and torch (the launcher imports it to check it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from agentrl.engine.adapter import AdapterMixin
+from agentrl.engine.full import FullWeightsMixin
+from agentrl.engine.install import install_in_worker
+from agentrl.engine.routing import RoutingCaptureMixin
+
+if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): hook before any adapter loads
+    install_in_worker()
+
+
+class WorkerExtension(AdapterMixin, FullWeightsMixin, RoutingCaptureMixin):
+    """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
+
+
+__all__ = ["WorkerExtension"]

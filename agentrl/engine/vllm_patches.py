@@ -1,0 +1,471 @@
+"""Every use of vLLM's private API by agentrl's engine side: the monkeypatches, the per-instance wraps, and the
+lookups of private state, each recorded as data (:data:`PRIVATE_USES`: the vLLM version it was written for and
+the targets it touches, checked against the installed vLLM by ``tests/unit/engine/test_vllm_contract.py``).
+
+Written for vLLM 0.32.0 (:data:`WRITTEN_FOR_VLLM`). Everything here reaches past vLLM's public worker-extension
+API (private methods and attributes, the call stack), so another vLLM can break it without an error:
+:func:`install_patches` refuses to install anything into another version (a local build tag such as ``+cpu`` is
+ignored) unless the engine's environment sets ``AGENTRL_ALLOW_VLLM_VERSION`` to the running version or to
+``any`` (:mod:`agentrl.engine.version_gate`). Check each item below against the new vLLM's source (and run the
+contract test) before changing :data:`WRITTEN_FOR_VLLM`.
+
+Monkeypatches, installed once per worker process by :func:`install_patches`:
+
+1. ``vllm.lora.worker_manager.WorkerLoRAManager._load_adapter`` (wrapped): records lora_name ->
+   (lora_int_id, lora_path) of every adapter the worker loads, since a worker only sees int ids and the
+   publisher names adapters; counts loads from disk (``stats["file_loads"]``).
+2. ``LRUCacheWorkerLoRAManager.add_adapter`` (wrapped): times an ``add_adapter`` that read the adapter from
+   disk (``stats["last_file_load_ms"]``), for the file-vs-shared-memory benchmark.
+3. ``LRUCacheWorkerLoRAManager._apply_adapters`` (wrapped): vLLM 0.32 keeps the ``LoRARequest`` of a
+   ``load_inplace`` load and sends it with every later request, and ``add_adapter`` then reloads the adapter
+   FROM DISK on every engine step that uses it (``worker_manager.py``: ``... or lora_request.load_inplace``).
+   That costs a file read per step and would overwrite in-place updates with the file's weights. The wrapper
+   clears ``load_inplace`` on the requests for adapters already loaded, so per-step activation is a plain
+   touch; an explicit ``add_lora`` (the HTTP ``load_lora_adapter`` route) still reloads in place.
+7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
+   once the model is loaded and before vLLM compiles it, every MoE router's capture hook
+   (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
+   one tensor (:func:`tap_moe_routers`). Set after compilation, the hook would never run on CPU (the MoE layer
+   is traced into the graph there, with the hook's ``None`` check evaluated at trace time).
+8. :func:`patch_moe_reload_prepack`: wraps ``UnquantizedFusedMoEMethod._setup_kernel``
+   (``fused_moe/unquantized_fused_moe_method.py``). On a weight update (``self.moe_kernel`` already built)
+   vLLM copies the reloaded checkpoint-layout ``w13_weight`` / ``w2_weight`` into the parameters but skips
+   ``moe_kernel.fused_experts.process_weights_after_loading(layer)``, which on CPU
+   (``CPUUnquantizedExperts`` in ``fused_moe/experts/cpu_moe.py``) pads the intermediate dim and prepacks
+   both tensors into the grouped-GEMM layout (``cpu_prepack_moe_weight``, a permutation, not a no-op). The
+   reload thus left unpacked weights where the kernel reads packed ones: every expert wrong (attention
+   exact). The wrapper redoes that step on an update for the CPU experts; inside a layerwise reload it runs
+   on the layer's temporary tensors, and the packed result is then copied into the served storage.
+
+Per-instance wraps (when routing capture is enabled, :mod:`agentrl.engine.capture`):
+
+9. :func:`wrap_runner_step`: replaces one model runner's private ``_prepare_inputs`` and its ``execute_model``
+   to learn each step's token layout (:func:`step_layout` reads ``input_batch.block_table`` and ``positions``)
+   and to hand the step's routing out once the forward pass has run.
+
+Private-API lookups (nothing patched; called by the extension when it needs them):
+
+4. :func:`find_engine_core`: walks the call stack (``sys._getframe``) for the in-process
+   ``vllm.v1.engine.core.EngineCore`` that called the worker, so the extension can set the weight version and
+   reset the prefix cache atomically with the copy. Multi-process workers (vLLM CPU always, GPU with TP>1)
+   have none.
+5. :func:`lora_adapter_manager`: the worker's ``model_runner.lora_manager._adapter_manager`` (a private
+   attribute): the ``LoRAModelManager`` that holds the stacked slot buffers and the CPU adapter cache, which
+   :mod:`agentrl.engine.adapter_plan` reads (with :func:`parse_lora_name` and :func:`peft_helper`).
+6. Full-weight loading (:mod:`agentrl.engine.full`), through vLLM's layerwise reload (public functions of
+   ``vllm.model_executor.model_loader.reload``, the same ones its weight-transfer engines call):
+   :func:`begin_weight_load` / :func:`load_weight_bucket` / :func:`finish_weight_load` restore each layer's
+   checkpoint-format parameters, load buckets through ``model.load_weights`` (which maps q/k/v onto
+   ``qkv_proj``, shards for tensor parallelism...), and re-run each layer's weight processing once all its
+   weights arrived (on CPU the linear layers hold oneDNN-packed weights, not the checkpoint tensors: a plain
+   ``load_weights`` after start-up fails on them). The finish also drops the LoRA state derived from the old
+   base weights (``model_runner.reset_lora_state``, as vLLM's ``finish_weight_update`` does), and redoes the
+   processing of tied embeddings (:func:`refresh_tied_embeddings`: the trainer sends ``embed_tokens`` once, so
+   vLLM never reprocesses ``lm_head``, whose CPU-packed GEMM weights would lag a version behind).
+10. :func:`served_model`, :func:`model_config`, :func:`moe_geometry`: the served ``nn.Module``, the model's
+    config, and the runner's step size (``max_num_tokens``).
+
+This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
+msgspec are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from agentrl.engine.contract import Kind, PrivateUse, Target
+from agentrl.engine.version_gate import check_vllm_version as _check
+
+WRITTEN_FOR_VLLM = "0.32.0"
+"""The vLLM version these patches were written for and checked against."""
+
+PRIVATE_USES: list[PrivateUse] = []
+"""One record per patch, wrap and lookup below (filled as the module is read)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_WM = "vllm.lora.worker_manager"
+_GPU = "vllm.v1.worker.gpu_model_runner"
+_CPU = "vllm.v1.worker.cpu_model_runner"
+_LORA_RUNNER = "vllm.v1.worker.lora_model_runner_mixin"
+_WORKER = "vllm.v1.worker.worker_base"
+_MODEL_CONFIG = "vllm.config.model"
+_FUSED_MOE = "vllm.model_executor.layers.fused_moe"
+_BLOCKS = "vllm.v1.worker.block_table"
+
+
+def _uses(kind: Kind, *targets: Target) -> Callable[[F], F]:
+    """Record the decorated function as a use of vLLM's private API of ``kind``, touching ``targets``."""
+
+    def record(fn: F) -> F:
+        use = PrivateUse(fn.__name__, kind, WRITTEN_FOR_VLLM, targets)
+        PRIVATE_USES.append(use)
+        fn.vllm_use = use  # type: ignore[attr-defined]
+        return fn
+
+    return record
+
+
+def targets() -> list[Target]:
+    """Every target of every recorded use, once each, in the order recorded."""
+    return list(dict.fromkeys(t for use in PRIVATE_USES for t in use.targets))
+
+
+def check_vllm_version(running: str | None = None, allow: str | None = None) -> str:
+    """The running vLLM's version when the patches may be installed into it; raises
+    :class:`agentrl.engine.version_gate.VLLMVersionRefused` (naming both versions and the override)
+    otherwise. ``running`` / ``allow`` stand in for the installed version and the environment in tests."""
+    return _check(WRITTEN_FOR_VLLM, running, allow)
+
+
+def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
+    """Install the monkeypatches (1-3, 7, 8; idempotent) in a vLLM worker process, after the version check.
+
+    ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
+    ``last_file_load_ms``) are the extension's dicts, filled by the hooks. Raises ``VLLMVersionRefused``
+    before touching anything on another vLLM (unless overridden), and other errors when vLLM's layout changed
+    (the caller reports both)."""
+    check_vllm_version()
+    patch_lora_worker_manager(registry, stats)
+    patch_router_tap()
+    patch_moe_reload_prepack()
+
+
+# -- monkeypatches -----------------------------------------------------------------------------------------
+
+@_uses("patch", Target(_WM, "WorkerLoRAManager._load_adapter"), Target(_WM, "WorkerLoRAManager.list_adapters"),
+       Target(_WM, "LRUCacheWorkerLoRAManager.add_adapter"), Target(_WM, "LRUCacheWorkerLoRAManager._apply_adapters"),
+       Target("vllm.lora.request", "LoRARequest.lora_name"), Target("vllm.lora.request", "LoRARequest.lora_int_id"),
+       Target("vllm.lora.request", "LoRARequest.lora_path"), Target("vllm.lora.request", "LoRARequest.load_inplace"))
+def patch_lora_worker_manager(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
+    """Patches 1-3: wrap vLLM's worker LoRA manager (idempotent); see the module docstring."""
+    import msgspec
+    from vllm.lora.worker_manager import LRUCacheWorkerLoRAManager, WorkerLoRAManager
+
+    load, apply = WorkerLoRAManager._load_adapter, LRUCacheWorkerLoRAManager._apply_adapters
+    add = LRUCacheWorkerLoRAManager.add_adapter
+    if getattr(load, "_agentrl_hook", False):
+        return
+
+    def _load_adapter(self: Any, lora_request: Any) -> Any:
+        lora = load(self, lora_request)
+        registry[lora_request.lora_name] = (int(lora_request.lora_int_id), str(lora_request.lora_path))
+        stats["file_loads"] += 1
+        return lora
+
+    def _add_adapter(self: Any, lora_request: Any) -> bool:
+        t0, n = time.perf_counter(), stats["file_loads"]
+        out = add(self, lora_request)
+        if stats["file_loads"] != n:  # read from disk, built, swapped into its slot
+            stats["last_file_load_ms"] = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _apply_adapters(self: Any, lora_requests: set[Any]) -> None:
+        loaded = self.list_adapters()
+        apply(self, {msgspec.structs.replace(r, load_inplace=False)
+                     if r and r.load_inplace and r.lora_int_id in loaded else r for r in lora_requests})
+
+    _load_adapter._agentrl_hook = True  # type: ignore[attr-defined]
+    WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
+    LRUCacheWorkerLoRAManager._apply_adapters = _apply_adapters  # type: ignore[method-assign]
+    LRUCacheWorkerLoRAManager.add_adapter = _add_adapter  # type: ignore[method-assign]
+
+
+@_uses("patch", Target(_GPU, "GPUModelRunner.load_model"), Target(_CPU, "CPUModelRunner.load_model", optional=True))
+def patch_router_tap() -> None:
+    """Patch 7: after a model runner loads its model (and before vLLM compiles it), tap its MoE routers
+    (:class:`agentrl.engine.capture.RouterTap`; nothing for a dense model). Idempotent."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runners: list[Any] = [GPUModelRunner]
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+        runners.append(CPUModelRunner)
+    except ImportError:  # a GPU build
+        pass
+    for cls in runners:
+        load = cls.__dict__.get("load_model")
+        if load is None or getattr(load, "_agentrl_hook", False):
+            continue
+
+        def load_model(self: Any, *args: Any, _load: Any = load, **kwargs: Any) -> Any:
+            out = _load(self, *args, **kwargs)
+            if getattr(self, "_agentrl_router_tap", None) is None:
+                from agentrl.engine.capture import RouterTap
+
+                self._agentrl_router_tap = RouterTap.attach(self)
+            return out
+
+        load_model._agentrl_hook = True  # type: ignore[attr-defined]
+        cls.load_model = load_model  # type: ignore[method-assign]
+
+
+@_uses("patch", Target(f"{_FUSED_MOE}.unquantized_fused_moe_method", "UnquantizedFusedMoEMethod._setup_kernel"),
+       Target(f"{_FUSED_MOE}.fused_moe_method_base", "FusedMoEMethodBase.moe_kernel", instance=True),
+       Target(f"{_FUSED_MOE}.modular_kernel", "FusedMoEKernel.fused_experts"),
+       Target(f"{_FUSED_MOE}.experts.cpu_moe", "CPUUnquantizedExperts.process_weights_after_loading",
+              optional=True))
+def patch_moe_reload_prepack() -> None:
+    """Patch 8: after vLLM sets up an unquantized MoE layer's weights on a weight update, redo the CPU
+    experts' padding and prepacking that vLLM only runs on the first load (see the module docstring).
+    Idempotent; nothing on a build without the CPU MoE experts."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # pragma: no cover - a build without the CPU experts
+        return
+    setup = UnquantizedFusedMoEMethod._setup_kernel
+    if getattr(setup, "_agentrl_hook", False):
+        return
+
+    @functools.wraps(setup)
+    def _setup_kernel(self: Any, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        update = self.moe_kernel is not None
+        out = setup(self, layer, *args, **kwargs)
+        experts = getattr(self.moe_kernel, "fused_experts", None)
+        if update and isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(layer)
+        return out
+
+    _setup_kernel._agentrl_hook = True  # type: ignore[attr-defined]
+    UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel  # type: ignore[method-assign]
+
+
+# -- per-instance wraps and the step layout (routing capture) ----------------------------------------------
+
+@_uses("wrap", Target(_GPU, "GPUModelRunner._prepare_inputs"), Target(_GPU, "GPUModelRunner.execute_model"),
+       Target("vllm.v1.core.sched.output", "SchedulerOutput.finished_req_ids", instance=True))
+def wrap_runner_step(runner: Any, after_prepare: Callable[[Any], None],
+                     after_execute: Callable[[Any], None]) -> None:
+    """Wrap 9: replace ``runner``'s ``_prepare_inputs`` (its second argument is the step's number of scheduled
+    tokens per request, handed to ``after_prepare`` once it ran) and ``execute_model`` (the step's finished
+    request ids handed to ``after_execute`` once the forward pass ran), on this instance only."""
+    prepare, execute = runner._prepare_inputs, runner.execute_model
+
+    def _prepare_inputs(scheduler_output: Any, num_scheduled: Any, *a: Any, **kw: Any) -> Any:
+        out = prepare(scheduler_output, num_scheduled, *a, **kw)
+        after_prepare(num_scheduled)
+        return out
+
+    def execute_model(scheduler_output: Any, *a: Any, **kw: Any) -> Any:
+        out = execute(scheduler_output, *a, **kw)
+        after_execute(getattr(scheduler_output, "finished_req_ids", None))
+        return out
+
+    runner._prepare_inputs, runner.execute_model = _prepare_inputs, execute_model
+
+
+@_uses("lookup", Target(_GPU, "GPUModelRunner.input_batch", instance=True),
+       Target(_GPU, "GPUModelRunner.positions", instance=True),
+       Target("vllm.v1.worker.gpu_input_batch", "InputBatch.req_ids"),
+       Target("vllm.v1.worker.gpu_input_batch", "InputBatch.block_table", instance=True),
+       Target(_BLOCKS, "MultiGroupBlockTable.__getitem__"), Target(_BLOCKS, "BlockTable.block_table", instance=True),
+       Target(_BLOCKS, "BlockTable.num_blocks_per_row", instance=True),
+       Target(_BLOCKS, "BlockTable.block_size", instance=True), Target("vllm.v1.utils", "CpuGpuBuffer.np", instance=True))
+def step_layout(runner: Any, num_scheduled: Any) -> list[tuple[str, Any, Any, int]]:
+    """After ``_prepare_inputs``: ``(request id, positions, block-table row, block size)`` of each request with
+    tokens in this step (``num_scheduled``: tokens per request, a numpy array), as numpy copies."""
+    batch = runner.input_batch
+    table = batch.block_table[0]
+    total = int(num_scheduled.sum())
+    buf = runner.positions  # a tensor (on the engine's device) or a CPU/GPU buffer pair
+    positions = buf.np[:total] if hasattr(buf, "np") else buf[:total].to("cpu").numpy()
+    layout = []
+    off = 0
+    for i, req_id in enumerate(batch.req_ids[: len(num_scheduled)]):
+        n = int(num_scheduled[i])
+        if n:
+            blocks = table.block_table.np[i, : table.num_blocks_per_row[i]].copy()
+            layout.append((req_id, positions[off: off + n].copy(), blocks, int(table.block_size)))
+        off += n
+    return layout
+
+
+@_uses("lookup", Target(f"{_FUSED_MOE}.router.base_router", "BaseRouter"),
+       Target(f"{_FUSED_MOE}.router.base_router", "BaseRouter.set_capture_fn"),
+       Target(f"{_FUSED_MOE}.runner.moe_runner", "MoERunner.router", instance=True),
+       Target(f"{_FUSED_MOE}.runner.moe_runner", "MoERunner.layer_id"))
+def tap_moe_routers(model: Any, writer: Callable[[int], Callable[[Any], None]]) -> list[int]:
+    """Set the capture hook of every MoE router of ``model`` (a module with a ``BaseRouter`` ``router`` and a
+    ``layer_id``) to ``writer(layer_id)``; their layer ids, sorted. None is set when there is none (``[]``)."""
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    found: list[tuple[int, Any]] = []
+    for module in model.modules():
+        router = getattr(module, "router", None)
+        if isinstance(router, BaseRouter) and hasattr(module, "layer_id"):
+            found.append((int(module.layer_id), router))
+    for layer_id, router in found:
+        router.set_capture_fn(writer(layer_id))
+    return sorted(layer_id for layer_id, _ in found)
+
+
+@_uses("lookup", Target(_MODEL_CONFIG, "ModelConfig.get_num_experts"),
+       Target(_MODEL_CONFIG, "ModelConfig.get_num_experts_per_tok"),
+       Target(_MODEL_CONFIG, "ModelConfig.get_total_num_hidden_layers"),
+       Target(_GPU, "GPUModelRunner.max_num_tokens", instance=True))
+def moe_geometry(runner: Any) -> tuple[int, int, int, int]:
+    """``(experts, top_k, layers, max tokens per step)`` of ``runner``'s model (experts 0 for a dense one)."""
+    mc = model_config(runner)
+    return (int(mc.get_num_experts()), int(mc.get_num_experts_per_tok()), int(mc.get_total_num_hidden_layers()),
+            int(runner.max_num_tokens))
+
+
+# -- lookups -------------------------------------------------------------------------------------------------
+
+@_uses("lookup", Target("vllm.v1.engine.core", "EngineCore"), Target("vllm.v1.engine.core", "EngineCore.set_weight_version"),
+       Target("vllm.v1.engine.core", "EngineCore.reset_prefix_cache"))
+def find_engine_core() -> Any:
+    """Lookup 4: the ``EngineCore`` among the callers of this function's caller (an in-process executor), or
+    None. The walk starts at the caller, whose own ``self`` is never an ``EngineCore``. The extension calls
+    its ``set_weight_version`` and ``reset_prefix_cache(reset_running_requests=...)``."""
+    from vllm.v1.engine.core import EngineCore
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, EngineCore):
+            return obj
+        frame = frame.f_back
+    return None
+
+
+@_uses("lookup", Target(_WORKER, "WorkerBase.model_runner", instance=True),
+       Target(_LORA_RUNNER, "LoRAModelRunnerMixin.lora_manager", instance=True),
+       Target(_WM, "WorkerLoRAManager._adapter_manager", instance=True),
+       # what the in-place copy reads through the manager (agentrl.engine.adapter, agentrl.engine.adapter_plan)
+       Target("vllm.lora.model_manager", "LoRAModelManager.get_adapter"),
+       Target("vllm.lora.model_manager", "LoRAModelManager.lora_index_to_id", instance=True),
+       Target("vllm.lora.model_manager", "LoRAModelManager.modules", instance=True),
+       Target("vllm.lora.model_manager", "LoRAModelManager.packed_modules", instance=True),
+       Target("vllm.lora.model_manager", "LoRAModelManager.model", instance=True),
+       Target("vllm.model_executor.models.interfaces", "SupportsQuant.hf_to_vllm_mapper"),
+       Target("vllm.model_executor.models.utils", "WeightsMapper.get_rename_mapper"),
+       Target("vllm.lora.lora_model", "LoRAModel.loras", instance=True),
+       Target("vllm.lora.lora_weights", "LoRALayerWeights.lora_a", instance=True),
+       Target("vllm.lora.lora_weights", "LoRALayerWeights.lora_b", instance=True),
+       Target("vllm.lora.layers.base_linear", "BaseLinearLayerWithLoRA.lora_a_stacked", instance=True),
+       Target("vllm.lora.layers.base_linear", "BaseLinearLayerWithLoRA.lora_b_stacked", instance=True),
+       Target("vllm.lora.layers.base_linear", "BaseLinearLayerWithLoRA.tp_size", instance=True),
+       Target("vllm.lora.layers.base", "BaseLayerWithLoRA.set_lora"))
+def lora_adapter_manager(worker: Any) -> Any:
+    """Lookup 5: the worker's ``LoRAModelManager`` (``model_runner.lora_manager._adapter_manager``), or None
+    when LoRA is not enabled."""
+    runner = getattr(worker, "model_runner", None)
+    return getattr(getattr(runner, "lora_manager", None), "_adapter_manager", None)
+
+
+@_uses("lookup", Target("vllm.lora.utils", "parse_fine_tuned_lora_name"))
+def parse_lora_name(name: str, mapper: Any = None) -> tuple[str, bool]:
+    """vLLM's reading of a peft tensor name: ``(module name, is lora_A)`` (``mapper``: the model's rename
+    mapper, or None)."""
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    return parse_fine_tuned_lora_name(name, mapper)
+
+
+@_uses("lookup", Target("vllm.lora.peft_helper", "PEFTHelper.from_local_dir"),
+       Target("vllm.lora.peft_helper", "PEFTHelper.get_rank_and_scaling"))
+def peft_helper(path: str) -> Any:
+    """vLLM's reading of the adapter config in directory ``path`` (its ``get_rank_and_scaling(module)`` gives
+    the scaling vLLM folded into B)."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    return PEFTHelper.from_local_dir(path, None)
+
+
+@_uses("lookup", Target(_GPU, "GPUModelRunner.get_model"), Target(_CPU, "CPUModelRunner.get_model", optional=True))
+def served_model(worker: Any) -> Any:
+    """The ``nn.Module`` a vLLM worker serves (``model_runner.get_model()``, or ``.model`` on older runners)."""
+    return runner_model(worker.model_runner)
+
+
+def runner_model(runner: Any) -> Any:
+    """The ``nn.Module`` a model runner serves (part of :func:`served_model`'s record)."""
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+@_uses("lookup", Target(_WORKER, "WorkerBase.vllm_config", instance=True),
+       Target(_GPU, "GPUModelRunner.vllm_config", instance=True), Target("vllm.config", "VllmConfig.model_config"),
+       Target(_MODEL_CONFIG, "ModelConfig.model"), Target(_MODEL_CONFIG, "ModelConfig.hf_text_config", instance=True))
+def model_config(owner: Any) -> Any:
+    """The ``ModelConfig`` of a worker or a model runner (``vllm_config.model_config``): ``model`` (its name),
+    ``hf_text_config.model_type``, and the MoE shape (:func:`moe_geometry`)."""
+    return owner.vllm_config.model_config
+
+
+# -- full-weight loading -----------------------------------------------------------------------------------
+
+@_uses("lookup", Target("vllm.config", "set_current_vllm_config"),
+       Target("vllm.model_executor.model_loader.reload", "initialize_layerwise_reload"))
+def begin_weight_load(worker: Any) -> None:
+    """Lookup 6a: prepare every layer of ``worker``'s model to receive checkpoint-format weights."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(served_model(worker))
+
+
+@_uses("lookup", Target("vllm.config", "set_current_vllm_config"))
+def load_weight_bucket(worker: Any, weights: Any) -> None:
+    """Lookup 6b: load ``(name, tensor)`` pairs (Hugging Face names) between begin and finish."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        served_model(worker).load_weights(weights)
+
+
+@_uses("lookup", Target("vllm.model_executor.model_loader.reload", "finalize_layerwise_reload"),
+       Target(_LORA_RUNNER, "LoRAModelRunnerMixin.reset_lora_state"))
+def finish_weight_load(worker: Any) -> None:
+    """Lookup 6c: process the layers that were not processed on the fly and drop derived LoRA state."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        model = served_model(worker)
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        refresh_tied_embeddings(model)
+    reset = getattr(worker.model_runner, "reset_lora_state", None)
+    if reset is not None:
+        reset()
+
+
+@_uses("lookup", Target("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod"),
+       Target("vllm.model_executor.layers.vocab_parallel_embedding",
+              "UnquantizedEmbeddingMethod.process_weights_after_loading"),
+       Target("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding.quant_method",
+              instance=True))
+def refresh_tied_embeddings(model: Any) -> int:
+    """Redo the weight processing of embedding layers that share their weight with another one (tied input
+    and output embeddings: ``lm_head`` is ``embed_tokens``). The trainer has one parameter for both, so a load
+    reaches only one of the layers; the other is never reprocessed and keeps state derived from the previous
+    weights (the CPU backend's packed GEMM weights of ``lm_head``: the logits would lag a version behind).
+    Returns the number of layers redone."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    groups: dict[int, list[Any]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            groups.setdefault(id(weight), []).append(module)
+    tied = [m for group in groups.values() if len(group) > 1 for m in group]
+    for module in tied:
+        module.quant_method.process_weights_after_loading(module)
+    return len(tied)
+
+
+__all__ = [
+    "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
+    "finish_weight_load", "install_patches", "load_weight_bucket", "lora_adapter_manager", "model_config",
+    "moe_geometry", "parse_lora_name", "patch_lora_worker_manager", "patch_moe_reload_prepack", "patch_router_tap",
+    "peft_helper", "refresh_tied_embeddings", "runner_model", "served_model", "step_layout", "tap_moe_routers",
+    "targets", "wrap_runner_step",
+]
