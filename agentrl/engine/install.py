@@ -52,7 +52,9 @@ def install_in_worker(outcome: Installed | None = None) -> Installed:
         return outcome
     outcome.attempted = True
     try:
-        vllm_patches.install_patches(REGISTRY, STATS)
+        from agentrl.engine.capture import RouterTap
+
+        vllm_patches.install_patches(REGISTRY, STATS, RouterTap.attach)
     except VLLMVersionRefused as exc:
         outcome.refused = exc
         print(f"agentrl.engine: vLLM patches refused: {exc}", file=sys.stderr)

@@ -122,16 +122,18 @@ def check_vllm_version(running: str | None = None, allow: str | None = None) -> 
     return _check(WRITTEN_FOR_VLLM, running, allow)
 
 
-def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float]) -> None:
+def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float],
+                    attach_router_tap: Callable[[Any], Any]) -> None:
     """Install the monkeypatches (1-3, 7, 8; idempotent) in a vLLM worker process, after the version check.
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
-    ``last_file_load_ms``) are the extension's dicts, filled by the hooks. Raises ``VLLMVersionRefused``
+    ``last_file_load_ms``) are the extension's dicts, filled by the hooks; ``attach_router_tap(runner)`` taps a
+    freshly loaded model's MoE routers (patch 7). Raises ``VLLMVersionRefused``
     before touching anything on another vLLM (unless overridden), and other errors when vLLM's layout changed
     (the caller reports both)."""
     check_vllm_version()
     patch_lora_worker_manager(registry, stats)
-    patch_router_tap()
+    patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
 
 
@@ -176,9 +178,9 @@ def patch_lora_worker_manager(registry: dict[str, tuple[int, str]], stats: dict[
 
 
 @_uses("patch", Target(_GPU, "GPUModelRunner.load_model"), Target(_CPU, "CPUModelRunner.load_model", optional=True))
-def patch_router_tap() -> None:
-    """Patch 7: after a model runner loads its model (and before vLLM compiles it), tap its MoE routers
-    (:class:`agentrl.engine.capture.RouterTap`; nothing for a dense model). Idempotent."""
+def patch_router_tap(attach: Callable[[Any], Any]) -> None:
+    """Patch 7: after a model runner loads its model (and before vLLM compiles it), tap its MoE routers:
+    ``attach(runner)`` (:meth:`agentrl.engine.capture.RouterTap.attach`; None for a dense model). Idempotent."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     runners: list[Any] = [GPUModelRunner]
@@ -196,9 +198,7 @@ def patch_router_tap() -> None:
         def load_model(self: Any, *args: Any, _load: Any = load, **kwargs: Any) -> Any:
             out = _load(self, *args, **kwargs)
             if getattr(self, "_agentrl_router_tap", None) is None:
-                from agentrl.engine.capture import RouterTap
-
-                self._agentrl_router_tap = RouterTap.attach(self)
+                self._agentrl_router_tap = attach(self)
             return out
 
         load_model._agentrl_hook = True  # type: ignore[attr-defined]
