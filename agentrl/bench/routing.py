@@ -46,6 +46,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -394,16 +395,12 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _measure_in(args: argparse.Namespace, model: str, work: Path, dtype: str) -> dict[str, Any]:
-    import httpx
-
     from agentrl.bench.engine import engine_url
     from agentrl.config.run import SamplingConfig
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
     from agentrl.launch.stack import load_chat_format
     from agentrl.orchestrator.moe import model_moe, routing_template
-    from agentrl.orchestrator.samples import sample_of
-    from agentrl.rollout.groups import RolloutWorkers
     from agentrl.versions import engine_label
 
     info = model_moe(model)
@@ -420,67 +417,125 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path, dtype: s
         await client.set_weight_version(engine_label(0))
         chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
         base, updated = await asyncio.to_thread(load_models, model, served, args.attention_scale)
-        version = {"v": 0}
+        rounds = _Rounds(args, info, client, url, chat, sampling, template, served, base, updated)
+        out, trajs = await rounds.first(first)
+        out["after_update"] = await rounds.second(second, trajs)
+        if args.endpoint:  # give a shared engine its weights back
+            original = {n: p for n, p in base.named_parameters() if ATTENTION.search(n)}
+            await publish(client, original, served, 0)
+    return out
 
-        async def episodes(gen: Any, batch: list[Any]) -> list[Any]:
-            workers = RolloutWorkers(CalcEnv, gen, chat, sampling, max_concurrency=len(batch),
-                                     policy_version=lambda: version["v"], routing=template)
-            return [t for g in await workers.run_groups(batch, 1) for t in g]
 
-        # round 1: one version throughout
+@dataclass
+class _Rounds:
+    """The two rounds of calc episodes on a started engine (``client``, at ``url``) and their scoring by the
+    trainer's side: round 1 on the ``base`` weights, round 2 with the ``updated`` ones published mid-episode."""
+
+    args: argparse.Namespace
+    info: Any
+    client: Any
+    url: str
+    chat: Any
+    sampling: Any
+    template: Any
+    served: str
+    """The engine's weight dtype."""
+    base: Any
+    updated: Any
+    version: int = 0
+    """The policy version the episodes' turns are sampled under (1 once the update is live)."""
+
+    async def episodes(self, gen: Any, batch: list[Any]) -> list[Any]:
+        """One episode per task of ``batch``, all at once, sampling from ``gen``."""
+        from agentrl.envs.calc import CalcEnv
+        from agentrl.rollout.groups import RolloutWorkers
+
+        workers = RolloutWorkers(CalcEnv, gen, self.chat, self.sampling, max_concurrency=len(batch),
+                                 policy_version=lambda: self.version, routing=self.template)
+        return [t for g in await workers.run_groups(batch, 1) for t in g]
+
+    async def first(self, batch: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+        """Round 1: one version throughout; its figures and its episodes."""
+        from agentrl.orchestrator.samples import sample_of
+
         t1 = time.perf_counter()
-        trajs = await episodes(client, first)
+        trajs = await self.episodes(self.client, batch)
         rollout_s = time.perf_counter() - t1
         samples = [sample_of(t, 0.0) for t in trajs if not t.failed and t.completion_ids]
-        scorer = Scorer(base, info)
+        scorer = Scorer(self.base, self.info)
         rows = await asyncio.to_thread(lambda: [scorer.score(s) for s in samples])
-        out: dict[str, Any] = {"dtype": served, "temperature": args.temperature, **episode_figures(trajs),
+        out: dict[str, Any] = {"dtype": self.served, "temperature": self.args.temperature,
+                               **episode_figures(trajs),
                                **token_figures(samples, [r[0] for r in rows], [r[1] for r in rows]),
                                "routing_mismatch_frac": scorer.mismatch_frac,
-                               "routing_bytes_per_token": template.row_bytes, "rollout_s": round(rollout_s, 1)}
+                               "routing_bytes_per_token": self.template.row_bytes,
+                               "rollout_s": round(rollout_s, 1)}
+        return out, trajs
 
-        # round 2: a full-weight update while the episodes run, once the engine has generated half of round 1's
-        # model tokens (its token counter) or half of round 1's generations are done, whichever comes first
-        attention = {n: p for n, p in updated.named_parameters() if ATTENTION.search(n)}
-        gated = GatedClient(client, max(1, sum(t.num_turns for t in trajs) // 2))
+    async def second(self, batch: list[Any], trajs: list[Any]) -> dict[str, Any]:
+        """Round 2: a full-weight update while the episodes run, once the engine has generated half of round 1's
+        model tokens (its token counter) or half of round 1's generations (``trajs``) are done, whichever comes
+        first; the figures of the tokens sampled after it."""
+        import httpx
+
+        attention = {n: p for n, p in self.updated.named_parameters() if ATTENTION.search(n)}
+        gated = GatedClient(self.client, max(1, sum(t.num_turns for t in trajs) // 2))
         target = max(1, sum(t.num_model_tokens for t in trajs) // 2)
         sync: dict[str, Any] = {}
-
-        async def tokens_reached(http: Any, start: float | None) -> None:
-            now = start
-            while now is not None and now - start < target:  # type: ignore[operator]
-                await asyncio.sleep(0.02)
-                now = await generated_tokens(http, url)
-                if now is not None:
-                    sync["after_tokens"] = int(now - start)  # type: ignore[operator]
-            if now is None:  # no counter: the generations decide
-                await asyncio.Event().wait()
-
-        async def update(http: Any, start: float | None) -> None:
-            waiters = [asyncio.ensure_future(gated.reached.wait()), asyncio.ensure_future(tokens_reached(http, start))]
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
-            gated.reached.set()
-            sync["after_generations"] = gated.done
-            try:
-                sync["sync_s"] = await publish(client, attention, served, 1, lambda: version.update(v=1))
-            finally:
-                gated.live.set()
-
         async with httpx.AsyncClient(timeout=10.0) as http:
-            task = asyncio.create_task(update(http, await generated_tokens(http, url)))
+            task = asyncio.create_task(self._update(http, await generated_tokens(http, self.url), gated, target,
+                                                    attention, sync))
             try:
-                trajs2 = await episodes(gated, second)
+                trajs2 = await self.episodes(gated, batch)
                 gated.reached.set()  # every episode ended before the update: none is after it
                 await task
             finally:
                 task.cancel()
+        return await self._after_update(trajs2, attention, sync)
+
+    async def _tokens_reached(self, http: Any, start: float | None, target: int, sync: dict[str, Any]) -> None:
+        """Return once the engine has generated ``target`` tokens since ``start`` (recorded in ``sync``); never
+        when the engine has no token counter."""
+        now = start
+        while now is not None and now - start < target:  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+            now = await generated_tokens(http, self.url)
+            if now is not None:
+                sync["after_tokens"] = int(now - start)  # type: ignore[operator]
+        if now is None:  # no counter: the generations decide
+            await asyncio.Event().wait()
+
+    async def _update(self, http: Any, start: float | None, gated: GatedClient, target: int,
+                      attention: dict[str, Any], sync: dict[str, Any]) -> None:
+        """Publish ``attention`` as version 1 once ``gated`` reaches its count or ``target`` tokens are
+        generated; when and how long it took go in ``sync``."""
+        waiters = [asyncio.ensure_future(gated.reached.wait()),
+                   asyncio.ensure_future(self._tokens_reached(http, start, target, sync))]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        gated.reached.set()
+        sync["after_generations"] = gated.done
+        try:
+            sync["sync_s"] = await publish(self.client, attention, self.served, 1, self._go_live)
+        finally:
+            gated.live.set()
+
+    def _go_live(self) -> None:
+        """The update's weights are in: turns sampled from now on are version 1."""
+        self.version = 1
+
+    async def _after_update(self, trajs2: list[Any], attention: dict[str, Any],
+                            sync: dict[str, Any]) -> dict[str, Any]:
+        """The figures of round 2's version-1 tokens, scored by the updated model (and by the old one)."""
+        from agentrl.orchestrator.samples import sample_of
+
         samples2 = [sample_of(t, 0.0) for t in trajs2 if not t.failed and t.completion_ids]
         samples2 = [s for s in samples2 if 1 in s.versions]
-        after, before, stale = Scorer(updated, info), Scorer(base, info), Scorer(updated, info)
+        after, before = Scorer(self.updated, self.info), Scorer(self.base, self.info)
+        stale = Scorer(self.updated, self.info)
 
         def score_after() -> tuple[list[Any], list[Any]]:
             new = [after.score(s, count_version=1) for s in samples2]
@@ -492,17 +547,14 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path, dtype: s
         new, old = await asyncio.to_thread(score_after)
         fig = token_figures(samples2, [r[0] for r in new], [r[1] for r in new], version=1)
         old_fig = token_figures(samples2, old, old, version=1)
-        out["after_update"] = {
+        res = {
             **episode_figures(trajs2), **fig, "routing_mismatch_frac": after.mismatch_frac,
             "stale_routing_frac": stale.mismatch_frac, "logprob_mae_old_weights": old_fig["logprob_mae_replay"],
             "mixed_version_episodes": sum(mixed_version(t) for t in trajs2),
             "split_turns": sum(split_turns(t) for t in trajs2),
-            "attention_scale": args.attention_scale, "published_tensors": len(attention), **sync}
-        out["after_update"]["targets_met"] = targets_met(out["after_update"])
-        if args.endpoint:  # give a shared engine its weights back
-            original = {n: p for n, p in base.named_parameters() if ATTENTION.search(n)}
-            await publish(client, original, served, 0)
-    return out
+            "attention_scale": self.args.attention_scale, "published_tensors": len(attention), **sync}
+        res["targets_met"] = targets_met(res)
+        return res
 
 
 def _fmt(x: Any, spec: str = ".3e") -> str:
@@ -545,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", default=None, help="a running vLLM server of --model (without LoRA, with the "
                         f"agentrl worker extension, max-model-len >= {MAX_LEN}) to use instead of starting one; it "
                         "gets its attention weights back at the end")
+    parser.add_argument("--chat-template", default=None,
+                        help="render turns with this chat template instead of the model's own: a built-in name "
+                             "(hermes) or a Jinja file")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if args.model is None and args.endpoint:

@@ -162,3 +162,19 @@ def test_metric_total_sums_the_samples_of_one_metric() -> None:
     assert metric_total(text, "vllm:generation_tokens_total") == 150.0
     assert metric_total(text, "vllm:prompt_tokens_total") == 99.0
     assert metric_total(text, "vllm:request_success_total") is None
+
+
+def test_the_command_line_gives_every_setting_the_measurement_reads(monkeypatch, capsys) -> None:
+    """``_measure`` reads ``args.chat_template``: the parser must define it (it did not, and the bench failed
+    right after its engine started)."""
+    from agentrl.bench import routing as bench
+
+    seen = {}
+
+    async def measure(args):
+        seen.update(vars(args))
+        return {"ok": True}
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    assert bench.main(["--json", "--chat-template", "hermes"]) == 0
+    assert seen["chat_template"] == "hermes" and capsys.readouterr().out.strip() == '{"ok": true}'
