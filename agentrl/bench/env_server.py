@@ -26,10 +26,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.bench.errors import BenchArgumentError, BenchFailed
 from agentrl.utils.lifeline import own_process, release_process
+
+if TYPE_CHECKING:
+    from agentrl.bench.http1 import Connection
 
 SANDBOX_ENVS = ("swe", "shell", "agentrl.bench.shell_env:ShellEnv")
 """Environments known to start a sandbox per session (the bench builds the image first)."""
@@ -101,10 +104,33 @@ async def run_load(
 ) -> LoadResult:
     """Drive ``sessions`` concurrent episodes of ``env`` on the server at ``url`` for ``duration_s``; each
     simulated client has its own keep-alive connection."""
-    from agentrl.bench.http1 import Connection
-
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     out = LoadResult()
+    info, page = await _served_env(url, headers, timeout_s, env)
+    is_calc = info["name"] == "calc"
+    if action is None and not is_calc:
+        action = _default_action(info)
+        if action is None:
+            raise BenchArgumentError(f"no default tool call for {info['name']!r}: pass --action JSON")
+    task_ids = [t["id"] for t in page["tasks"]]
+    steps = max(0, min(tool_steps, info["max_turns"] - 1))
+    deadline = time.monotonic() + duration_s
+    clients = _LoadClients(
+        url, headers, timeout_s, info["name"], task_ids, steps, action, is_calc, seed, deadline, out
+    )
+    t0 = time.perf_counter()
+    await asyncio.gather(*(clients.worker(i) for i in range(sessions)))
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+async def _served_env(
+    url: str, headers: dict[str, str], timeout_s: float, env: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The server's description of ``env`` (or of its only environment) and the first page of its tasks;
+    raises when the server does not serve it or it has no tasks."""
+    from agentrl.bench.http1 import Connection
+
     setup = Connection(url, headers, timeout_s)
     try:
         status, body = await setup.request("GET", "/v1/envs")
@@ -119,22 +145,36 @@ async def run_load(
             raise BenchArgumentError(f"environment {info['name']!r} has no tasks to load: HTTP {status} {page}")
     finally:
         await setup.close()
-    is_calc = info["name"] == "calc"
-    if action is None and not is_calc:
-        action = _default_action(info)
-        if action is None:
-            raise BenchArgumentError(f"no default tool call for {info['name']!r}: pass --action JSON")
-    task_ids = [t["id"] for t in page["tasks"]]
-    steps = max(0, min(tool_steps, info["max_turns"] - 1))
-    deadline = time.monotonic() + duration_s
+    return info, page
 
-    def fail(what: str, status: int | None, body: Any) -> None:
-        out.errors.append(
+
+@dataclass
+class _LoadClients:
+    """The simulated clients of one load run: each runs episodes of ``env`` (on ``task_ids``, ``steps`` tool
+    steps then an answer) on its own connection until ``deadline``, recording into ``out``."""
+
+    url: str
+    headers: dict[str, str]
+    timeout_s: float
+    env: str
+    task_ids: list[Any]
+    steps: int
+    action: dict[str, Any] | None
+    """The tool call of every step (None for calc: checked additions)."""
+    is_calc: bool
+    seed: int
+    deadline: float
+    out: LoadResult
+
+    def fail(self, what: str, status: int | None, body: Any) -> None:
+        """Record an error of the run."""
+        self.out.errors.append(
             f"{what}: HTTP {status}: {str(body)[:200]}" if status else f"{what}: {str(body)[:200]}"
         )
 
-    def tool_call(rng: random.Random, i: int) -> tuple[dict[str, Any], str | None]:
-        if is_calc:
+    def tool_call(self, rng: random.Random, i: int) -> tuple[dict[str, Any], str | None]:
+        """The ``i``-th tool call of an episode and the observation it must give (None: any)."""
+        if self.is_calc:
             a, b = rng.randint(1, 999), rng.randint(1, 999)
             args, want = {"expression": f"{a} + {b}"}, str(a + b)
             call = {
@@ -143,22 +183,24 @@ async def run_load(
                 "function": {"name": "calculate", "arguments": json.dumps(args)},
             }
             return call, want
-        assert action is not None
-        fn = {"name": action["name"], "arguments": json.dumps(action["arguments"])}
+        assert self.action is not None
+        fn = {"name": self.action["name"], "arguments": json.dumps(self.action["arguments"])}
         return {"id": f"c{i}", "type": "function", "function": fn}, None
 
-    async def one_episode(http: Connection, rng: random.Random) -> None:
+    async def one_episode(self, http: Connection, rng: random.Random) -> None:
+        """Open a session, take the tool steps, answer, close; every latency recorded, every answer checked."""
+        out = self.out
         t = time.perf_counter()
         status, body = await http.request(
-            "POST", "/v1/sessions", {"env": info["name"], "task_id": rng.choice(task_ids)}
+            "POST", "/v1/sessions", {"env": self.env, "task_id": rng.choice(self.task_ids)}
         )
         out.create_s.append(time.perf_counter() - t)
         if status != 201:
-            return fail("create", status, body)
+            return self.fail("create", status, body)
         sid = body["session_id"]
         try:
-            for i in range(steps):
-                call, want = tool_call(rng, i)
+            for i in range(self.steps):
+                call, want = self.tool_call(rng, i)
                 t = time.perf_counter()
                 status, body = await http.request(
                     "POST",
@@ -168,45 +210,43 @@ async def run_load(
                 )
                 out.step_s.append(time.perf_counter() - t)
                 if status != 200:
-                    return fail("step", status, body)
+                    return self.fail("step", status, body)
                 obs = body["observations"]
                 if (
                     len(obs) != 1
                     or obs[0]["error"] is not None
                     or (want is not None and obs[0]["content"] != want)
                 ):
-                    return fail("step", None, f"unexpected observation {obs!r}")
+                    return self.fail("step", None, f"unexpected observation {obs!r}")
             t = time.perf_counter()
             status, body = await http.request("POST", f"/v1/sessions/{sid}/step", {"content": "done"})
             out.step_s.append(time.perf_counter() - t)
             if status != 200:
-                return fail("final step", status, body)
+                return self.fail("final step", status, body)
             if not body["done"] or body["reward"] is None or body["stop_reason"] != "completed":
-                return fail("final step", None, f"episode not scored: {body!r}")
+                return self.fail("final step", None, f"episode not scored: {body!r}")
             out.episodes += 1
         finally:
             t = time.perf_counter()
             status, body = await http.request("DELETE", f"/v1/sessions/{sid}")
             out.close_s.append(time.perf_counter() - t)
             if status != 200:
-                fail("close", status, body)
+                self.fail("close", status, body)
 
-    async def worker(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
-        http = Connection(url, headers, timeout_s)
+    async def worker(self, i: int) -> None:
+        """Client ``i``: episodes one after another until the deadline, on its own connection."""
+        from agentrl.bench.http1 import Connection
+
+        rng = random.Random(self.seed * 1000 + i)
+        http = Connection(self.url, self.headers, self.timeout_s)
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < self.deadline:
                 try:
-                    await one_episode(http, rng)
+                    await self.one_episode(http, rng)
                 except Exception as e:  # a transport error is an error of the run, not of the bench
-                    out.errors.append(f"{type(e).__name__}: {e}"[:200])
+                    self.out.errors.append(f"{type(e).__name__}: {e}"[:200])
         finally:
             await http.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(i) for i in range(sessions)))
-    out.wall_s = time.perf_counter() - t0
-    return out
 
 
 class ServerProcess:

@@ -51,10 +51,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.orchestrator.metrics import groups_lost_unrecorded, records_of
 from agentrl.types import FAILED_STOP_REASONS
+
+if TYPE_CHECKING:
+    from agentrl.config.run import RunConfig
 
 FAULTS = ("engine_kill", "sandbox_kill", "env_server_restart", "tool_hang", "malformed_burst")
 """The faults, in the order they are injected (then again from the first)."""
@@ -312,7 +315,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
     faults go on past ``minutes`` until each has landed once (at most ``LANDING_WAIT_S`` more)."""
     from agentrl.bench.env_server import ServerProcess
     from agentrl.bench.faults import engine_pair_config, same_policy
-    from agentrl.config.run import DEFAULT_MODEL, load_config
+    from agentrl.config.run import DEFAULT_MODEL
     from agentrl.envs.swe import SweEnv
     from agentrl.inference import VLLMServer
     from agentrl.launch.stack import ensure_model
@@ -336,70 +339,20 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
             if server is not None:
                 await asyncio.to_thread(server.start)
         await asyncio.to_thread(env_server.start, 300.0)
-        cfg = load_config(None, {
-            "env": "swe", "env_url": env_server.url, "env_token": env_server.token, "name": "soak",
-            "output_dir": str(work / "runs"), "model": model, "steps": 100_000,
-            # a backstop only: the run stops one step after engine B is back in rotation (see _finish)
-            "time_limit_min": minutes + (rejoin_wait_s + LANDING_WAIT_S * every_fault_once + 600) / 60,
-            "mode": "async", "tasks": str(tasks), "eval_tasks": str(tasks), "tasks_per_step": 2, "group_size": 2,
-            "eval_every": 0, "eval_size": 2, "checkpoint_every": 0, "engine_warmup": False, "seed": seed,
-            "endpoints": [engine_a or a.url, b.url], "inference": {"max_model_len": 1024},
-            "sampling": {"max_context_tokens": 1024},
-        })
+        cfg = _run_config(env_server, work, model, tasks, [engine_a or a.url, b.url], minutes=minutes,
+                          rejoin_wait_s=rejoin_wait_s, every_fault_once=every_fault_once, seed=seed)
         run = await TrainingRun(cfg, progress=False).open()  # open: its run directory is claimed
         metrics = run.run_dir / "metrics.jsonl"
         faults = Faults(run, b, env_server, work, seed, max_engine_kills)
         injected: list[dict[str, Any]] = []
         points: list[tuple[float, float, int]] = []
-        t0 = time.perf_counter()
-        stop, all_landed = asyncio.Event(), asyncio.Event()
-        schedule = asyncio.create_task(_schedule(faults, faults_injected, metrics, fault_every_s, t0, stop,
-                                                 injected, all_landed))
-        finish = asyncio.create_task(_finish(run, faults, schedule, metrics, minutes * 60, t0, rejoin_wait_s,
-                                             stop, all_landed if every_fault_once else None))
-        helpers = [schedule, finish, asyncio.create_task(_sample(points, t0))]
-        try:
-            summary = await run.run()
-            b_back = finish.done() and not finish.cancelled() and finish.exception() is None and finish.result()
-        finally:
-            for task in helpers:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        wall = time.perf_counter() - t0
-        points.append((wall, rss_mib(), open_fds()))
+        summary, b_back, wall = await _drive(run, faults, metrics, injected, points, names=faults_injected,
+                                             every_s=fault_every_s, until_s=minutes * 60,
+                                             rejoin_wait_s=rejoin_wait_s, every_fault_once=every_fault_once)
         served, weights_match = None, False
         if b_back:
             served, weights_match = await same_policy(engine_a or a.url, faults.engine_b.url, cfg.adapter_name)
-        train = records_of(metrics, "train")
-        groups = records_of(metrics, "groups")[-1]
-        failed = {r.value: int(sum(t.get(f"stop_{r.value}", 0) for t in train)) for r in FAILED_STOP_REASONS}
-        first_fault = injected[0]["at_s"] if injected else 0.0
-        after = [(t, m) for t, m, _ in points if t >= first_fault]
-        fds_after = [f for t, _, f in points if t >= first_fault]
-        result = {
-            "minutes": minutes,
-            "steps_completed": len(train),
-            "groups_lost_unrecorded": groups_lost_unrecorded(groups),
-            "groups_admitted": int(groups["groups_admitted"]),
-            "episodes": int(sum(t.get("num_episodes", 0) for t in train)),
-            "episodes_failed_by_cause": {k: v for k, v in sorted(failed.items()) if v},
-            "malformed_tool_calls": int(sum(t.get("malformed_tool_calls", 0) for t in train)),
-            "errors": sorted({e for t in train for e in t.get("errors", [])})[:10],
-            "faults": injected,
-            "engines_rejoined": int(sum(t.get("engines_rejoined", 0) for t in train)),
-            "engines_live_at_end": train[-1].get("engines_live") if train else None,
-            "final_version": summary["steps"],
-            "version_served_by_b": served,
-            "version_after_rejoin_ok": served == str(summary["steps"]),
-            "weights_after_rejoin_match": weights_match,
-            "rss_mib_start": round(after[0][1], 1) if after else None,
-            "rss_mib_end": round(points[-1][1], 1),
-            "rss_mib_per_hour": (None if (s := slope_per_hour(after)) is None else round(s, 1)),
-            "fds_start": fds_after[0] if fds_after else None,
-            "fds_end": points[-1][2],
-            "wall_s": round(wall, 1),
-        }
+        result = _result(minutes, metrics, summary, injected, points, wall, served, weights_match)
     finally:
         if faults is not None:
             await faults.close()
@@ -410,6 +363,86 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         if a is not None:
             await asyncio.to_thread(a.stop)
     return result
+
+
+def _run_config(env_server: Any, work: Path, model: str, tasks: Path, endpoints: list[str], *, minutes: float,
+                rejoin_wait_s: float, every_fault_once: bool, seed: int) -> RunConfig:
+    """The soak's training run: async, on the swe ``tasks`` served by ``env_server``, sampling from both
+    ``endpoints``, with a time limit that is only a backstop."""
+    from agentrl.config.run import load_config
+
+    return load_config(None, {
+        "env": "swe", "env_url": env_server.url, "env_token": env_server.token, "name": "soak",
+        "output_dir": str(work / "runs"), "model": model, "steps": 100_000,
+        # a backstop only: the run stops one step after engine B is back in rotation (see _finish)
+        "time_limit_min": minutes + (rejoin_wait_s + LANDING_WAIT_S * every_fault_once + 600) / 60,
+        "mode": "async", "tasks": str(tasks), "eval_tasks": str(tasks), "tasks_per_step": 2, "group_size": 2,
+        "eval_every": 0, "eval_size": 2, "checkpoint_every": 0, "engine_warmup": False, "seed": seed,
+        "endpoints": endpoints, "inference": {"max_model_len": 1024},
+        "sampling": {"max_context_tokens": 1024},
+    })
+
+
+async def _drive(run: Any, faults: Faults, metrics: Path, injected: list[dict[str, Any]],
+                 points: list[tuple[float, float, int]], *, names: tuple[str, ...], every_s: float, until_s: float,
+                 rejoin_wait_s: float, every_fault_once: bool) -> tuple[dict[str, Any], bool, float]:
+    """Train until the run stops, with the fault schedule (faults ``names``, logged in ``injected``), its end
+    (:func:`_finish`) and the memory samples (into ``points``) running beside it. The run's summary, whether
+    engine B was back in rotation in time, and the seconds it took."""
+    t0 = time.perf_counter()
+    stop, all_landed = asyncio.Event(), asyncio.Event()
+    schedule = asyncio.create_task(_schedule(faults, names, metrics, every_s, t0, stop, injected, all_landed))
+    finish = asyncio.create_task(_finish(run, faults, schedule, metrics, until_s, t0, rejoin_wait_s,
+                                         stop, all_landed if every_fault_once else None))
+    helpers = [schedule, finish, asyncio.create_task(_sample(points, t0))]
+    try:
+        summary = await run.run()
+        b_back = finish.done() and not finish.cancelled() and finish.exception() is None and finish.result()
+    finally:
+        for task in helpers:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    wall = time.perf_counter() - t0
+    points.append((wall, rss_mib(), open_fds()))
+    return summary, b_back, wall
+
+
+def _result(minutes: float, metrics: Path, summary: dict[str, Any], injected: list[dict[str, Any]],
+            points: list[tuple[float, float, int]], wall: float, served: str | None,
+            weights_match: bool) -> dict[str, Any]:
+    """The soak's result (all but ``sandboxes_left``): the run's records in ``metrics`` and its ``summary``,
+    the faults ``injected``, the driver's memory and descriptors (``points``, from the first fault on) and
+    engine B's policy (``served``, ``weights_match``)."""
+    train = records_of(metrics, "train")
+    groups = records_of(metrics, "groups")[-1]
+    failed = {r.value: int(sum(t.get(f"stop_{r.value}", 0) for t in train)) for r in FAILED_STOP_REASONS}
+    first_fault = injected[0]["at_s"] if injected else 0.0
+    after = [(t, m) for t, m, _ in points if t >= first_fault]
+    fds_after = [f for t, _, f in points if t >= first_fault]
+    return {
+        "minutes": minutes,
+        "steps_completed": len(train),
+        "groups_lost_unrecorded": groups_lost_unrecorded(groups),
+        "groups_admitted": int(groups["groups_admitted"]),
+        "episodes": int(sum(t.get("num_episodes", 0) for t in train)),
+        "episodes_failed_by_cause": {k: v for k, v in sorted(failed.items()) if v},
+        "malformed_tool_calls": int(sum(t.get("malformed_tool_calls", 0) for t in train)),
+        "errors": sorted({e for t in train for e in t.get("errors", [])})[:10],
+        "faults": injected,
+        "engines_rejoined": int(sum(t.get("engines_rejoined", 0) for t in train)),
+        "engines_live_at_end": train[-1].get("engines_live") if train else None,
+        "final_version": summary["steps"],
+        "version_served_by_b": served,
+        "version_after_rejoin_ok": served == str(summary["steps"]),
+        "weights_after_rejoin_match": weights_match,
+        "rss_mib_start": round(after[0][1], 1) if after else None,
+        "rss_mib_end": round(points[-1][1], 1),
+        "rss_mib_per_hour": (None if (s := slope_per_hour(after)) is None else round(s, 1)),
+        "fds_start": fds_after[0] if fds_after else None,
+        "fds_end": points[-1][2],
+        "wall_s": round(wall, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

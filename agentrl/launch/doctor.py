@@ -218,11 +218,10 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
     """Run every check on ``model`` (a directory with a tokenizer and chat template) with ``tool_parser``, and
     the template ``chat_template`` names instead of the model's own (a built-in name or a file)."""
     from agentrl.rollout.chat import ChatFormat
-    from agentrl.rollout.templates import UnknownChatTemplate, fitting_builtins
-    from agentrl.rollout.toolcalls import ToolCallParser, tool_parser_names
+    from agentrl.rollout.templates import UnknownChatTemplate
 
     report = DoctorReport(model=str(model), tool_parser=tool_parser, chat_template=chat_template or "own")
-    problems, notes = report.problems, report.notes
+    problems = report.problems
     _check_moe(model, report)
     try:
         from transformers import AutoTokenizer
@@ -255,6 +254,27 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
         return report
     report.chat_template_appends_only = rewrite is None
     report.history_rewrite = rewrite
+    if not _check_renders_tools(chat, tokenizer, msgs, tools, report):
+        return report  # nothing to parse back or replay
+    try:
+        turn = _sampled_turn(chat, msgs, tools)
+    except ValueError as e:
+        problems.append(str(e))
+        return report
+    turn_text = chat.decode(turn)
+    report.thinking = "<think>" in turn_text or "<think>" in chat._render(msgs[:2], tools, gen=True)
+    _check_roundtrip(chat, tokenizer, tool_parser, turn_text, tools, report)
+    _check_observation_delta(chat, msgs, tools, turn, rewrite, report)
+    _note_handled(model, chat, tokenizer, rewrite, report)
+    return report
+
+
+def _check_renders_tools(chat: Any, tokenizer: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]],
+                         report: DoctorReport) -> bool:
+    """Fill ``report.renders_tools`` (and ``suggested_chat_template``, with a problem, when the template leaves
+    something out); whether it renders the tool call, so that there is something to parse back and replay."""
+    from agentrl.rollout.templates import fitting_builtins
+
     blind = _blind_to_tools(chat, msgs, tools)
     report.renders_tools = not blind
     if blind:
@@ -263,44 +283,52 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
         fix = (f"use --chat-template {fits[0]} (chat_template = {json.dumps(fits[0])}), a built-in template that "
                "fits this tokenizer's special tokens" if fits else
                "write a template that shows them and pass it as --chat-template FILE (docs/models.md)")
-        problems.append(f"the chat template ({report.chat_template}) renders no trace of {', '.join(blind)}: the "
-                        f"model could not see its tools or be trained on its calls; {fix}")
+        report.problems.append(f"the chat template ({report.chat_template}) renders no trace of {', '.join(blind)}: "
+                               f"the model could not see its tools or be trained on its calls; {fix}")
         if NO_CALL in blind:
-            return report  # nothing to parse back or replay
-    try:
-        turn = _sampled_turn(chat, msgs, tools)
-    except ValueError as e:
-        problems.append(str(e))
-        return report
-    turn_text = chat.decode(turn)
-    report.thinking = "<think>" in turn_text or "<think>" in chat._render(msgs[:2], tools, gen=True)
+            return False
+    return True
 
-    # round trip through the chosen parser
+
+def _check_roundtrip(chat: Any, tokenizer: Any, tool_parser: str, turn_text: str, tools: list[dict[str, Any]],
+                     report: DoctorReport) -> None:
+    """Round trip of the sampled turn ``turn_text`` through the chosen ``tool_parser``: fill
+    ``report.roundtrip_ok``, and when it fails, the parsers that do read the template's tool call and a problem
+    naming the fix."""
+    from agentrl.rollout.toolcalls import ToolCallParser, tool_parser_names
+
     if tool_parser not in tool_parser_names():
-        problems.append(f"unknown tool parser {tool_parser!r}: use --tool-parser with one of vLLM's parsers "
-                        f"(e.g. {', '.join(CANDIDATE_PARSERS)})")
-    else:
+        report.problems.append(f"unknown tool parser {tool_parser!r}: use --tool-parser with one of vLLM's parsers "
+                               f"(e.g. {', '.join(CANDIDATE_PARSERS)})")
+        return
+    try:
+        parsed = chat.parse(turn_text, tools)
+        report.roundtrip_ok = _calls_match(parsed)
+        why = f"it read {[(c.name, c.arguments) for c in parsed.tool_calls]}, errors {parsed.errors}"
+    except ValueError as e:
+        why = str(e)
+    if report.roundtrip_ok:
+        return
+    for name in CANDIDATE_PARSERS:
         try:
-            parsed = chat.parse(turn_text, tools)
-            report.roundtrip_ok = _calls_match(parsed)
-            why = f"it read {[(c.name, c.arguments) for c in parsed.tool_calls]}, errors {parsed.errors}"
-        except ValueError as e:
-            why = str(e)
-        if not report.roundtrip_ok:
-            for name in CANDIDATE_PARSERS:
-                try:
-                    if name != tool_parser and _calls_match(ToolCallParser(name, tokenizer).parse(turn_text, tools)):
-                        report.parsers_that_read_the_template.append(name)
-                except ValueError:
-                    continue
-            fix = (f"use --tool-parser {report.parsers_that_read_the_template[0]} (tool_parser = "
-                   f"{json.dumps(report.parsers_that_read_the_template[0])})"
-                   if report.parsers_that_read_the_template else "choose the --tool-parser of this model family "
-                   "(see docs/models.md)")
-            problems.append(f"the {tool_parser} tool parser does not read back the tool call this chat template "
-                            f"renders ({turn_text[:120]!r}; {why[:200]}): {fix}")
+            if name != tool_parser and _calls_match(ToolCallParser(name, tokenizer).parse(turn_text, tools)):
+                report.parsers_that_read_the_template.append(name)
+        except ValueError:
+            continue
+    fix = (f"use --tool-parser {report.parsers_that_read_the_template[0]} (tool_parser = "
+           f"{json.dumps(report.parsers_that_read_the_template[0])})"
+           if report.parsers_that_read_the_template else "choose the --tool-parser of this model family "
+           "(see docs/models.md)")
+    report.problems.append(f"the {tool_parser} tool parser does not read back the tool call this chat template "
+                           f"renders ({turn_text[:120]!r}; {why[:200]}): {fix}")
 
-    # the observation delta, replayed as the loop does it
+
+def _check_observation_delta(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str, Any]],
+                             turn: list[int], rewrite: str | None, report: DoctorReport) -> None:
+    """The observation delta, replayed as the loop does it after the sampled tool-call ``turn``: fill
+    ``report.observation_delta_ok`` (for an appends-only template, ``rewrite`` None, the whole replayed
+    sequence must also equal the tokenized full render), with a problem when it fails."""
+    problems = report.problems
     try:
         obs = chat.observation_ids([msgs[3]], tools, ended_with=turn[-1])
         expected_text = chat._render(msgs[:4], tools, gen=True)
@@ -324,17 +352,22 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
         problems.append(f"the chat template cannot render a tool result after a plain assistant turn, which is how "
                         f"agentrl computes the observation delta ({type(e).__name__}: {str(e)[:200]}); templates "
                         "that write tool results inside the calling turn are not supported yet")
+
+
+def _note_handled(model: str | Path, chat: Any, tokenizer: Any, rewrite: str | None, report: DoctorReport) -> None:
+    """Notes on what is handled: a template that rewrites history (``rewrite``) while the observation delta
+    holds, and end-of-turn tokens that ``generation_config.json`` does not list as eos."""
     if rewrite is not None and report.observation_delta_ok:
-        notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop renders the "
-                     "opening prompt once and then only appends token ids, so the model sees, and is trained on, "
-                     "that prompt and exactly the tokens it sampled"
-                     + (" (its <think> blocks included)" if report.thinking else "")
-                     + "; a chat server re-rendering this history would show the model different text")
+        report.notes.append(f"the chat template rewrites history ({rewrite}). Handled: the agent loop renders the "
+                            "opening prompt once and then only appends token ids, so the model sees, and is trained "
+                            "on, that prompt and exactly the tokens it sampled"
+                            + (" (its <think> blocks included)" if report.thinking else "")
+                            + "; a chat server re-rendering this history would show the model different text")
     missing = [t for t in chat.end_of_turn_ids if t not in _gen_eos(model)]
     if missing and (Path(model) / "generation_config.json").is_file():
-        notes.append(f"generation_config.json does not list the template's end-of-turn token(s) "
-                     f"{[tokenizer.convert_ids_to_tokens(t) for t in missing]} as eos; agentrl stops on them anyway")
-    return report
+        report.notes.append(f"generation_config.json does not list the template's end-of-turn token(s) "
+                            f"{[tokenizer.convert_ids_to_tokens(t) for t in missing]} as eos; agentrl stops on them "
+                            "anyway")
 
 
 def routing_capture_path() -> str | None:

@@ -14,7 +14,7 @@ import contextlib
 import hmac
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -27,7 +27,7 @@ from agentrl import __version__
 from agentrl.http.auth import TokenError, bearer
 from agentrl.http.errors import ApiError, install_error_handlers
 from agentrl.http.limits import BodyLimit
-from agentrl.policy.episodes import PolicyEpisode
+from agentrl.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.policy.messages import ChatRequest
 from agentrl.policy.responses import ResponsesRequest
 from agentrl.policy.service import PolicyService
@@ -63,6 +63,10 @@ class Caller:
     episode: PolicyEpisode | None = None
 
 
+CallerDependency = Callable[..., Awaitable[Caller]]
+"""A FastAPI dependency naming the caller (see :func:`_credentials`)."""
+
+
 def create_app(service: PolicyService, token: str, public_url: str | None = None) -> FastAPI:
     """The application over ``service``; ``token`` creates episodes; ``public_url`` is the base of the
     ``base_url`` handed to agents (default: the URL the creating request reached)."""
@@ -70,6 +74,21 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
         raise TokenError("the policy endpoint needs a token")
     expected = token.encode()
     book = service.book
+    caller, admin = _credentials(book, expected)
+    app = FastAPI(title="agentrl policy endpoint", version=__version__, lifespan=_lifespan(book),
+                  description=__doc__)
+    app.state.service = service
+    install_error_handlers(app, openai=True)
+    app.add_middleware(BodyLimit, max_bytes=service.config.max_request_bytes)
+    _add_health_route(app, service, book)
+    _add_openai_routes(app, service, caller)
+    _add_episode_routes(app, book, expected, caller, admin, public_url)
+    return app
+
+
+def _credentials(book: EpisodeBook, expected: bytes) -> tuple[CallerDependency, CallerDependency]:
+    """The dependencies ``caller`` (who is calling: the server, whose token is ``expected``, or one episode
+    of ``book``) and ``admin`` (the server only)."""
 
     async def caller(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Caller:
         if credentials is None:
@@ -85,13 +104,21 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
             raise ApiError(403, "creating episodes needs the server's token, not an episode's key")
         return who
 
-    def owned(who: Caller, episode_id: str) -> PolicyEpisode:
-        if who.admin:
-            return book.get(episode_id)
-        assert who.episode is not None
-        if who.episode.id != episode_id:
-            raise ApiError(403, "an episode's key only reaches its own episode")
-        return who.episode
+    return caller, admin
+
+
+def _owned(book: EpisodeBook, who: Caller, episode_id: str) -> PolicyEpisode:
+    """Episode ``episode_id`` of ``book``, when ``who`` may reach it (the server: any; an episode: its own)."""
+    if who.admin:
+        return book.get(episode_id)
+    assert who.episode is not None
+    if who.episode.id != episode_id:
+        raise ApiError(403, "an episode's key only reaches its own episode")
+    return who.episode
+
+
+def _lifespan(book: EpisodeBook) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The endpoint's lifespan: a task ends the episodes of ``book`` whose time to live ran out."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -106,16 +133,20 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
         finally:
             task.cancel()
 
-    app = FastAPI(title="agentrl policy endpoint", version=__version__, lifespan=lifespan,
-                  description=__doc__)
-    app.state.service = service
-    install_error_handlers(app, openai=True)
-    app.add_middleware(BodyLimit, max_bytes=service.config.max_request_bytes)
+    return lifespan
+
+
+def _add_health_route(app: FastAPI, service: PolicyService, book: EpisodeBook) -> None:
+    """``/health``: liveness, open episodes and calls served."""
 
     @app.get("/health", tags=["server"])
     async def health() -> dict[str, Any]:
         """Liveness (no key needed)."""
         return {"status": "ok", "open_episodes": book.open_count, "calls": service.calls, "version": __version__}
+
+
+def _add_openai_routes(app: FastAPI, service: PolicyService, caller: CallerDependency) -> None:
+    """The OpenAI routes: ``/v1/models``, ``/v1/chat/completions`` and ``/v1/responses``."""
 
     @app.get("/v1/models", tags=["openai"])
     async def models(_who: Caller = Depends(caller)) -> dict[str, Any]:
@@ -149,6 +180,11 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
             return response
         return StreamingResponse(response_events(response), media_type="text/event-stream")
 
+
+def _add_episode_routes(app: FastAPI, book: EpisodeBook, expected: bytes, caller: CallerDependency,
+                        admin: CallerDependency, public_url: str | None) -> None:
+    """The episode routes: create one (``admin``), post its reward, read its trajectory."""
+
     @app.post("/v1/episodes", status_code=201, tags=["episodes"])
     async def create_episode(request: Request, body: CreateEpisode | None = None,
                              _who: Caller = Depends(admin)) -> dict[str, Any]:
@@ -161,7 +197,7 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
     @app.post("/v1/episodes/{episode_id}/reward", tags=["episodes"])
     async def reward(episode_id: EpisodeId, body: RewardBody, who: Caller = Depends(caller)) -> dict[str, Any]:
         """End the episode with its reward (its key stops working)."""
-        ep = owned(who, episode_id)
+        ep = _owned(book, who, episode_id)
         value = body.finite()
         async with ep.lock:  # after a call in flight is recorded
             if not ep.open:
@@ -186,5 +222,3 @@ def create_app(service: PolicyService, token: str, public_url: str | None = None
             if ep.id != episode_id:
                 raise ApiError(403, "an episode's key only reaches its own episode")
         return ep.trajectory()
-
-    return app

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
@@ -102,6 +102,34 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
     metrics = Metrics()
     manager = SessionManager(config, catalog, metrics)
     rollouts = RolloutService(config, catalog, metrics)
+    app = FastAPI(
+        title="agentrl environment server",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=_lifespan(config, catalog, manager),
+    )
+    app.state.config, app.state.manager, app.state.catalog, app.state.metrics = (
+        config,
+        manager,
+        catalog,
+        metrics,
+    )
+    install_error_handlers(app)
+    auth = [Depends(make_auth(token if config.auth else None))]
+    _add_server_routes(app, auth, manager, catalog, metrics)
+    _add_env_routes(app, auth, catalog)
+    _add_session_routes(app, auth, manager)
+    _add_rollout_routes(app, auth, rollouts)
+    _add_openenv_routes(app, auth, config, token, manager, catalog)
+    _add_middleware(app, config, token, metrics)
+    return app
+
+
+def _lifespan(
+    config: ServerConfig, catalog: EnvCatalog, manager: SessionManager
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The server's lifespan: old sandboxes collected and the environments' runs set up before the first
+    session; sessions, runs and this server's sandboxes ended at shutdown."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -118,17 +146,13 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
             if config.sandbox_gc and config.owner and "agentrl.sandbox.docker_sandbox" in sys.modules:
                 await _sandbox_gc(owner=config.owner)
 
-    app = FastAPI(
-        title="agentrl environment server", version=__version__, description=DESCRIPTION, lifespan=lifespan
-    )
-    app.state.config, app.state.manager, app.state.catalog, app.state.metrics = (
-        config,
-        manager,
-        catalog,
-        metrics,
-    )
-    install_error_handlers(app)
-    auth = [Depends(make_auth(token if config.auth else None))]
+    return lifespan
+
+
+def _add_server_routes(
+    app: FastAPI, auth: list[Any], manager: SessionManager, catalog: EnvCatalog, metrics: Metrics
+) -> None:
+    """``/health`` and ``/metrics``: the server's own state."""
 
     @app.get("/health", response_model=Health, tags=["server"])
     async def health() -> Health:
@@ -145,6 +169,10 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
     async def prometheus() -> PlainTextResponse:
         """Counters, gauges and latency histograms in the Prometheus text format."""
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _add_env_routes(app: FastAPI, auth: list[Any], catalog: EnvCatalog) -> None:
+    """``/v1/envs``: the environments served and their datasets."""
 
     @app.get(
         "/v1/envs", response_model=EnvList, dependencies=auth, responses=_errors(401), tags=["environments"]
@@ -175,6 +203,10 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
         return TaskList(
             env=name, split=split, total=len(tasks), offset=offset, tasks=tasks[offset : offset + limit]
         )
+
+
+def _add_session_routes(app: FastAPI, auth: list[Any], manager: SessionManager) -> None:
+    """``/v1/sessions``: open a session, step it, score it, read its state and close it."""
 
     @app.post(
         "/v1/sessions",
@@ -243,6 +275,10 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
         await manager.close(session_id, "client")
         return Closed(session_id=session_id)
 
+
+def _add_rollout_routes(app: FastAPI, auth: list[Any], rollouts: RolloutService) -> None:
+    """``/v1/rollouts``: whole episodes run here against the caller's inference server."""
+
     @app.post(
         "/v1/rollouts",
         response_model=RolloutResult,
@@ -255,6 +291,18 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
         with its token data. Inference or environment failures end the episode with a failed
         ``stop_reason`` and an ``error``; they are not HTTP errors."""
         return await rollouts.run(body)
+
+
+def _add_openenv_routes(
+    app: FastAPI,
+    auth: list[Any],
+    config: ServerConfig,
+    token: str | None,
+    manager: SessionManager,
+    catalog: EnvCatalog,
+) -> None:
+    """``/v1/openenv/clients`` (capability URLs), then the OpenEnv and MCP routes under them (capabilities
+    are signed with ``token`` when ``config.auth`` is on)."""
 
     @app.post(
         "/v1/openenv/clients", dependencies=auth, responses=_errors(400, 401, 413, 422), tags=["openenv"]
@@ -272,12 +320,14 @@ def create_app(config: ServerConfig, token: str | None = None) -> FastAPI:
     app.include_router(openenv_router(openenv, token if config.auth else None))
     app.include_router(mcp_router(openenv, token if config.auth else None))
 
+
+def _add_middleware(app: FastAPI, config: ServerConfig, token: str | None, metrics: Metrics) -> None:
+    """The body limit, the bearer check (when auth is on) and the request metrics, in that order."""
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     if config.auth:
         assert token is not None
         app.add_middleware(BearerAuth, token=token)
     app.add_middleware(RequestMetrics, metrics=metrics)
-    return app
 
 
 async def _setup_runs(catalog: EnvCatalog, run_id: str) -> list[type[Any]]:

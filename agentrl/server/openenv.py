@@ -113,24 +113,9 @@ class WsConnection:
         except ApiError as e:
             return _api_error(e), False
 
-
-def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
-    """The OpenEnv routes; every one checks the capability in its path first."""
-    router = APIRouter(prefix="/openenv/{capability}", tags=["openenv"], include_in_schema=False)
-
-    def check(capability: str) -> str:
-        client = verify(token, capability)
-        if client is None:
-            raise ApiError(401, "invalid capability URL: ask the server's operator for yours")
-        return client
-
-    @router.websocket("/ws")
-    async def ws(websocket: WebSocket, capability: str) -> None:
-        if verify(token, capability) is None:
-            await websocket.close(code=1008, reason="invalid capability URL")  # refused before accept: 403
-            return
-        await websocket.accept()
-        conn = WsConnection(sessions, _client(websocket.client))
+    async def serve(self, websocket: WebSocket) -> None:
+        """Answer the accepted ``websocket``'s messages until the client closes it or sends ``close``, then
+        release the session."""
         try:
             while True:
                 message = await websocket.receive()
@@ -143,7 +128,7 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
                     except UnicodeDecodeError:
                         raw = ""
                 try:
-                    reply, end = await conn.handle(raw)
+                    reply, end = await self.handle(raw)
                 except Exception as e:  # a bug must not kill the connection silently
                     log.exception("OpenEnv WebSocket message failed")
                     reply, end = ws_error(f"internal error: {type(e).__name__}", "EXECUTION_ERROR"), False
@@ -156,15 +141,50 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
             pass
         finally:
             try:
-                await conn.release("disconnect")
+                await self.release("disconnect")
             except Exception:
                 log.exception("closing the session of a WebSocket failed")
+
+
+def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
+    """The OpenEnv routes; every one checks the capability in its path first."""
+    router = APIRouter(prefix="/openenv/{capability}", tags=["openenv"], include_in_schema=False)
+    _add_ws_route(router, sessions, token)
+    _add_session_routes(router, sessions, token)
+    _add_info_routes(router, sessions, token)
+    return router
+
+
+def _check(token: str | None, capability: str) -> str:
+    """The client named by ``capability`` (signed with ``token``); raises ``ApiError(401)`` when invalid."""
+    client = verify(token, capability)
+    if client is None:
+        raise ApiError(401, "invalid capability URL: ask the server's operator for yours")
+    return client
+
+
+def _add_ws_route(router: APIRouter, sessions: OpenEnvSessions, token: str | None) -> None:
+    """``/ws``: the OpenEnv WebSocket session (a connection refused before it is accepted, for a bad
+    capability)."""
+
+    @router.websocket("/ws")
+    async def ws(websocket: WebSocket, capability: str) -> None:
+        if verify(token, capability) is None:
+            await websocket.close(code=1008, reason="invalid capability URL")  # refused before accept: 403
+            return
+        await websocket.accept()
+        conn = WsConnection(sessions, _client(websocket.client))
+        await conn.serve(websocket)
+
+
+def _add_session_routes(router: APIRouter, sessions: OpenEnvSessions, token: str | None) -> None:
+    """The HTTP session routes: ``/reset``, ``/step``, ``/state`` and ``/close``."""
 
     @router.post("/reset")
     async def reset(capability: str, request: Request) -> dict[str, Any]:
         """Open a session (the environment is reset on a task); the observation carries its
         ``session_id``, to send with ``/step``, ``/state`` and ``/close``."""
-        check(capability)
+        _check(token, capability)
         body = await _json(request, required=False)
         try:
             _, result = await sessions.open(body, _client(request.client))
@@ -176,7 +196,7 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
     async def step(capability: str, request: Request) -> dict[str, Any]:
         """``{"action": {...}, "session_id": ..., "request_id"?}``: one step of the session (a repeated
         ``request_id`` returns the first result: tools never run twice)."""
-        check(capability)
+        _check(token, capability)
         body = await _json(request)
         sid = body.get("session_id")
         if not isinstance(sid, str) or not 0 < len(sid) <= MAX_SESSION_ID:
@@ -195,13 +215,13 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
         capability: str, session_id: str | None = Query(None, min_length=1, max_length=MAX_SESSION_ID)
     ) -> dict[str, Any]:
         """The session's state (OpenEnv ``episode_id``, ``step_count``, and agentrl's session state)."""
-        check(capability)
+        _check(token, capability)
         return sessions.state(session_id)
 
     @router.post("/close")
     async def close(capability: str, request: Request) -> dict[str, Any]:
         """``{"session_id": ...}``: release the session's environment now (else its idle TTL does)."""
-        check(capability)
+        _check(token, capability)
         body = await _json(request)
         sid = body.get("session_id")
         if not isinstance(sid, str):
@@ -210,17 +230,21 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
         await sessions.manager.close(sid, "client")
         return {"session_id": sid, "closed": True}
 
+
+def _add_info_routes(router: APIRouter, sessions: OpenEnvSessions, token: str | None) -> None:
+    """The descriptive routes: ``/schema``, ``/metadata`` and ``/health``."""
+
     @router.get("/schema")
     async def schema(capability: str) -> dict[str, Any]:
         """JSON schemas of actions, observations and state."""
-        check(capability)
+        _check(token, capability)
         return {"action": action_schema(), "observation": {"type": "object"},
                 "state": SessionState.model_json_schema()}
 
     @router.get("/metadata")
     async def metadata(capability: str, env: str | None = Query(None, max_length=256)) -> dict[str, Any]:
         """Name and description of an environment (default: the first served)."""
-        check(capability)
+        _check(token, capability)
         name = sessions.env_name(env)
         doc = inspect.getdoc(sessions.catalog.classes[name]) or ""
         return {"name": name, "description": doc.split("\n\n")[0].strip(), "readme_content": doc or None,
@@ -229,7 +253,5 @@ def openenv_router(sessions: OpenEnvSessions, token: str | None) -> APIRouter:
     @router.get("/health")
     async def health(capability: str) -> dict[str, Any]:
         """``{"status": "healthy"}``."""
-        check(capability)
+        _check(token, capability)
         return {"status": "healthy"}
-
-    return router
