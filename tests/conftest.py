@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from agentrl.core.utils.threads import short_spin
 from agentrl.sandbox._util import HOST_ENV
-from agentrl.utils.threads import short_spin
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

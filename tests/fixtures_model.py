@@ -1,7 +1,7 @@
 """A tiny, random, deterministic Qwen2 model for tests (no model hub needed).
 
 ``build_random_tiny_model`` is the single entry point: the lead can later swap it for
-``agentrl.modelgen`` without touching the tests that use it.
+``agentrl.tools.modelgen`` without touching the tests that use it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -21,7 +21,7 @@ from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, is_embedded_model, preset_for
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
 from agentrl.engine.adapter_plan import AdapterNotLoaded, CopyPlan, UpdateError, build_plan
 from agentrl.engine.install import REGISTRY, STATS, needs_patches
-from agentrl.errors import WeightSyncError
 from agentrl.weight_sync.base import SHM_UNAVAILABLE, WRITE_FAILED
 from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
-from agentrl.errors import WeightSyncError
 from agentrl.weight_sync.base import ADAPTER_NOT_LOADED, UPDATE_REFUSED
 
 

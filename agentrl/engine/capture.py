@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl.core.errors import EngineError
 from agentrl.engine import vllm_patches
-from agentrl.errors import EngineError
 
 UNCLAIMED_TTL_S = 120.0
 """Seconds a finished request's routing is kept for its client to take."""

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
 from agentrl.engine.install import needs_patches
-from agentrl.errors import WeightSyncError
 from agentrl.weight_sync.base import BAD_REQUEST, LOAD_FAILED, SHM_UNAVAILABLE
 from agentrl.weight_sync.buckets import DTYPE_BYTES, Layout
 from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of

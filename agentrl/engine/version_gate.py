@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
-from agentrl.errors import EngineError
+from agentrl.core.errors import EngineError
 
 ALLOW_ENV = "AGENTRL_ALLOW_VLLM_VERSION"
 """Environment variable (read in the engine's process) that lets the patches into another vLLM: the running

@@ -48,9 +48,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from agentrl.core.errors import EnvError
+from agentrl.core.types import Message
 from agentrl.environment.schema import function_schema, validate_arguments
-from agentrl.errors import EnvError
-from agentrl.types import Message
 
 Task = dict[str, Any]
 """A task is a JSON object with at least an ``id``; everything else is the environment's business."""

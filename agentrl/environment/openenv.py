@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from agentrl.core.errors import EnvError
 from agentrl.environment.base import (
     Environment,
     EnvStateError,
@@ -36,7 +37,6 @@ from agentrl.environment.base import (
     ToolTimeoutError,
 )
 from agentrl.environment.tasks import TaskSourceError
-from agentrl.errors import EnvError
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 
+from agentrl.core.errors import EnvError
 from agentrl.environment.base import Environment
-from agentrl.errors import EnvError
 
 BUILTIN_ENVS: dict[str, str] = {
     "calc": "agentrl.envs.calc:CalcEnv",

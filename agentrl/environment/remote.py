@@ -26,6 +26,9 @@ from typing import Any, ClassVar
 
 import httpx
 
+from agentrl.core.errors import ConfigError, EnvError
+from agentrl.core.types import Message
+from agentrl.core.utils.retry import RetriesExhausted, Retry, RetryPolicy
 from agentrl.environment.base import (
     AgentTimeLimit,
     Environment,
@@ -36,10 +39,7 @@ from agentrl.environment.base import (
     ToolError,
     ToolTimeoutError,
 )
-from agentrl.errors import ConfigError, EnvError
 from agentrl.http.tls import tls_context
-from agentrl.types import Message
-from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _retry_after(r: httpx.Response) -> float | None:
 
 
 class _Retrying:
-    """The retry policy of the sync and async request paths (see ``agentrl.utils.retry``)."""
+    """The retry policy of the sync and async request paths (see ``agentrl.core.utils.retry``)."""
 
     def __init__(
         self, url: str, token: str | None, timeout_s: float, max_retries: int, backoff_s: float

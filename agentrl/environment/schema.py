@@ -13,7 +13,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, get_args, get_origin
 
-from agentrl.errors import EnvError
+from agentrl.core.errors import EnvError
 
 _PRIMITIVES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.errors import ConfigError, first_line
 from agentrl.environment.base import Environment, Task
-from agentrl.errors import ConfigError, first_line
 
 DATA_EXTRA = "pip install 'agentrl[data]'"
 """How to install the optional packages that parquet files and datasets need."""

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.http.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})

@@ -10,9 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 
-log = logging.getLogger("agentrl.server")
+log = logging.getLogger("agentrl.http.server")
 
 _CODES = {
     400: "bad_request",

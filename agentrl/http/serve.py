@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 
 class BindError(ConfigError, OSError):

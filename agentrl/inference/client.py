@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from agentrl.core.utils.race import unless_set
+from agentrl.core.utils.retry import RetriesExhausted, Retry, RetryPolicy
 from agentrl.http.tls import tls_context
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.inference.stream import OnTokens, stream_generate
@@ -40,8 +42,6 @@ from agentrl.inference.wire import (
     parse_json,
     routing_rows,
 )
-from agentrl.utils.race import unless_set
-from agentrl.utils.retry import RetriesExhausted, Retry, RetryPolicy
 
 __all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", "InferenceClient", "InferenceError",
            "NoEnginesError"]

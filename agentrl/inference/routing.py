@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.inference.wire import NoEnginesError
 
 

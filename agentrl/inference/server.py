@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 
 from agentrl.config.inference import VLLMServerConfig
-from agentrl.errors import ConfigError, EngineError
-from agentrl.utils.lifeline import own_process, release_process
-from agentrl.utils.procs import stat_fields
-from agentrl.utils.threads import short_spin
+from agentrl.core.errors import ConfigError, EngineError
+from agentrl.core.utils.lifeline import own_process, release_process
+from agentrl.core.utils.procs import stat_fields
+from agentrl.core.utils.threads import short_spin
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
 

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from agentrl.errors import EngineError
+from agentrl.core.errors import EngineError
 from agentrl.inference.client import InferenceClient
 
 log = logging.getLogger(__name__)

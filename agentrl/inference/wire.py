@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.errors import EngineError
+from agentrl.core.errors import EngineError
 
 _CONTEXT_RE = re.compile(r"maximum (model|context) length", re.IGNORECASE)
 """vLLM's text for a prompt longer than ``max_model_len``: vLLM gives it no code of its own (the error type
@@ -94,7 +94,7 @@ class Generation:
     """"stop" (EOS / stop token, which ends ``token_ids``), "length", or "abort" (e.g. ``pause(mode="abort")``)."""
     weight_versions: list[tuple[str | None, int, int]] | None
     """(weight label, start, end) spans over output-token indexes (label None: the engine had none);
-    None on the completions fallback. :func:`agentrl.versions.token_versions` reads them."""
+    None on the completions fallback. :func:`agentrl.core.versions.token_versions` reads them."""
     endpoint: str
     routing: RoutingRows | None = None
     """MoE routing of the request's positions (when asked for with ``routing_from``), else None."""

@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 PROBE_TOOLS = [{"type": "function", "function": {
     "name": "lookup", "description": "Look a word up in the dictionary.",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config.placement import _LIST, PlacementConfig
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.launch.memory import read_shape, trainer_memory_note
 
 SHARED_GPU_MAX_UTILIZATION = 0.5

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.config.run import RunConfig
-from agentrl.errors import ConfigError, EngineError
+from agentrl.core.errors import ConfigError, EngineError
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer, reap_stale, validate_model_dir
 from agentrl.launch.placement import Plan, plan_run
@@ -35,7 +35,7 @@ class LogprobsModeMismatch(ConfigError, ValueError):
 def ensure_model(model: str) -> str:
     """Install the pinned embedded model if ``model`` is one of its default directories (a no-op when it is
     in place, checked by digest); validate the directory."""
-    from agentrl.modelgen import ensure_embedded
+    from agentrl.tools.modelgen import ensure_embedded
 
     ensure_embedded(model)
     validate_model_dir(model)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 SUPPORTED = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 """Model types whose routers :class:`agentrl.moe.replay.RoutingReplay` can replay."""

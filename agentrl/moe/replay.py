@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.moe.families import MoEInfo
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")

@@ -2,7 +2,7 @@
 
 Producers (rollout workers) call ``admit()`` before starting a GRPO group and ``put()`` when it is
 done (or ``release()`` if it was abandoned); the trainer calls ``get_batch(version)``. The buffer keeps no
-version of its own: it reads the run's :class:`~agentrl.versions.PolicyVersion`, and a bump of it (the
+version of its own: it reads the run's :class:`~agentrl.core.versions.PolicyVersion`, and a bump of it (the
 weight update) wakes the producers waiting on the staleness bound.
 
 Admission rule (η = ``max_staleness``, B = ``groups_per_step``, v = trainer version)::
@@ -17,7 +17,7 @@ may be started, and the next step's groups wait for the new weights. Groups that
 order can still overshoot; ``get_batch`` never returns them (see ``drop_policy``).
 
 All the bookkeeping lives in ``BufferCore``, a pure class (no asyncio, no clock) that the
-discrete-event simulator in ``agentrl.bench.pipeline`` drives too, so the benchmark exercises the
+discrete-event simulator in ``agentrl.tools.bench.pipeline`` drives too, so the benchmark exercises the
 same admission and selection logic as training.
 """
 
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from agentrl.config.run import PipelineConfig
-from agentrl.errors import AgentRLError
-from agentrl.types import Trajectory
-from agentrl.versions import PolicyVersion, group_staleness_version, staleness
+from agentrl.core.errors import AgentRLError
+from agentrl.core.types import Trajectory
+from agentrl.core.versions import PolicyVersion, group_staleness_version, staleness
 
 T = TypeVar("T")
 

@@ -30,14 +30,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentrl.config.run import PipelineConfig
+from agentrl.core.types import Trajectory
+from agentrl.core.versions import PolicyVersion
 from agentrl.environment.base import Task
 from agentrl.inference.wire import NoEnginesError
 from agentrl.orchestrator.buffer import RolloutBuffer
 from agentrl.orchestrator.metrics import step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
 from agentrl.orchestrator.samples import carries_signal, to_samples
-from agentrl.types import Trajectory
-from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.base import Publisher
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Orchestrator:
         self.group_size = group_size
         self.policy = version if isinstance(version, PolicyVersion) else PolicyVersion(version)
         """The policy version's owner (a run's, or one of its own from an integer): the one version every
-        part of the run reads (see ``agentrl.versions``); trained on, published as ``version + 1``, then
+        part of the run reads (see ``agentrl.core.versions``); trained on, published as ``version + 1``, then
         bumped here, which the buffer sees."""
         self.update_mode = pipeline.update_mode
         self.normalize_std = normalize_std

@@ -14,15 +14,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
+from agentrl.core.utils.atomic import write_atomic
+from agentrl.core.utils.stats import binomial_stderr
+from agentrl.core.versions import group_oldest_version, staleness, staleness_stats
 from agentrl.rollout.stats import error_lines, metric_means
-from agentrl.utils.atomic import write_atomic
-from agentrl.utils.stats import binomial_stderr
-from agentrl.versions import group_oldest_version, staleness, staleness_stats
 
 if TYPE_CHECKING:  # pragma: no cover
+    from agentrl.core.types import Trajectory
     from agentrl.rollout.stats import BatchStats
-    from agentrl.types import Trajectory
 
 
 class MetricsWriter:

@@ -8,9 +8,9 @@ import logging
 from pathlib import Path
 
 from agentrl.config.run import RunConfig
-from agentrl.errors import ConfigError, EngineError
+from agentrl.core.errors import ConfigError, EngineError
+from agentrl.core.types import Routing
 from agentrl.moe.families import MoEInfo, moe_info
-from agentrl.types import Routing
 
 log = logging.getLogger(__name__)
 

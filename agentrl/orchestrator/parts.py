@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.config.run import SamplingConfig
+    from agentrl.core.types import Trajectory
     from agentrl.environment.base import Task
-    from agentrl.types import Trajectory
 
 
 class EngineControl(Protocol):

@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.run import RunConfig
+from agentrl.core.errors import AgentRLError
+from agentrl.core.utils import heap
+from agentrl.core.utils.atomic import write_atomic
+from agentrl.core.utils.race import unless_set
+from agentrl.core.versions import PolicyVersion
 from agentrl.environment.base import Environment, Task, run_scope
 from agentrl.environment.registry import load_env
 from agentrl.environment.tasks import load_tasks
-from agentrl.errors import AgentRLError
 from agentrl.inference.client import NoEnginesError
 from agentrl.inference.watch import EnginesLost, EngineWatch
 from agentrl.launch.doctor import check_model
@@ -52,10 +56,6 @@ from agentrl.tracking.base import TrackerContext
 from agentrl.tracking.card import write_model_card
 from agentrl.tracking.hub import TrackerHub
 from agentrl.tracking.samples import TABLE_COLUMNS, sample_rows, table_rows, write_samples
-from agentrl.utils import heap
-from agentrl.utils.atomic import write_atomic
-from agentrl.utils.race import unless_set
-from agentrl.versions import PolicyVersion
 from agentrl.weight_sync.base import Engines, Publisher
 from agentrl.weight_sync.route import weight_publisher
 
@@ -263,7 +263,7 @@ class TrainingRun:
                     policy_version=self.policy_version, routing=routing,
                 )
                 if cfg.agent.command:  # black-box training: the agent program drives the episodes
-                    from agentrl.policy.blackbox import blackbox_runner
+                    from agentrl.http.policy.blackbox import blackbox_runner
 
                     workers = await stack_ctx.enter_async_context(blackbox_runner(
                         cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id))

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.run import RunConfig, default_run_name
-from agentrl.errors import ConfigError
-from agentrl.utils.atomic import write_atomic
+from agentrl.core.errors import ConfigError
+from agentrl.core.utils.atomic import write_atomic
 
 RUN_FILE = "run.json"
 IDENTITY_FIELDS = ("env", "model", "lora")

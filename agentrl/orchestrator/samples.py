@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
+from agentrl.core.types import TrainSample, Trajectory
 from agentrl.rollout.stats import BatchStats, episodes_of, rollout_stats
-from agentrl.types import TrainSample, Trajectory
 
 
 class AdvantageInputError(AgentRLError, ValueError):

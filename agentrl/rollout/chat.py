@@ -21,9 +21,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
+from agentrl.core.utils.lru import lru_get
 from agentrl.rollout.toolcalls import DEFAULT_TOOL_PARSER, ParsedTurn, ToolCallParser
-from agentrl.utils.lru import lru_get
 
 __all__ = ["ChatFormat", "ParsedTurn", "UnusableChatTemplate", "end_of_turn_ids", "generation_eos_ids"]
 

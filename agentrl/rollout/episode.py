@@ -10,7 +10,7 @@
 Every rule of an episode lives here, once, and three drivers share it:
 
 - the agent loop (:func:`agentrl.rollout.loop.run_episode`) generates turns and feeds them to ``step``;
-- the env server's sessions (:mod:`agentrl.server.session`) add only HTTP concerns (locking,
+- the env server's sessions (:mod:`agentrl.http.server.session`) add only HTTP concerns (locking,
   idempotency, request limits, metrics) around an ``Episode``;
 - :class:`agentrl.environment.remote.RemoteEnvironment` is an environment whose tools and reward run in such a server
   session, so a remote episode follows these rules on both sides.
@@ -48,9 +48,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.core.errors import AgentRLError, EnvError
+from agentrl.core.types import SCORED_STOP_REASONS, Message, StopReason, ToolCall
 from agentrl.environment.base import AgentTimeLimit, Environment, Task, ToolArgumentError, ToolError, within
-from agentrl.errors import AgentRLError, EnvError
-from agentrl.types import SCORED_STOP_REASONS, Message, StopReason, ToolCall
 
 log = logging.getLogger(__name__)
 

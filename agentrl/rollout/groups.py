@@ -8,11 +8,11 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import Routing, Trajectory
 from agentrl.environment.base import Environment, Task
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.generator import Generator
 from agentrl.rollout.loop import run_episode
-from agentrl.types import Routing, Trajectory
 
 
 class RolloutWorkers:

@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Callable
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import Routing, StopReason, Trajectory
+from agentrl.core.versions import VersionLabelError, token_versions
 from agentrl.environment.base import Environment, Task
 from agentrl.inference.client import ContextLengthError, InferenceError
 from agentrl.inference.wire import RoutingRows
@@ -22,8 +24,6 @@ from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.episode import BadCall, EnvFailure, Episode, EpisodeLimits, error_text
 from agentrl.rollout.generator import Generator
 from agentrl.rollout.toolcalls import new_call_id
-from agentrl.types import Routing, StopReason, Trajectory
-from agentrl.versions import VersionLabelError, token_versions
 
 __all__ = ["Generator", "SamplingConfig", "run_episode"]
 
@@ -70,7 +70,7 @@ async def run_episode(
     ``policy_version`` reads the orchestrator's current policy version; a request is tagged with the
     version at send time wherever the engine does not say which weights produced a token.
 
-    ``routing``: for a MoE model, an empty :class:`~agentrl.types.Routing` of the engine's shape; each turn
+    ``routing``: for a MoE model, an empty :class:`~agentrl.core.types.Routing` of the engine's shape; each turn
     then asks the engine for the routing of the positions the trajectory does not hold yet.
     """
     t0 = time.perf_counter()

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.errors import ConfigError
+from agentrl.core.types import Trajectory
 from agentrl.environment.base import Environment, Task, run_scope
-from agentrl.errors import ConfigError
 from agentrl.inference.wire import Generation
 from agentrl.rollout.loop import run_episode
-from agentrl.types import Trajectory
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:

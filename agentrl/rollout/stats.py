@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.types import Trajectory
+from agentrl.core.types import Trajectory
 
 
 @dataclass

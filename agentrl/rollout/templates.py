@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 BUILTIN_DIR = Path(__file__).parent / "chat_templates"
 """Where the built-in templates live (package data)."""

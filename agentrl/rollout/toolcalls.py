@@ -21,9 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.errors import ConfigError
-from agentrl.types import ToolCall
-from agentrl.utils.lru import lru_get
+from agentrl.core.errors import ConfigError
+from agentrl.core.types import ToolCall
+from agentrl.core.utils.lru import lru_get
 
 DEFAULT_TOOL_PARSER = "hermes"
 """The parser of the embedded tiny model (and of Qwen2.5 / Hermes-style templates)."""

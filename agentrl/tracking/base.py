@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
+from agentrl.core.utils.atomic import write_atomic
 from agentrl.tracking.records import TrackerRecord
-from agentrl.utils.atomic import write_atomic
 
 STATE_FILE = "trackers.json"
 """In the run directory: what each tracker needs to continue the same tracker run on ``--resume``."""

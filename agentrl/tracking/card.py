@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.utils.stats import binomial_stderr
+from agentrl.core.utils.stats import binomial_stderr
 
 if TYPE_CHECKING:  # pragma: no cover
     from agentrl.config.run import RunConfig

@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import Any
 
-from agentrl.errors import first_line
+from agentrl.core.errors import first_line
 from agentrl.tracking.base import Tracker, TrackerContext
 from agentrl.tracking.records import split_record
 from agentrl.tracking.registry import tracker_class

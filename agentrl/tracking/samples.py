@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.types import Trajectory
+from agentrl.core.types import Trajectory
 
 SAMPLES_DIR = "samples"
 TABLE_COLUMNS = ["step", "task_id", "reward", "group_reward_mean", "stop_reason", "versions", "turns",

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 from agentrl.tracking.samples import read_samples, sample_steps
 
 ROLE_STYLE = {"system": "dim", "user": "bold cyan", "assistant": "bold green", "tool": "bold yellow"}

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from agentrl.core.types import TrainSample
 from agentrl.trainer.errors import BatchError
-from agentrl.types import TrainSample
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:

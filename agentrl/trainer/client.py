@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from agentrl.config.trainer import TrainerConfig
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
+from agentrl.core.types import TrainSample
+from agentrl.core.utils.lifeline import own_process, release_process
 from agentrl.trainer.launch import JOIN_FILE, _free_port, count_cores, torchrun_command, worker_env
 from agentrl.trainer.messages import (
     Call,
@@ -37,8 +39,6 @@ from agentrl.trainer.messages import (
     WriteWeightBucket,
     op_name,
 )
-from agentrl.types import TrainSample
-from agentrl.utils.lifeline import own_process, release_process
 
 
 class TrainerError(AgentRLError, RuntimeError):

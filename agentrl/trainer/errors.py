@@ -1,11 +1,11 @@
 """The errors the trainer's worker side raises in several of its modules (the client's own is
 :class:`agentrl.trainer.client.TrainerError`, which carries them back from the worker as its message).
 
-This module imports only :mod:`agentrl.errors`: every trainer module may import it."""
+This module imports only :mod:`agentrl.core.errors`: every trainer module may import it."""
 
 from __future__ import annotations
 
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.core.errors import AgentRLError, ConfigError
 
 __all__ = ["BatchError", "TrainerSettingError"]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import agentrl
 from agentrl.config.trainer import DistributedConfig, TrainerConfig
-from agentrl.utils.lifeline import own_process, release_process
-from agentrl.utils.threads import short_spin
+from agentrl.core.utils.lifeline import own_process, release_process
+from agentrl.core.utils.threads import short_spin
 
 JOIN_FILE = "trainer_join.json"
 """Written into the run directory when the trainer spans several nodes: what ``agentrl trainer-node``

@@ -14,7 +14,7 @@ Besides the calls, rank 0 hands its ranks three messages of its own: :class:`Hea
 :class:`Invalid` (something that is not a call of a known request type: answered with an error, the worker
 keeps serving).
 
-This module imports only the standard library and :mod:`agentrl.types` (cheap for the worker and the client).
+This module imports only the standard library and :mod:`agentrl.core.types` (cheap for the worker and the client).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentrl.types import TrainSample
+from agentrl.core.types import TrainSample
 
 __all__ = [
     "Call",

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from agentrl.config.trainer import TrainerConfig
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.core.errors import AgentRLError, ConfigError
 from agentrl.trainer.errors import TrainerSettingError
 
 TOKENIZER_FILES = (

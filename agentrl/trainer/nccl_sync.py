@@ -20,7 +20,7 @@ import httpx
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 
 class NcclSyncUnavailable(ConfigError, RuntimeError):

@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
+from agentrl.core.types import TrainSample
 from agentrl.trainer.batch import collate
 from agentrl.trainer.errors import BatchError
-from agentrl.types import TrainSample
 
 
 class TooLongForBudget(ConfigError, ValueError):

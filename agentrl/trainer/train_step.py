@@ -21,6 +21,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.core.types import TrainSample
+from agentrl.core.versions import staleness_stats, token_staleness
 from agentrl.trainer.batch import collate, micro_batches, split_minibatches
 from agentrl.trainer.errors import BatchError
 from agentrl.trainer.head import fusable, logprob_head
@@ -37,8 +39,6 @@ from agentrl.trainer.packing import (
     strided,
 )
 from agentrl.trainer.schedule import lr_at
-from agentrl.types import TrainSample
-from agentrl.versions import staleness_stats, token_staleness
 
 MEAN_METRICS = (
     "clip_frac",
@@ -301,7 +301,7 @@ class TrainStep:
     @staticmethod
     def _staleness(samples: list[TrainSample], version: int) -> dict[str, float]:
         """How many policy versions behind ``version`` (the policy being trained) the loss tokens were
-        generated (:func:`agentrl.versions.token_staleness`); every epoch and minibatch of one request trains
+        generated (:func:`agentrl.core.versions.token_staleness`); every epoch and minibatch of one request trains
         the same policy version."""
         lags = [lag for s in samples for lag in token_staleness(version, s.versions, s.loss_mask)]
         return {k: float(v) for k, v in staleness_stats(lags).items()}

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from agentrl.errors import ConfigError, WeightSyncError
+from agentrl.core.errors import ConfigError, WeightSyncError
 from agentrl.weight_sync.buckets import Layout, layout_bytes
 from agentrl.weight_sync.worker_io import attach_segment
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from agentrl.config.trainer import TrainerConfig
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.trainer import model as model_io
 from agentrl.trainer.errors import TrainerSettingError
 from agentrl.trainer.messages import (

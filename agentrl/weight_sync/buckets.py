@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the dtypes an engine serves weights in."""

@@ -10,7 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
-from agentrl.versions import engine_label
+from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import AdapterLoader, AdapterSaver
 
 

@@ -29,8 +29,8 @@ import weakref
 from multiprocessing import shared_memory
 from typing import Any, Protocol
 
-from agentrl.errors import EngineError
-from agentrl.versions import engine_label
+from agentrl.core.errors import EngineError
+from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import LoadingEngines
 from agentrl.weight_sync.buckets import Layout, layout_bytes, payload_bytes, plan_buckets
 from agentrl.weight_sync.shm import SyncError, _release, worker_failures

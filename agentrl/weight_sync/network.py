@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agentrl.versions import engine_label
+from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import ADAPTER_NOT_LOADED
 from agentrl.weight_sync.shm import SyncError, after_copy, applied, layout_views, pack_layout, worker_failures
 

@@ -20,7 +20,7 @@ from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.errors import ConfigError, EngineError
+from agentrl.core.errors import ConfigError, EngineError
 from agentrl.weight_sync.base import Engines, Publisher
 from agentrl.weight_sync.file import FileAdapterSync
 from agentrl.weight_sync.network import NetworkAdapterSync

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from agentrl.errors import WeightSyncError
-from agentrl.versions import engine_label
+from agentrl.core.errors import WeightSyncError
+from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import AdapterSource, EngineRPC, Publisher
 
 UPDATE_METHOD = "agentrl_update_lora"

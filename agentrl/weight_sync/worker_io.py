@@ -13,7 +13,7 @@ import mmap
 import os
 from typing import Any
 
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.weight_sync.base import BAD_REQUEST
 
 

@@ -11,11 +11,11 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from agentrl.core.types import Message
 from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
 from agentrl.envs.calc.tasks import make_tasks
-from agentrl.types import Message
 
 SPLIT_SIZES = {"train": 2000, "test": 200}
 SPLIT_SEEDS = {"train": 0, "test": 1}

@@ -21,7 +21,7 @@ import operator
 import threading
 from collections.abc import Callable
 
-from agentrl.errors import EnvError
+from agentrl.core.errors import EnvError
 
 MAX_CHARS = 200
 MAX_NODES = 100

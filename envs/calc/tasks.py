@@ -17,8 +17,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.core.errors import EnvError
 from agentrl.environment.tasks import TaskSourceError
-from agentrl.errors import EnvError
 
 
 class BadTemplate(EnvError, AssertionError):

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.errors import EnvError
 from agentrl.envs.swe import issues, localrun
 from agentrl.envs.swe.gitobj import commit_id
 from agentrl.envs.swe.mutations import Mutation, find_mutations
 from agentrl.envs.swe.patches import apply_patch, make_patch, patch_to_edits, replace_unique
 from agentrl.envs.swe.repo import REPOS_DIR, as_bytes, read_tree, strip_hidden
 from agentrl.envs.swe.results import PASSING, files_of
-from agentrl.errors import EnvError
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "tasks.jsonl"
 REPOS = ("durations", "exprcalc", "inventory", "minigraph", "textkit", "tinycsv")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from agentrl.core.types import Message
 from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.swe.config import REPO_DIR, SweConfig
@@ -28,7 +29,6 @@ from agentrl.envs.swe.sandboxes import SandboxRun
 from agentrl.envs.swe.task import SweTask, load_jsonl
 from agentrl.envs.swe.text import exec_observation, numbered, truncate_middle, view_range
 from agentrl.sandbox import DockerSandbox
-from agentrl.types import Message
 
 log = logging.getLogger(__name__)
 

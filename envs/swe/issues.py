@@ -14,7 +14,7 @@ import random
 import textwrap
 from dataclasses import dataclass, field
 
-from agentrl.errors import EnvError
+from agentrl.core.errors import EnvError
 
 
 class ProbeError(EnvError, ValueError):

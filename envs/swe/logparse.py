@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from agentrl.errors import EnvError
+from agentrl.core.errors import EnvError
 
 
 class LogParserError(EnvError, ValueError):

@@ -14,10 +14,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from agentrl.core.errors import EnvError
 from agentrl.envs.swe.gitobj import tree_id
 from agentrl.envs.swe.patches import apply_patch
 from agentrl.envs.swe.task import SweTask
-from agentrl.errors import EnvError
 
 REPOS_DIR = Path(__file__).resolve().parent / "repos"
 """Clean sources of the bundled repositories, one directory each."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.errors import EnvError
+from agentrl.core.errors import EnvError
 
 
 class TextViewError(EnvError, ValueError):

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def tiny_model_dir() -> Path:
     """The embedded tiny model (warmed up on calc): the pinned model, installed into this checkout's default
     directory (a no-op when it is in place), which ``make train`` uses too."""
-    from agentrl.modelgen import DEFAULT_TINY_DIR, TINY, install_pinned
+    from agentrl.tools.modelgen import DEFAULT_TINY_DIR, TINY, install_pinned
 
     return install_pinned(ROOT / DEFAULT_TINY_DIR, TINY)
 

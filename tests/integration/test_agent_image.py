@@ -8,13 +8,13 @@ import pytest
 
 from agentrl.config.policy import AgentConfig, PolicyConfig
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.envs.calc import CalcEnv
-from agentrl.policy.blackbox import BlackBoxRunner, agent_mount
-from agentrl.policy.run import serving
-from agentrl.policy.service import PolicyService
+from agentrl.http.policy.blackbox import BlackBoxRunner, agent_mount
+from agentrl.http.policy.run import serving
+from agentrl.http.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
 from agentrl.sandbox import build_image, engine_reachable
-from agentrl.types import StopReason
 from tests.conftest import require
 from tests.unit.policy.scripted import Scripted, scripted_chat
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.config.run import load_config
+from agentrl.core.versions import token_versions
 from agentrl.inference import InferenceClient
 from agentrl.orchestrator.loop import live_update
 from agentrl.orchestrator.metrics import read_jsonl
 from agentrl.orchestrator.run import TrainingRun
-from agentrl.versions import token_versions
+from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_bench_loop_reports_both_rates(vllm_server, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.bench.loop import main
+    from agentrl.tools.bench.loop import main
 
     assert main(["--tasks", "3", "--group-size", "2", "--concurrency", "4", "--repeats", "2", "--json",
                  "--model", str(tiny_model_dir), "--endpoint", vllm_server.url, "--profile", "5"]) == 0
@@ -40,7 +40,7 @@ def test_bench_policy_reports_both_paths(vllm_server, tiny_model_dir: Path, caps
     """``agentrl bench policy`` on the session vLLM server: the same calls direct and through the policy
     endpoint; the JSON report is well-formed and its ratios follow from its own figures."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.bench.policy import main
+    from agentrl.tools.bench.policy import main
 
     assert main(["--calls", "4", "--tokens", "8", "--rounds", "1", "--concurrency", "4", "--json",
                  "--model", str(tiny_model_dir), "--endpoint", vllm_server.url]) == 0

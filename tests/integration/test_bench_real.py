@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 def test_bench_pipeline_real_mode(vllm_server, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.bench.pipeline_real import main
+    from agentrl.tools.bench.pipeline_real import main
 
     eta = 1
     r = main(["--real", "--mix", "tool", "--steps", "3", "--eta", str(eta), "--groups-per-step", "2",
@@ -42,7 +42,7 @@ def test_bench_logprobs_engine_and_trainer_agree(vllm_server, tiny_model_dir: Pa
     logprobs and the trainer's (scaled by the trajectory's temperature) agree, and a trainer that ignored
     the temperature would not."""
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
-    from agentrl.bench.logprobs import main
+    from agentrl.tools.bench.logprobs import main
 
     assert main(["--temperature", "0.7", "--episodes", "16", "--json", "--model", str(tiny_model_dir),
                  "--endpoint", vllm_server.url]) == 0

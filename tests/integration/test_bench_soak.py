@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 
 async def test_a_soak_under_every_fault_loses_nothing_and_leaks_nothing(vllm_server, tmp_path: Path) -> None:
-    from agentrl.bench.soak import FAULTS, run_soak
+    from agentrl.tools.bench.soak import FAULTS, run_soak
 
     ok, why = engine_reachable()
     require(ok, f"no Docker engine reachable ({why}); run `eval \"$(sandbox/provision.sh)\"`")

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentrl.bench.env_server import ServerProcess
-from agentrl.types import Trajectory
+from agentrl.core.types import Trajectory
+from agentrl.tools.bench.env_server import ServerProcess
 
 pytestmark = pytest.mark.integration
 

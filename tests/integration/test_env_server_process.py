@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.env_server import ServerProcess, containers_of_pid, run_load
 from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
+from agentrl.tools.bench.env_server import ServerProcess, containers_of_pid, run_load
 from tests.conftest import require
 from tests.procs import command_line, descendants, start_time
 
 pytestmark = pytest.mark.integration
 
-SHELL = "agentrl.bench.shell_env:ShellEnv"
+SHELL = "agentrl.tools.bench.shell_env:ShellEnv"
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ async def test_a_killed_servers_containers_go_with_it_or_at_the_next_start(sandb
 
         second = ServerProcess([SHELL], log_path=tmp_path / "second.log").start()
         more, left = await _two_sessions(second)
-        wardens = [p for p in descendants(second.pid) if "agentrl.utils.lifeline" in command_line(p)]
+        wardens = [p for p in descendants(second.pid) if "agentrl.core.utils.lifeline" in command_line(p)]
         assert len(wardens) == 1, [command_line(p) for p in descendants(second.pid)]
         os.kill(wardens[0], signal.SIGKILL)
         second.kill()
@@ -142,7 +142,7 @@ def test_a_sigkilled_owner_takes_its_env_server_with_it(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("import time; from agentrl.bench.env_server import ServerProcess; "
+    code = ("import time; from agentrl.tools.bench.env_server import ServerProcess; "
             "s = ServerProcess(['calc']).start(); print(s.pid, flush=True); time.sleep(600)")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                              start_new_session=True)

@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 import pytest
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation, InferenceClient
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import run_episode
-from agentrl.types import StopReason
 from tests.conftest import require
 from tests.fixtures_families import FAMILIES, build_family_model
 

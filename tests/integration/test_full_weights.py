@@ -17,12 +17,12 @@ import pytest
 
 from agentrl.config.run import load_config
 from agentrl.config.trainer import TrainerConfig
+from agentrl.core.types import TrainSample
+from agentrl.core.versions import engine_label, token_versions
 from agentrl.inference import InferenceClient
 from agentrl.orchestrator.metrics import read_jsonl
 from agentrl.orchestrator.run import TrainingRun
 from agentrl.trainer.client import TrainerProcess
-from agentrl.types import TrainSample
-from agentrl.versions import engine_label, token_versions
 from agentrl.weight_sync.full import FullWeightSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
+from agentrl.core.utils.heap import freeze_heap
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference import InferenceClient
 from agentrl.inference.wire import Generation
@@ -28,8 +29,7 @@ from agentrl.orchestrator.samples import to_samples
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.groups import RolloutWorkers
 from agentrl.rollout.loop import run_episode
-from agentrl.types import StopReason
-from agentrl.utils.heap import freeze_heap
+from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 

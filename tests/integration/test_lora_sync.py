@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.inference import InferenceClient, VLLMServerConfig
+from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
 
 pytestmark = pytest.mark.integration

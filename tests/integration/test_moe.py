@@ -235,8 +235,8 @@ def test_env_server_rollouts_return_routing(moe_server, moe_model_dir: Path, vll
     position; an engine that cannot capture routing gets a 422, not a trajectory without it."""
     import httpx
 
-    from agentrl.bench.env_server import ServerProcess
-    from agentrl.types import Trajectory
+    from agentrl.core.types import Trajectory
+    from agentrl.tools.bench.env_server import ServerProcess
 
     with ServerProcess(["calc"], extra=["--tokenizer", str(moe_model_dir)], log_path=tmp_path / "s.log") as server:
         headers = {"Authorization": f"Bearer {server.token}"}

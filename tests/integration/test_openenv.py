@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentrl.bench.env_server import ServerProcess
+from agentrl.tools.bench.env_server import ServerProcess
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentrl.bench.env_server import ServerProcess, containers_of_pid
+from agentrl.tools.bench.env_server import ServerProcess, containers_of_pid
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration

@@ -19,15 +19,15 @@ import openai
 import pytest
 import torch
 
-from agentrl.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.config.policy import PolicyConfig
 from agentrl.envs.calc import CalcEnv, safe_eval
+from agentrl.http.policy.run import serving
+from agentrl.http.policy.service import PolicyService
 from agentrl.inference import InferenceClient
 from agentrl.inference.client import Generation
 from agentrl.orchestrator.loop import live_update
-from agentrl.policy.run import serving
-from agentrl.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
+from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.vllm_metrics import start_paused_mid_generation
 
@@ -212,7 +212,7 @@ async def test_a_stream_arrives_token_by_token_from_the_engine(vllm_server, chat
     """A streamed call is streamed by the engine too: its text comes in many chunks while the turn is sampled,
     through the endpoint on its own event loop (as a training run serves it), and adds up to the unstreamed
     answer of the same greedy call; both record the same row."""
-    from agentrl.policy.thread import EndpointThread, LoopGenerator
+    from agentrl.http.policy.thread import EndpointThread, LoopGenerator
 
     question = "Write one long sentence about the number seven."
     async with InferenceClient([vllm_server.url]) as client:

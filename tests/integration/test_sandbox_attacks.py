@@ -165,7 +165,7 @@ def _killed_driver(image: str, tmp_path: Path, owner: str, *, warden_too: bool) 
     script.write_text(
         "import asyncio, sys, time\n"
         "from agentrl.sandbox import DockerSandbox, SandboxConfig\n"
-        "from agentrl.utils.lifeline import warden_pid\n"
+        "from agentrl.core.utils.lifeline import warden_pid\n"
         "async def main():\n"
         f"    boxes = [await DockerSandbox(SandboxConfig(image={image!r}, owner={owner!r})).start()"
         " for _ in range(2)]\n"

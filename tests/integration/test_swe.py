@@ -16,13 +16,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from agentrl.core.types import StopReason
 from agentrl.environment.base import ToolError, run_scope
 from agentrl.envs.swe import SweConfig, SweEnv
 from agentrl.envs.swe.gitobj import blob_id
 from agentrl.envs.swe.repo import clean_tree
 from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
 from agentrl.sandbox import build_image, engine_reachable, gc
-from agentrl.types import StopReason
 from tests.conftest import require
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
@@ -250,7 +250,7 @@ DRIVER = """
 import asyncio, sys
 from agentrl.environment.base import run_scope
 from agentrl.envs.swe import SweEnv
-from agentrl.utils.lifeline import warden_pid
+from agentrl.core.utils.lifeline import warden_pid
 
 async def main():
     await SweEnv.setup_run(sys.argv[1])

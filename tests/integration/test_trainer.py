@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.core.types import TrainSample
 from agentrl.trainer.client import TrainerError, TrainerProcess
 from agentrl.trainer.messages import Ping, Request
-from agentrl.types import TrainSample
 from tests.conftest import require
 
 pytestmark = pytest.mark.integration

@@ -36,7 +36,7 @@ IMPORT_ALL = textwrap.dedent('''
     import agentrl
 
     # Data, not modules: the SWE tasks' small repositories and the test file init-env copies.
-    SKIP = ("agentrl.envs.swe.repos", "agentrl.scaffold.example_env_check")
+    SKIP = ("agentrl.envs.swe.repos", "agentrl.tools.scaffold.example_env_check")
     site = Path(sys.argv[1]).resolve()
     seen, outside = [], []
 
@@ -105,7 +105,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
 
     # Contents: every tracked file under its installed name, and nothing from caches.
     names = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
-    for must in ("agentrl/policy/__init__.py", "agentrl/scaffold/__init__.py", "agentrl/envs/swe/data/tasks.jsonl",
+    for must in ("agentrl/http/policy/__init__.py", "agentrl/tools/scaffold/__init__.py", "agentrl/envs/swe/data/tasks.jsonl",
                  "agentrl/sandbox/provision.sh"):
         assert must in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or "/." in n]
@@ -140,5 +140,5 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     assert "class Myenv" in (work / "myenv.py").read_text()
     assert "--help" in _run([agentrl, "serve-policy", "--help"], cwd=work).stdout
     imported = _run([str(py), "-c", IMPORT_ALL, str(site)], cwd=work, timeout=300).stdout.split()
-    for name in ("agentrl.cli", "agentrl.policy", "agentrl.scaffold", "agentrl.envs.swe", "agentrl.sandbox"):
+    for name in ("agentrl.cli", "agentrl.http.policy", "agentrl.tools.scaffold", "agentrl.envs.swe", "agentrl.sandbox"):
         assert name in imported

@@ -24,7 +24,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 PROCESS = f"""
     import atexit, sys
-    from agentrl.utils.exit import quiet_teardown
+    from agentrl.core.utils.exit import quiet_teardown
     quiet_teardown()
     {LEAK}
     atexit.register(lambda: print("cleanup ran", file=sys.stderr))  # e.g. stopping owned vLLM servers
@@ -52,7 +52,7 @@ def test_no_triton_no_change() -> None:
     r = _python("""
         import atexit, sys
         atexit.register(lambda: print("last words", file=sys.stderr))
-        from agentrl.utils.exit import quiet_teardown
+        from agentrl.core.utils.exit import quiet_teardown
         quiet_teardown()
     """)
     assert r.returncode == 0 and "last words" in r.stderr

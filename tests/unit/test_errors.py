@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import agentrl
-from agentrl.errors import AgentRLError
+from agentrl.core.errors import AgentRLError
 from agentrl.inference.client import InferenceClient, InferenceError, NoEnginesError
 from agentrl.inference.routing import EndpointPool
 from agentrl.weight_sync.base import ADAPTER_NOT_LOADED, BAD_REQUEST, UPDATE_REFUSED
@@ -27,13 +27,13 @@ from agentrl.weight_sync.shm import SyncError
 
 ROOTS = ("agentrl", "agentrl.envs", "agentrl.sandbox")
 SKIP = (
-    "agentrl.scaffold.example_env_check",  # a template for users to copy, not a module of agentrl
+    "agentrl.tools.scaffold.example_env_check",  # a template for users to copy, not a module of agentrl
     "agentrl.envs.swe.repos.",  # the SWE tasks' small sample repositories: task data, not agentrl code
 )
 NOT_ERRORS = {
     # Control-flow signals, deliberately outside the tree (see the comment at each class):
     "agentrl.environment.base.AgentTimeLimit",  # the episode ends as ``timeout``: an outcome, not a failure
-    "agentrl.utils.retry.Retry",  # "try again", from an attempt to the retry loop; never reaches a caller
+    "agentrl.core.utils.retry.Retry",  # "try again", from an attempt to the retry loop; never reaches a caller
 }
 CODE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
@@ -73,7 +73,7 @@ def classes() -> dict[str, type[BaseException]]:
 def test_every_exception_class_derives_from_agentrl_error(classes: dict[str, type[BaseException]]) -> None:
     assert len(classes) >= 30, sorted(classes)  # the walk found the modules
     outside = sorted(n for n, c in classes.items() if not issubclass(c, AgentRLError) and n not in NOT_ERRORS)
-    assert not outside, f"derive these from agentrl.errors.AgentRLError (or allow-list them with a reason): {outside}"
+    assert not outside, f"derive these from agentrl.core.errors.AgentRLError (or allow-list them with a reason): {outside}"
     assert all(n in classes and not issubclass(classes[n], AgentRLError) for n in NOT_ERRORS), "stale allow-list"
 
 

@@ -13,21 +13,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # bottom first; a package may import any package of a lower line, none of its own line or above
 LAYERS: list[set[str]] = [
-    {"errors"},
-    {"types", "utils", "config", "http", "moe"},  # the contracts, pure config, small helpers
-    {"versions", "sandbox"},
+    {"core", "core.errors", "tools", "http"},  # (``core`` and ``tools`` themselves hold only a docstring)
+    {"core.types", "core.utils", "config", "http.base", "moe"},  # the contracts, pure config, small helpers
+    {"core.versions", "sandbox"},
     {"environment", "weight_sync", "tracking"},
     {"engine"},  # what runs inside the vLLM engine: the worker extension and every vLLM patch
     {"inference", "trainer"},
     {"rollout"},
-    {"envs", "scaffold"},
-    {"modelgen"},
+    {"envs", "tools.scaffold"},
+    {"tools.modelgen"},
     {"launch"},
-    {"policy", "server"},  # the HTTP front ends
+    {"http.policy", "http.server"},  # the HTTP front ends
     {"orchestrator"},
-    {"bench"},
+    {"tools.bench"},
     {"cli"},
 ]
+GROUPS = {"core", "tools", "http"}
+"""Packages that group others: each sub-package (or module) listed in LAYERS as ``group.name`` is a unit of
+its own; the group's other modules form the unit ``group.base`` (``http``'s shared parts: auth, limits, TLS)."""
 SOURCES = {"agentrl": ROOT / "agentrl", "envs": ROOT / "envs", "sandbox": ROOT / "sandbox"}
 SKIP = ("envs/swe/repos/",)  # the SWE tasks' sample repositories: task data
 
@@ -37,9 +40,15 @@ def _layer_of() -> dict[str, int]:
 
 
 def _package(module: str) -> str | None:
-    """The agentrl package ``module`` belongs to (``agentrl.rollout.chat`` -> ``rollout``); None outside."""
+    """The layering unit ``module`` belongs to (``agentrl.rollout.chat`` -> ``rollout``,
+    ``agentrl.core.types`` -> ``core.types``, ``agentrl.http.auth`` -> ``http.base``); None outside."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "agentrl" and len(parts) > 1 else None
+    if parts[0] != "agentrl" or len(parts) < 2:
+        return None
+    if parts[1] not in GROUPS or len(parts) == 2:
+        return parts[1]
+    sub = f"{parts[1]}.{parts[2]}"
+    return sub if sub in _layer_of() else f"{parts[1]}.base"
 
 
 def _imports(path: Path, module: str) -> list[tuple[int, str]]:
@@ -69,8 +78,8 @@ def _modules() -> list[tuple[str, str, Path]]:
                 continue
             parts = list(path.relative_to(folder).with_suffix("").parts)
             if top == "agentrl":
-                pkg = "" if parts == ["__init__"] else parts[0]
                 name = ".".join(["agentrl", *parts])
+                pkg = "" if parts == ["__init__"] else _package(name.removesuffix(".__init__")) or ""
             else:
                 pkg, name = top, ".".join(["agentrl", top, *parts])
             out.append((pkg, name.removesuffix(".__init__"), path))

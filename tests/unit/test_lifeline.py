@@ -1,4 +1,4 @@
-"""The warden (agentrl.utils.lifeline): what a process owns ends when that process dies, SIGKILL included."""
+"""The warden (agentrl.core.utils.lifeline): what a process owns ends when that process dies, SIGKILL included."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from agentrl.utils.lifeline import owned_processes
+from agentrl.core.utils.lifeline import owned_processes
 from tests.procs import descendants, start_time
 
 
@@ -36,7 +36,7 @@ def test_owned_processes_follows_parent_links_and_led_groups_only() -> None:
 
 OWNER = textwrap.dedent("""
     import json, subprocess, sys, time
-    from agentrl.utils import lifeline
+    from agentrl.core.utils import lifeline
     # a group leader with a child in the group and a grandchild in a session of its own
     tree = subprocess.Popen(["bash", "-c", "sleep 300 & setsid sleep 301 & wait"], start_new_session=True)
     lifeline.own_process(tree.pid)

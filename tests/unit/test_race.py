@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentrl.utils.race import unless_set
+from agentrl.core.utils.race import unless_set
 
 
 async def test_the_work_that_finishes_first_is_returned_done() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TREES = (ROOT / "agentrl", ROOT / "envs", ROOT / "sandbox")
 SKIP = (
-    "agentrl/scaffold/example_env_check",  # a template for users to copy, not a module of agentrl
+    "agentrl/tools/scaffold/example_env_check",  # a template for users to copy, not a module of agentrl
     "envs/swe/repos/",  # the SWE tasks' sample repositories: task data, not agentrl code
 )
 BUILTIN = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}

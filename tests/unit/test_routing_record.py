@@ -1,4 +1,4 @@
-"""The MoE routing record (`agentrl.types.Routing`): rows, version spans, size checks, JSON round trip."""
+"""The MoE routing record (`agentrl.core.types.Routing`): rows, version spans, size checks, JSON round trip."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from agentrl.types import Routing, TrainSample, Trajectory
+from agentrl.core.types import Routing, TrainSample, Trajectory
 
 
 def rows(m: int, layers: int = 2, top_k: int = 3, dtype: str = "uint8", base: int = 0) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.core.versions import VersionLabelError, engine_label, parse_engine_label, token_versions
 from agentrl.inference.wire import Generation
-from agentrl.versions import VersionLabelError, engine_label, parse_engine_label, token_versions
 
 
 def gen(n: int, spans: list[tuple[str | None, int, int]] | None) -> Generation:
@@ -37,7 +37,7 @@ def test_foreign_labels_are_errors() -> None:
 
 
 def test_policy_version_is_one_owner_that_tells_its_watchers() -> None:
-    from agentrl.versions import PolicyVersion
+    from agentrl.core.versions import PolicyVersion
 
     version = PolicyVersion(3)
     seen: list[int] = []
@@ -58,7 +58,7 @@ def test_policy_version_is_one_owner_that_tells_its_watchers() -> None:
 
 
 def test_staleness_is_one_rule_for_groups_tokens_and_summaries() -> None:
-    from agentrl.versions import staleness, staleness_stats, token_staleness
+    from agentrl.core.versions import staleness, staleness_stats, token_staleness
 
     assert staleness(5, 3) == 2 and staleness(5, 5) == 0
     # model tokens only (-1: tool tokens), and with a mask only the tokens it marks
@@ -71,7 +71,7 @@ def test_staleness_is_one_rule_for_groups_tokens_and_summaries() -> None:
 
 
 def test_the_weights_version_runs_one_ahead_while_an_update_is_made_live() -> None:
-    from agentrl.versions import PolicyVersion
+    from agentrl.core.versions import PolicyVersion
 
     v = PolicyVersion(4)
     assert v.weights == v.value == 4

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from agentrl.bench.engine import scratch_dir
+from agentrl.tools.bench.engine import scratch_dir
 
 
 def test_scratch_dir_is_removed_after_a_normal_run() -> None:

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentrl.bench import full_sync
-from agentrl.bench.full_sync import (
+from agentrl.tools.bench import full_sync
+from agentrl.tools.bench.full_sync import (
     logprob_mae,
     memcpy_ms,
     percentile,
@@ -91,7 +91,7 @@ def test_trainer_peak_rss_reads_the_ranks_among_the_launchers_children() -> None
 
 
 def test_bench_sync_full_hands_its_other_arguments_to_the_full_benchmark(monkeypatch) -> None:
-    from agentrl.bench import sync
+    from agentrl.tools.bench import sync
 
     seen: list[list[str]] = []
     monkeypatch.setattr(full_sync, "main", lambda argv: seen.append(argv) or 0)
@@ -100,7 +100,7 @@ def test_bench_sync_full_hands_its_other_arguments_to_the_full_benchmark(monkeyp
 
 
 def test_a_model_that_is_not_a_directory_is_refused(tmp_path, capsys) -> None:
-    from agentrl.bench.full_sync import main
+    from agentrl.tools.bench.full_sync import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--model", str(tmp_path / "nothing"), "--json"])

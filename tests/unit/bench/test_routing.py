@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from agentrl.bench.routing import (
+from agentrl.core.types import Routing, StopReason, TrainSample, Trajectory
+from agentrl.tools.bench.routing import (
     episode_figures,
     is_weight_std,
     metric_total,
@@ -19,7 +20,6 @@ from agentrl.bench.routing import (
     targets_met,
     token_figures,
 )
-from agentrl.types import Routing, StopReason, TrainSample, Trajectory
 
 
 def routing(n: int, spans: list[tuple[int, int]] | None = None) -> Routing:
@@ -112,9 +112,9 @@ def test_scorer_replay_on_and_off() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from agentrl.bench.routing import Scorer
     from agentrl.moe import moe_info
     from agentrl.moe.replay import find_routers
+    from agentrl.tools.bench.routing import Scorer
 
     config = AutoConfig.for_model("qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=48,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=2,
@@ -167,7 +167,7 @@ def test_metric_total_sums_the_samples_of_one_metric() -> None:
 def test_the_command_line_gives_every_setting_the_measurement_reads(monkeypatch, capsys) -> None:
     """``_measure`` reads ``args.chat_template``: the parser must define it (it did not, and the bench failed
     right after its engine started)."""
-    from agentrl.bench import routing as bench
+    from agentrl.tools.bench import routing as bench
 
     seen = {}
 

@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from agentrl.bench.pipeline import elastic_split, main, run_pipeline_bench
-from agentrl.bench.sim import PipelineSim, SimParams
-from agentrl.bench.traces import make_trace
 from agentrl.config.run import PipelineConfig
+from agentrl.tools.bench.pipeline import elastic_split, main, run_pipeline_bench
+from agentrl.tools.bench.sim import PipelineSim, SimParams
+from agentrl.tools.bench.traces import make_trace
 
 SMALL = SimParams(slots=16, decode_half_n=8.0)
 B, G = 4, 4

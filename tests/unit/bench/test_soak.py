@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agentrl.bench.soak import FAULTS, FREEZE_S, SOAK_ENV, Faults, open_fds, rss_mib, slope_per_hour
+from agentrl.tools.bench.soak import FAULTS, FREEZE_S, SOAK_ENV, Faults, open_fds, rss_mib, slope_per_hour
 
 
 def test_the_slope_is_per_hour_and_needs_two_distinct_times() -> None:
@@ -43,7 +43,7 @@ def test_every_fault_has_an_injector_and_the_env_is_swe_with_short_limits() -> N
 
 
 def test_an_unknown_fault_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    from agentrl.bench.soak import main
+    from agentrl.tools.bench.soak import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--faults", "engine_kill,disk_full"])
@@ -57,7 +57,7 @@ async def test_the_finish_is_cancelled_while_it_waits_for_a_fault(tmp_path) -> N
     import time
     from types import SimpleNamespace
 
-    from agentrl.bench.soak import _finish
+    from agentrl.tools.bench.soak import _finish
 
     fault = asyncio.create_task(asyncio.sleep(60))  # a fault under way, e.g. frozen sandboxes
     faults = SimpleNamespace(restarting=None)
@@ -78,7 +78,7 @@ async def test_faults_go_on_past_the_minutes_until_each_has_landed_once(tmp_path
     import time
     from types import SimpleNamespace
 
-    from agentrl.bench.soak import _finish, _schedule
+    from agentrl.tools.bench.soak import _finish, _schedule
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(json.dumps({"kind": "train", "step": 1, "engines_live": 2}) + "\n")

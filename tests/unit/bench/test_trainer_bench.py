@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agentrl.bench.trainer import default_budget, lengths_for, make_samples, padding_frac
 from agentrl.config.run import SamplingConfig
 from agentrl.config.trainer import TrainerConfig
+from agentrl.tools.bench.trainer import default_budget, lengths_for, make_samples, padding_frac
 
 
 def test_lengths_follow_the_mix_scaled_to_the_context() -> None:

@@ -13,7 +13,7 @@ from agentrl.config.errors import ConfigValidationError
 from agentrl.config.policy import load_policy_config
 from agentrl.config.run import load_config
 from agentrl.config.server import load_server_config
-from agentrl.errors import ConfigError
+from agentrl.core.errors import ConfigError
 
 
 def _problems(toml: str, tmp_path: Path, **kw) -> tuple[Path, list[str]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.core.errors import EngineError
 from agentrl.engine import install, version_gate, vllm_patches
 from agentrl.engine.extension import WorkerExtension
 from agentrl.engine.version_gate import (
@@ -20,7 +21,6 @@ from agentrl.engine.version_gate import (
     VLLMVersionRefused,
     check_vllm_version,
 )
-from agentrl.errors import EngineError
 
 GATED = {"agentrl_update_lora", "agentrl_update_lora_bytes", "agentrl_begin_weights", "agentrl_load_weights",
          "agentrl_load_weights_bytes", "agentrl_finish_weights", "agentrl_load_weights_from_path",

@@ -113,7 +113,7 @@ def test_what_cannot_load_says_what_was_tried_and_the_fix(isolated: Path) -> Non
 
 
 def test_a_tool_cannot_be_hidden_by_an_attribute() -> None:
-    from agentrl.scaffold import example_env
+    from agentrl.tools.scaffold import example_env
 
     env = example_env.ExampleEnv()
     with pytest.raises(AttributeError, match=r"ExampleEnv\.stock is a tool; assigning self\.stock would hide it"):

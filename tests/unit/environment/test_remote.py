@@ -15,15 +15,15 @@ import pytest
 
 import agentrl
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.environment.registry import load_env
 from agentrl.environment.remote import RemoteEnvError, RemoteEnvironment
 from agentrl.envs.calc import CalcEnv
+from agentrl.http.server import create_app
 from agentrl.inference.client import Generation
-from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import run_episode
-from agentrl.server import create_app
-from agentrl.types import StopReason
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 from tests.env_server_helpers import TOKEN, Probe, ThreadServer, config
 
 

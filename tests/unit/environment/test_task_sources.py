@@ -11,13 +11,13 @@ from typing import Any, ClassVar
 
 import pytest
 
+from agentrl.core.errors import ConfigError
 from agentrl.environment.base import Environment
 from agentrl.environment.tasks import MissingDataExtra, TaskSourceError, load_tasks, read_tasks_jsonl
 from agentrl.envs.calc import CalcEnv
 from agentrl.envs.swe import SweEnv
 from agentrl.envs.swe.config import SweConfig
 from agentrl.envs.swe.env import BUNDLED_TASKS
-from agentrl.errors import ConfigError
 from agentrl.sandbox import SandboxConfig
 from tests.conftest import require
 

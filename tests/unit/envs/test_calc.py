@@ -6,11 +6,11 @@ import time
 
 import pytest
 
+from agentrl.core.types import Message, ToolCall
 from agentrl.environment.base import ToolError
 from agentrl.envs.calc import CalcEnv, CalcError, make_tasks, safe_eval
 from agentrl.envs.calc.env import last_number
 from agentrl.envs.calc.tasks import split_of
-from agentrl.types import Message, ToolCall
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ from agentrl.launch.placement import plan_run
 
 def tiny_config() -> dict[str, Any]:
     """The embedded tiny model's config.json (Qwen2, tied embeddings, q/k/v biases)."""
-    from agentrl.modelgen.tiny import ModelShape, model_config
+    from agentrl.tools.modelgen.tiny import ModelShape, model_config
 
     return model_config(953, ModelShape(), 2, 0).to_dict()
 

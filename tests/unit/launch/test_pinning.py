@@ -38,8 +38,8 @@ def test_engines_and_trainer_ranks_spin_briefly_unless_told_otherwise(tmp_path: 
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine and the ranks share cores on a CPU machine: each gets libgomp's short spin, and a value the
     user set in the environment is kept."""
+    from agentrl.core.utils.threads import SPIN
     from agentrl.trainer.launch import worker_env
-    from agentrl.utils.threads import SPIN
 
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     server = VLLMServer(VLLMServerConfig(model="m"), tmp_path)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrl.envs.calc import CalcEnv
-from agentrl.modelgen.tokenizer import TOOL_TOKENS, render_chat, train_tokenizer
+from agentrl.tools.modelgen.tokenizer import TOOL_TOKENS, render_chat, train_tokenizer
 
 TOOLS = CalcEnv.tool_schemas()
 SYSTEM = {"role": "system", "content": "Be brief."}

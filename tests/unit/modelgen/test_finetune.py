@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.modelgen.finetune import (
+from agentrl.tools.modelgen.finetune import (
     MARKER,
     SftConfig,
     SftDataError,
@@ -20,7 +20,7 @@ from agentrl.modelgen.finetune import (
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrl.modelgen import TINY, install_pinned
+    from agentrl.tools.modelgen import TINY, install_pinned
 
     return install_pinned(tmp_path_factory.mktemp("tiny") / "tiny", TINY)
 

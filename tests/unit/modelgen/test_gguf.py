@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.modelgen import gguf as conv
+from agentrl.tools.modelgen import gguf as conv
 
 
 def write_gguf(path: Path, architecture: str) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.modelgen import (
+from agentrl.tools.modelgen import (
     DEFAULT_TINY_DIR,
     DEFAULT_TINY_MOE_DIR,
     TINY,
@@ -20,7 +20,7 @@ from agentrl.modelgen import (
     ensure_embedded,
     install_pinned,
 )
-from agentrl.modelgen.pinned import MARKER, differences, manifest, pinned_info
+from agentrl.tools.modelgen.pinned import MARKER, differences, manifest, pinned_info
 
 
 @pytest.mark.parametrize("model", [TINY, TINY_MOE], ids=lambda m: m.label)

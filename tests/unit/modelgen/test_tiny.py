@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.modelgen import DEFAULT_TINY_DIR, build_tiny_model, read_marker
-from agentrl.modelgen.tokenizer import TOOL_TOKENS
+from agentrl.tools.modelgen import DEFAULT_TINY_DIR, build_tiny_model, read_marker
+from agentrl.tools.modelgen.tokenizer import TOOL_TOKENS
 
 STEPS = 3
 
@@ -105,7 +105,7 @@ def test_other_config_rebuilds_in_place(built: Path, tmp_path: Path) -> None:
 
 
 def test_parse_tool_calls() -> None:
-    from agentrl.modelgen.probe import parse_tool_calls
+    from agentrl.tools.modelgen.probe import parse_tool_calls
 
     content, calls = parse_tool_calls(
         '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1 + 2"}}\n</tool_call>'
@@ -118,7 +118,7 @@ def test_parse_tool_calls() -> None:
 
 
 def test_probe_runs_full_episodes(built: Path) -> None:
-    from agentrl.modelgen.probe import probe_success
+    from agentrl.tools.modelgen.probe import probe_success
 
     for temperature in (1.0, 0.0):
         assert 0.0 <= probe_success(built, n=2, temperature=temperature) <= 1.0
@@ -128,8 +128,8 @@ def test_warmup_probe_schedule_and_stop(built: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.modelgen.sft import WarmupConfig
-    from agentrl.modelgen.tiny import _Probe
+    from agentrl.tools.modelgen.sft import WarmupConfig
+    from agentrl.tools.modelgen.tiny import _Probe
 
     tokenizer = AutoTokenizer.from_pretrained(built)
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
@@ -150,7 +150,7 @@ def test_warmup_probe_schedule_and_stop(built: Path) -> None:
 
 def test_probe_tasks_are_unseen_train_tasks() -> None:
     from agentrl.envs.calc import CalcEnv
-    from agentrl.modelgen.data import probe_tasks, train_tasks
+    from agentrl.tools.modelgen.data import probe_tasks, train_tasks
 
     probes = probe_tasks(50, seed=0, exclude=500)
     seen = {t["question"] for t in train_tasks(500, 0)}
@@ -162,7 +162,7 @@ def test_warmup_stops_when_on_step_says_so(built: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentrl.modelgen.sft import WarmupConfig, warmup
+    from agentrl.tools.modelgen.sft import WarmupConfig, warmup
 
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(built)

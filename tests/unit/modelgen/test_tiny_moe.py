@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.modelgen import (
+from agentrl.tools.modelgen import (
     DEFAULT_TINY_DIR,
     DEFAULT_TINY_MOE_DIR,
     MOE_SHAPE,
@@ -16,7 +16,7 @@ from agentrl.modelgen import (
     build_tiny_model,
     read_marker,
 )
-from agentrl.modelgen.tiny import BuildConfig
+from agentrl.tools.modelgen.tiny import BuildConfig
 
 STEPS = 2
 
@@ -76,13 +76,13 @@ def test_moe_and_dense_configs_never_collide(built: Path) -> None:
 def test_cli_moe_flag_picks_shape_and_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    import agentrl.modelgen
+    import agentrl.tools.modelgen
     from agentrl import cli
 
     built: list[tuple[Path, dict]] = []
     installed: list[tuple[Path, str]] = []
-    monkeypatch.setattr(agentrl.modelgen, "build_tiny_model", lambda out, **kw: built.append((out, kw)) or out)
-    monkeypatch.setattr(agentrl.modelgen, "install_pinned", lambda out, m: installed.append((out, m.label)) or out)
+    monkeypatch.setattr(agentrl.tools.modelgen, "build_tiny_model", lambda out, **kw: built.append((out, kw)) or out)
+    monkeypatch.setattr(agentrl.tools.modelgen, "install_pinned", lambda out, m: installed.append((out, m.label)) or out)
     for args in (["--moe", "--build"], ["--moe", "--build", "--out", str(tmp_path)], ["--build"], ["--moe"], []):
         r = CliRunner().invoke(cli.app, ["model", "tiny", *args])
         assert r.exit_code == 0, r.output

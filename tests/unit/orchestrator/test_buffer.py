@@ -8,9 +8,9 @@ import random
 import pytest
 
 from agentrl.config.run import PipelineConfig
+from agentrl.core.types import Trajectory
+from agentrl.core.versions import PolicyVersion, group_oldest_version, oldest_version
 from agentrl.orchestrator.buffer import BufferClosed, BufferCore, RolloutBuffer
-from agentrl.types import Trajectory
-from agentrl.versions import PolicyVersion, group_oldest_version, oldest_version
 
 
 def group(name: str, versions: list[int], size: int = 2) -> list[Trajectory]:
@@ -245,8 +245,8 @@ async def test_async_producers_and_trainer_random_yields(seed: int) -> None:
 
 
 def test_group_staleness_version_oldest_or_newest() -> None:
-    from agentrl.types import Trajectory
-    from agentrl.versions import group_staleness_version
+    from agentrl.core.types import Trajectory
+    from agentrl.core.versions import group_staleness_version
 
     group = [Trajectory(task_id="t", env="e", versions=[-1, 3, 3, 4, -1, 5]),
              Trajectory(task_id="t", env="e", versions=[-1, 4])]

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason, Trajectory
 from agentrl.orchestrator import evaluate as evaluation
 from agentrl.rollout import groups
-from agentrl.types import StopReason, Trajectory
 
 
 async def test_episodes_started_during_an_evaluation_keep_the_training_temperature(

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agentrl.config.run import PipelineConfig
+from agentrl.core.types import StopReason, Trajectory
 from agentrl.orchestrator.loop import Activity, Orchestrator
-from agentrl.types import StopReason, Trajectory
 
 
 class FakeEngine:
@@ -205,7 +205,7 @@ async def test_the_trainer_trains_the_orchestrators_version() -> None:
 
 async def test_the_orchestrator_bumps_the_runs_one_version_and_the_buffer_reads_it() -> None:
     """A run's PolicyVersion passed in is the orchestrator's: no copies (its buffer reads the same object)."""
-    from agentrl.versions import PolicyVersion
+    from agentrl.core.versions import PolicyVersion
 
     version = PolicyVersion(2)
     engine = FakeEngine()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config.run import load_config
+from agentrl.core.utils.stats import binomial_stderr
 from agentrl.orchestrator.metrics import (
     MetricsWriter,
     eval_stderrs,
@@ -22,7 +23,6 @@ from agentrl.orchestrator.metrics import (
     supersede_after,
 )
 from agentrl.orchestrator.rundir import RUN_FILE, RunDirError, open_run
-from agentrl.utils.stats import binomial_stderr
 
 
 def cfg(tmp_path: Path, **over):

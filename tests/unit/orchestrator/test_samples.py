@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.core.types import StopReason, Trajectory
 from agentrl.orchestrator.samples import to_samples
-from agentrl.types import StopReason, Trajectory
 
 
 def traj(gid: str, reward: float, stop: StopReason = StopReason.COMPLETED) -> Trajectory:
@@ -38,8 +38,8 @@ def test_failed_episodes_are_counted_not_trained() -> None:
 
 def test_rows_of_one_episode_share_one_advantage() -> None:
     """A black-box episode of several rows weighs as one episode in its group's statistics."""
+    from agentrl.core.types import Trajectory
     from agentrl.orchestrator.samples import to_samples
-    from agentrl.types import Trajectory
 
     def row(ep: str, reward: float) -> Trajectory:
         return Trajectory(task_id="t", env="e", group_id="g", episode_id=ep, prompt_ids=[1], completion_ids=[2],

@@ -9,11 +9,11 @@ import httpx
 import openai
 
 from agentrl.config.policy import PolicyConfig
+from agentrl.http.policy.app import create_app
+from agentrl.http.policy.service import PolicyService
 from agentrl.inference.client import Generation
-from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.policy.app import create_app
-from agentrl.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 
 TOKEN = "t" * 32
 TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate.",

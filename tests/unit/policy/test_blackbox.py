@@ -11,14 +11,14 @@ import pytest
 
 from agentrl.config.policy import AgentConfig, PolicyConfig
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.envs.calc import CalcEnv
-from agentrl.modelgen.tokenizer import train_tokenizer
+from agentrl.http.policy.blackbox import BlackBoxRunner
+from agentrl.http.policy.run import serving
+from agentrl.http.policy.service import PolicyService
 from agentrl.orchestrator.samples import to_samples
-from agentrl.policy.blackbox import BlackBoxRunner
-from agentrl.policy.run import serving
-from agentrl.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
-from agentrl.types import StopReason
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 from tests.unit.policy.scripted import Scripted
 
 TASK = {"id": "t1", "question": "What is 6 * 7?", "answer": 42}
@@ -92,10 +92,10 @@ from pathlib import Path
 from agentrl.config.policy import AgentConfig, PolicyConfig
 from agentrl.config.run import SamplingConfig
 from agentrl.envs.calc import CalcEnv
-from agentrl.modelgen.tokenizer import train_tokenizer
-from agentrl.policy.blackbox import BlackBoxRunner
-from agentrl.policy.run import serving
-from agentrl.policy.service import PolicyService
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
+from agentrl.http.policy.blackbox import BlackBoxRunner
+from agentrl.http.policy.run import serving
+from agentrl.http.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
 from tests.unit.policy.scripted import Scripted
 
@@ -120,7 +120,7 @@ time.sleep(600)
 
 def test_a_sigkilled_driver_leaves_no_agent_program_behind(tmp_path: Path) -> None:
     """The run's driver dies by SIGKILL mid-episode: its agent programs, and what they started in sessions of
-    their own, end within 10 s (the warden: agentrl.utils.lifeline)."""
+    their own, end within 10 s (the warden: agentrl.core.utils.lifeline)."""
     import os
     import signal
     import subprocess

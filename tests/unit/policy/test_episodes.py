@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 
 from agentrl.http.errors import ApiError
-from agentrl.policy.episodes import EpisodeBook
+from agentrl.http.policy.episodes import EpisodeBook
 
 
 def test_open_and_kept_bounds_and_retired_keys() -> None:
@@ -55,7 +55,7 @@ def test_an_ended_or_expired_episode_releases_its_engine_binding() -> None:
     """The service's engine client keeps an episode's calls on one engine by the episode's id; the binding is
     dropped as the episode ends, whether it is rewarded, closed or expires."""
     from agentrl.config.policy import PolicyConfig
-    from agentrl.policy.service import PolicyService
+    from agentrl.http.policy.service import PolicyService
     from tests.unit.policy.scripted import Scripted, scripted_chat
 
     chat = scripted_chat()
@@ -72,7 +72,7 @@ def test_an_ended_or_expired_episode_releases_its_engine_binding() -> None:
 
 def test_retired_keys_are_bounded() -> None:
     """A long-lived endpoint remembers only the newest retired keys: the oldest of them reads as unknown."""
-    from agentrl.policy.episodes import RETIRED_PER_KEPT
+    from agentrl.http.policy.episodes import RETIRED_PER_KEPT
 
     book = EpisodeBook(ttl_s=60, max_open=10, max_kept=1)
     keys = []

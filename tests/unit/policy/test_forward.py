@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-import agentrl.policy.forward as forward
+import agentrl.http.policy.forward as forward
 
 FORWARD = Path(forward.__file__)
 

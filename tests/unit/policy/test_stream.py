@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.policy.stream import DeltaText
+from agentrl.http.policy.stream import DeltaText
 from agentrl.rollout.chat import ChatFormat
 from tests.unit.policy.scripted import CALL, TOOLS, http_of, new_episode, scripted_chat, service_of
 

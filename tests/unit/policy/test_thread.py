@@ -14,9 +14,9 @@ import pytest
 from agentrl.config.policy import AgentConfig, PolicyConfig
 from agentrl.config.run import SamplingConfig
 from agentrl.envs.calc import CalcEnv
-from agentrl.policy.blackbox import BlackBoxRunner
-from agentrl.policy.service import PolicyService
-from agentrl.policy.thread import EndpointThread, LoopGenerator
+from agentrl.http.policy.blackbox import BlackBoxRunner
+from agentrl.http.policy.service import PolicyService
+from agentrl.http.policy.thread import EndpointThread, LoopGenerator
 from agentrl.rollout.chat import ChatFormat
 from tests.unit.policy.scripted import Scripted, scripted_chat
 

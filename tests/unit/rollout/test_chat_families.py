@@ -107,7 +107,7 @@ def test_observation_delta_after_each_stop_token(family_dir: tuple[str, Path]) -
 
 
 def _custom(tmp_path: Path, template: str) -> Path:
-    from agentrl.modelgen.tokenizer import train_tokenizer
+    from agentrl.tools.modelgen.tokenizer import train_tokenizer
 
     tok = train_tokenizer(["An apple is a round fruit."] * 10, vocab_size=300)
     tok.chat_template = template

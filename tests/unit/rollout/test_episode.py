@@ -18,15 +18,15 @@ from fastapi.testclient import TestClient
 import agentrl
 import agentrl.environment.base as env_base
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason, ToolCall
 from agentrl.environment.remote import RemoteEnvironment
+from agentrl.http.server import create_app
 from agentrl.inference.client import Generation
-from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.orchestrator.samples import to_samples
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.episode import BadCall, Episode, EpisodeLimits, EpisodeStateError, Phase, check_reward
 from agentrl.rollout.loop import run_episode
-from agentrl.server import create_app
-from agentrl.types import StopReason, ToolCall
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 from tests.env_server_helpers import AUTH, BAD_REWARDS, TOKEN, Probe, ThreadServer, config
 
 
@@ -181,7 +181,7 @@ async def test_the_agents_own_tool_time_runs_out_as_timeout(chat: ChatFormat) ->
 def test_a_frozen_heap_makes_full_collections_short() -> None:
     """What training and the env server do after start-up: a full collection stops every thread (and a
     tool call running across it), so it must not scan the start-up heap every time."""
-    from agentrl.utils.heap import freeze_heap
+    from agentrl.core.utils.heap import freeze_heap
 
     heap = [[i] for i in range(1_500_000)]  # container objects the collector has to scan
     t0 = time.perf_counter()

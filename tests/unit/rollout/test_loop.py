@@ -9,11 +9,11 @@ import pytest
 
 import agentrl
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import StopReason
 from agentrl.inference.client import Generation, InferenceError
-from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import run_episode
-from agentrl.types import StopReason
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.types import Routing, StopReason, Trajectory
 from agentrl.inference.wire import Generation, RoutingRows
-from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import _extend_routing, run_episode
-from agentrl.types import Routing, StopReason, Trajectory
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 from tests.unit.rollout.test_loop import Adder, call
 
 L, K = 2, 2

@@ -7,6 +7,7 @@ from typing import ClassVar
 import pytest
 
 import agentrl
+from agentrl.core.types import StopReason
 from agentrl.environment.base import run_scope
 from agentrl.rollout.scripted import (
     POLICIES,
@@ -17,7 +18,6 @@ from agentrl.rollout.scripted import (
     summarize,
     tool_call_text,
 )
-from agentrl.types import StopReason
 
 
 class Vault(agentrl.Environment):

@@ -21,7 +21,7 @@ PLAIN_CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['conte
 
 @pytest.fixture(scope="module")
 def plain_chatml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrl.modelgen.tokenizer import train_tokenizer
+    from agentrl.tools.modelgen.tokenizer import train_tokenizer
 
     out = tmp_path_factory.mktemp("plain-chatml")
     tok = train_tokenizer(["An apple is a round fruit. Look the word up."] * 10, vocab_size=300)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.modelgen.tokenizer import train_tokenizer
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.toolcalls import ToolCallParser, check_tool_parser_name
+from agentrl.tools.modelgen.tokenizer import train_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]

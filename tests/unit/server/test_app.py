@@ -13,8 +13,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from agentrl.server import ServerConfig, create_app
-from agentrl.server.run import resolve_token
+from agentrl.http.server import ServerConfig, create_app
+from agentrl.http.server.run import resolve_token
 from tests.env_server_helpers import AUTH, TOKEN, Probe, config
 
 

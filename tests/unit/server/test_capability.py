@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.server.capability import NO_AUTH, base_url, mint, verify
+from agentrl.http.server.capability import NO_AUTH, base_url, mint, verify
 
 TOKEN = "t" * 32
 

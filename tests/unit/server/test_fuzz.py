@@ -26,7 +26,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from agentrl.server import create_app
+from agentrl.http.server import create_app
 from tests.env_server_helpers import AUTH, TOKEN, config
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from agentrl.server import create_app
-from agentrl.server.capability import mint
+from agentrl.http.server import create_app
+from agentrl.http.server.capability import mint
 from tests.env_server_helpers import AUTH, TOKEN, Probe, config
 
 BASE = f"/openenv/{mint(TOKEN)}"

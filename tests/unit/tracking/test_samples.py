@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.config.run import load_config
+from agentrl.core.types import Message, StopReason, ToolCall, Trajectory
 from agentrl.tracking.card import model_card
 from agentrl.tracking.samples import (
     TABLE_COLUMNS,
@@ -22,7 +23,6 @@ from agentrl.tracking.samples import (
     write_samples,
 )
 from agentrl.tracking.show import NoSamples, render
-from agentrl.types import Message, StopReason, ToolCall, Trajectory
 
 
 def _episode(task: str, reward: float, versions: tuple[int, int] = (3, 4)) -> Trajectory:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from agentrl.core.types import Routing, TrainSample
 from agentrl.trainer.batch import collate
-from agentrl.types import Routing, TrainSample
 
 
 def routing(n: int, layers: int = 2, top_k: int = 3, dtype: str = "uint8", base: int = 0) -> Routing:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.core.types import TrainSample
 from agentrl.trainer.attention import VARLEN_SDPA
 from agentrl.trainer.batch import collate
 from agentrl.trainer.loss import policy_loss, token_logprobs
@@ -24,7 +25,6 @@ from agentrl.trainer.packing import (
     sequence_cost,
     strided,
 )
-from agentrl.types import TrainSample
 
 
 def test_pack_fills_rows_under_the_budget_with_every_index_once() -> None:

@@ -18,10 +18,10 @@ from typing import Any, cast
 import pytest
 
 from agentrl.config.trainer import TrainerConfig
+from agentrl.core.types import TrainSample
 from agentrl.trainer import messages as m
 from agentrl.trainer.client import TrainerError, TrainerProcess
 from agentrl.trainer.worker import UnknownOp, Worker, _next_request, serve
-from agentrl.types import TrainSample
 
 SAMPLE = TrainSample(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], behav_logprobs=[0.0, -1.0, -2.0], advantage=0.5,
                      versions=[-1, 0, 0])

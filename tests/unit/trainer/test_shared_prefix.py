@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.core.types import TrainSample
 from agentrl.trainer.packing import (
     MIN_SHARED,
     collate_packed,
@@ -16,7 +17,6 @@ from agentrl.trainer.packing import (
     pack_shared,
     shared_len,
 )
-from agentrl.types import TrainSample
 from tests.unit.trainer.test_packing import StepResult, _make_step, assert_same_step, step_result
 
 

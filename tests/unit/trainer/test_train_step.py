@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from agentrl.config.trainer import TrainerConfig
-from agentrl.types import TrainSample
+from agentrl.core.types import TrainSample
 
 
 def make_step(model_dir: Path, **kw: object):

@@ -1,0 +1,101 @@
+"""Serving the policy endpoint: inside a training run (in its event loop, beside its engines' client) or on
+its own (``agentrl serve-policy``: starting a vLLM server for ``--model`` or using ``--endpoint`` servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from agentrl.config.policy import PolicyConfig
+from agentrl.core.errors import AgentRLError
+from agentrl.http.auth import generate_token
+from agentrl.http.policy.service import PolicyService
+from agentrl.http.serve import bind_socket, bind_unix_socket, url_of
+
+log = logging.getLogger("agentrl.http.policy")
+
+TOKEN_ENV = "AGENTRL_POLICY_TOKEN"
+"""Environment variable holding the policy endpoint's token (when ``--token`` is not given)."""
+
+
+class EndpointStartError(AgentRLError, RuntimeError):
+    """The policy endpoint's server stopped before it started serving."""
+
+    code = "policy.endpoint_start"
+
+
+@contextlib.asynccontextmanager
+async def serving(service: PolicyService, token: str, uds: str | None = None) -> AsyncIterator[str]:
+    """Serve ``service`` on its configured host and port in this event loop until the block ends; yields the
+    base URL. ``uds``: also serve on a Unix socket at that path (agent containers reach the endpoint through
+    it). Signals stay with the caller."""
+    import uvicorn
+
+    from agentrl.http.policy.app import create_app
+
+    cfg = service.config
+    sock = bind_socket(cfg.host, cfg.port)
+    socks = [sock]
+    url = url_of(sock)
+    try:
+        if uds:
+            socks.append(bind_unix_socket(uds))
+        app = create_app(service, token, public_url=url)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                                           timeout_graceful_shutdown=5, server_header=False))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve(sockets=socks), name="policy-endpoint")
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise EndpointStartError("the policy endpoint stopped while starting")
+            await asyncio.sleep(0.02)
+        yield url
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=10)
+        for s in socks:
+            s.close()
+        if uds:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(uds)
+
+
+async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str], tool_parser: str,
+                       log_dir: Path, chat_template: str | None = None) -> None:
+    """``agentrl serve-policy``: the engines (started here for ``model`` unless ``endpoints``), then the
+    endpoint, until Ctrl-C or SIGTERM."""
+
+    from agentrl.config.run import load_config
+    from agentrl.launch.stack import inference_stack
+
+    token = config.token or os.environ.get(TOKEN_ENV) or None
+    generated = token is None
+    token = token or generate_token()
+    cfg = load_config(None, {"model": model, "endpoints": endpoints or None, "tool_parser": tool_parser,
+                             "chat_template": chat_template, "name": "serve-policy"})
+    async with inference_stack(cfg, log_dir) as stack:
+        service = PolicyService(config, stack.client, stack.chat, model=cfg.inference.served_model_name)
+        async with serving(service, token) as url:
+            print(f"agentrl policy endpoint: {url}/v1 (engines {', '.join(stack.client.endpoints)})",
+                  file=sys.stderr, flush=True)
+            if generated:
+                print(f"agentrl policy endpoint: token {token}  (set {TOKEN_ENV} or pass --token to choose one)",
+                      file=sys.stderr, flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()

@@ -1,0 +1,228 @@
+"""``agentrl bench sync``: in-place LoRA sync over shared memory and over the network vs. the file-based
+reload, on one vLLM server.
+
+Starts ONE vLLM server on a random Qwen2 model (``--model-size``) or a model directory (``--model``), loads a
+rank-``--rank`` adapter on every linear layer (``--targets attention``: q/k/v/o) once from a file, checks
+that an in-place update gives the same greedy logprobs as a file load of the same tensors, then times
+``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version),
+as many in-place updates over the network path (the tensors in the request body, as for an engine on
+another host: ``network_*``), and as many file-based in-place reloads. ``memcpy_ms_p50`` is one in-process
+copy of the adapter's bytes between two buffers, measured in the same run: the floor of the engine's copy
+(``engine_over_memcpy``). Prints a table, then one JSON object as the last line.
+
+``--full`` runs the full-weight sync benchmark instead (a trainer's whole model into the engine:
+:mod:`agentrl.tools.bench.full_sync`, which takes its own options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.tools.bench.models import SIZES, build_random_qwen2, lora_shapes, random_lora, save_lora
+
+NAME = "policy"
+
+
+class _StubTrainer:
+    """Stands in for ``TrainerProcess``: returns the tensors the bench put there (gather cost ~0)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    async def get_adapter_tensors(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+
+def _p(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+async def _greedy(client: Any, prompt: list[int], n: int) -> Any:
+    return await client.generate(prompt, max_tokens=n, temperature=0.0, model=NAME)
+
+
+async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
+                 prompt: list[int]) -> dict[str, Any]:
+    """In-place update == file load of the same tensors (greedy tokens and logprobs), and both caches agree."""
+    before = await _greedy(client, prompt, 8)  # also fills the prefix cache under the old weights
+    trainer.tensors = random_lora(shapes, seed=1)
+    await sync.publish(1)
+    inplace = await _greedy(client, prompt, 8)
+    sums = (await client.collective_rpc("agentrl_lora_checksum", kwargs={"adapter": NAME}, timeout=30))[0][0]
+    await client.load_lora_adapter(NAME, str(save_lora(work / "check", trainer.tensors, rank, 2 * rank)))
+    from_file = await _greedy(client, prompt, 8)
+    diff = max((abs(a - b) for a, b in zip(inplace.logprobs, from_file.logprobs, strict=True)), default=0.0)
+    versions = [v for v, _, _ in inplace.weight_versions or []]
+    res = {"tokens_equal": inplace.token_ids == from_file.token_ids, "max_abs_logprob_diff": diff,
+           "changed": before.token_ids != inplace.token_ids or before.logprobs != inplace.logprobs,
+           "cache_matches_live": abs(sums["cached"] - sums["live"]) <= 1e-6 * max(1.0, sums["cached"]),
+           "version_label": versions[-1] if versions else None}
+    res["ok"] = bool(res["tokens_equal"] and diff <= 1e-4 and res["changed"] and res["cache_matches_live"])
+    return res
+
+
+def memcpy_ms(nbytes: int, reps: int = 50) -> float:
+    """Median time of one in-process copy of ``nbytes`` bytes between two preallocated buffers (the floor an
+    in-engine copy of an adapter of that size is measured against)."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 3):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return _p(times[3:], 0.5)
+
+
+async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...]) -> dict[str, Any]:
+    from agentrl.inference.client import InferenceClient
+    from agentrl.weight_sync.network import NetworkAdapterSync
+    from agentrl.weight_sync.shm import SharedMemoryAdapterSync
+
+    shapes = lora_shapes(shape, rank, targets)
+    gen = torch.Generator().manual_seed(123)
+    prompt = torch.randint(3, 300, (48,), generator=gen).tolist()
+    short = prompt[:8]
+    async with InferenceClient([url], model=NAME, timeout_s=300) as client:
+        trainer = _StubTrainer(random_lora(shapes, seed=0))
+        await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
+        with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
+            check = await _check(client, sync, trainer, shapes, work, rank, prompt)
+            await sync.publish(2)  # warm: plan rebuilt for the adapter object the file load created
+            stages: dict[str, list[float]] = {}
+            e2e: list[float] = []
+            for i in range(updates):
+                trainer.tensors = random_lora(shapes, seed=100 + i)
+                t0 = time.perf_counter()
+                m = await sync.publish(10 + i)
+                await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+                e2e.append((time.perf_counter() - t0) * 1e3)
+                for k, v in m.items():
+                    stages.setdefault(k, []).append(v)
+            nbytes = int(m["adapter_bytes"])
+        net = NetworkAdapterSync(trainer, client, NAME, work / "network")
+        net_stages: dict[str, list[float]] = {}
+        net_e2e: list[float] = []
+        for i in range(updates + 1):
+            trainer.tensors = random_lora(shapes, seed=500 + i)
+            t0 = time.perf_counter()
+            m = await net.publish(100 + i)
+            await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+            if i == 0:
+                continue  # warm: the worker's receive buffer and copy plan are built once per layout
+            net_e2e.append((time.perf_counter() - t0) * 1e3)
+            for k, v in m.items():
+                net_stages.setdefault(k, []).append(v)
+        http_reset, save_ms, load_ms, file_e2e, file_engine = [], [], [], [], []
+        for _ in range(min(updates, 20)):
+            t0 = time.perf_counter()
+            await client.reset_prefix_cache()
+            http_reset.append((time.perf_counter() - t0) * 1e3)
+        for i in range(updates):
+            t0 = time.perf_counter()
+            path = save_lora(work / f"f{i:04d}", random_lora(shapes, seed=1000 + i), rank, 2 * rank)
+            t1 = time.perf_counter()
+            await client.load_lora_adapter(NAME, str(path))  # a new path: new prefix-cache key, no reset needed
+            t2 = time.perf_counter()
+            await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+            stats = (await client.collective_rpc("agentrl_lora_stats", timeout=30))[0][0]
+            file_engine.append(float(stats.get("last_file_load_ms", "nan")))
+            save_ms.append((t1 - t0) * 1e3)
+            load_ms.append((t2 - t1) * 1e3)
+            file_e2e.append((time.perf_counter() - t1) * 1e3)
+    out: dict[str, Any] = {f"{k}_p50": _p(v, 0.5) for k, v in stages.items() if k.endswith("_ms")}
+    out.update({f"{k}_p50": _p(v, 0.5) for k, v in net_stages.items() if k.endswith("_ms")})
+    out.update({
+        "network_end_to_end_ms_p50": _p(net_e2e, 0.5), "network_payload_bytes": int(net_stages["network_payload_bytes"][0]),
+        "engine_ms_p90": _p(stages["engine_ms"], 0.9), "end_to_end_ms_p50": _p(e2e, 0.5),
+        "end_to_end_ms_p90": _p(e2e, 0.9), "file_load_ms_p50": _p(load_ms, 0.5),
+        "file_load_ms_p90": _p(load_ms, 0.9), "file_save_ms_p50": _p(save_ms, 0.5),
+        "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
+        "adapter_bytes": nbytes, "updates": updates, "correctness": check,
+    })
+    out["memcpy_ms_p50"] = memcpy_ms(nbytes)
+    out["engine_over_memcpy"] = out["engine_ms_p50"] / out["memcpy_ms_p50"]
+    out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
+    out["speedup_engine_vs_file_engine"] = out["file_engine_ms_p50"] / out["engine_ms_p50"]
+    out["speedup_rpc_vs_file"] = out["file_load_ms_p50"] / out["rpc_ms_p50"]
+    out["speedup_end_to_end_vs_file"] = out["file_end_to_end_ms_p50"] / out["end_to_end_ms_p50"]
+    out["network_end_to_end_vs_file"] = out["file_end_to_end_ms_p50"] / out["network_end_to_end_ms_p50"]
+    return out
+
+
+def _table(res: dict[str, Any]) -> str:
+    rows = [(k, v) for k, v in res.items() if isinstance(v, float)]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v:10.3f}" for k, v in rows]
+    lines.append(f"{'correctness':<{width}}  {res['correctness']}")
+    return "\n".join([f"LoRA sync bench: {res['model']}", *lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; returns the exit code (1 when the correctness check fails). ``--full`` hands the
+    other arguments to the full-weight sync benchmark."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--full", action="store_true")
+    known, rest = pre.parse_known_args(argv)
+    if known.full:
+        from agentrl.tools.bench import full_sync
+
+        return full_sync.main(rest)
+    ap = argparse.ArgumentParser(prog="agentrl bench sync", description=__doc__)
+    ap.add_argument("--full", action="store_true",
+                    help="benchmark full-weight sync instead (see agentrl bench sync --full --help)")
+    ap.add_argument("--json", action="store_true", help="print only the JSON line")
+    ap.add_argument("--model-size", choices=sorted(SIZES), default="tiny", help="a random Qwen2 of this shape")
+    ap.add_argument("--model", type=Path, default=None, help="a model directory to serve instead (e.g. models/smollm2-135m)")
+    ap.add_argument("--updates", type=int, default=50)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--targets", choices=("all", "attention"), default="all",
+                    help="the adapter's modules: every linear layer (the default LoRA) or q/k/v/o")
+    ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
+    full = ap.add_argument_group("with --full only", "options of the full-weight benchmark (agentrl.tools.bench.full_sync)")
+    for flag, what in (("--nproc", "trainer ranks"), ("--syncs", "syncs to time"), ("--lr", "trainer learning rate"),
+                       ("--seed", "seed of the prompts and advantages")):
+        full.add_argument(flag, default=None, help=f"{what} (see agentrl bench sync --full --help)")
+    args = ap.parse_args(argv)
+    given = [f"--{k}" for k in ("nproc", "syncs", "lr", "seed") if getattr(args, k) is not None]
+    if given:
+        ap.error(f"{', '.join(given)} belong to the full-weight benchmark: add --full")
+
+    from agentrl.config.trainer import ALL_LINEAR
+    from agentrl.inference import VLLMServer, VLLMServerConfig
+    from agentrl.tools.bench.models import ATTENTION
+
+    targets = tuple(ALL_LINEAR) if args.targets == "all" else ATTENTION
+    with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
+        work = Path(args.work_dir or tmp)
+        model_dir = args.model or build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
+        shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
+        cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512, max_lora_rank=args.rank,
+                               max_loras=2, startup_timeout_s=900)
+        with VLLMServer(cfg, work / "logs") as server:
+            res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets))
+    if args.model:
+        name = f"{args.model}"
+    else:
+        c = SIZES[args.model_size]
+        name = (f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+                f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']})")
+    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(targets)}", "rank": args.rank, **res}
+    if not args.json:
+        print(_table(res))
+    print(json.dumps(res, default=float))
+    return 0 if res["correctness"]["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
