@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.config.base import Section
 
 
-class VLLMServerConfig(BaseModel):
-    """How to launch one vLLM server."""
+class VLLMServerSettings(Section):
+    """How to launch one vLLM server, but for the model it serves: a run's ``[inference]`` section (the run
+    has one model path, its ``model``; :meth:`agentrl.config.run.RunConfig.server_config` adds it)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
-
-    model: str
-    """Local model directory (config.json + weights + tokenizer)."""
     served_model_name: str = "base"
     """Name of the base model in the OpenAI API (LoRA adapters are addressed by their own names)."""
     host: str = "127.0.0.1"
@@ -63,11 +62,16 @@ class VLLMServerConfig(BaseModel):
     None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
 
 
-class EngineHealthConfig(BaseModel):
+class VLLMServerConfig(VLLMServerSettings):
+    """How to launch one vLLM server: the settings and the model it serves."""
+
+    model: str
+    """Local model directory (config.json + weights + tokenizer)."""
+
+
+class EngineHealthConfig(Section):
     """How a run watches its inference engines (``agentrl.inference.watch``): when one leaves the rotation,
     and how long the run waits for one to come back when none is left."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     interval_s: float = Field(5.0, gt=0.0)
     """Seconds between two health checks (``GET /health``) of the engines."""

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from agentrl.config.base import Section
 
 _LIST = r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$"
 
 
-class PlacementConfig(BaseModel):
+class PlacementConfig(Section):
     """Where the processes this run starts go. Empty lists: an automatic split (see :func:`plan_run`)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     inference_gpus: str | None = Field(None, pattern=_LIST)
     """GPUs for the local vLLM servers (``"0-3"``): consecutive groups of ``inference.tensor_parallel_size``

@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from agentrl.config.base import Section
 from agentrl.config.errors import validate
 
 
-class PolicyConfig(BaseModel):
+class PolicyConfig(Section):
     """The chat endpoint and its episodes."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
     """Address to bind."""
@@ -54,10 +53,8 @@ def load_policy_config(overrides: Mapping[str, Any] | None = None,
     return validate(PolicyConfig, clean, overrides=clean, flags=flags)
 
 
-class AgentConfig(BaseModel):
+class AgentConfig(Section):
     """Black-box training: the agent program agentrl launches, once per episode."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     command: list[str] = Field(default_factory=list)
     """The agent program's command line (empty: the run trains its environment with agentrl's own loop).

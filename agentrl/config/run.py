@@ -12,15 +12,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from agentrl.config.base import Section
 from agentrl.config.errors import ConfigValidationError, SettingError, validate
-from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig
+from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig, VLLMServerSettings
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, is_embedded_model, preset_for
 from agentrl.config.tracking import TrackingConfig
-from agentrl.config.trainer import TrainerConfig
+from agentrl.config.trainer import TrainerConfig, TrainerSettings
 from agentrl.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -32,11 +33,9 @@ DEFAULT_MODEL = "models/tiny"
 """The embedded default model, built on demand by ``agentrl model tiny``."""
 
 
-class SamplingConfig(BaseModel):
+class SamplingConfig(Section):
     """How the policy samples during rollouts. Every field is sent with every request, so a model's own
     sampling defaults (its ``generation_config.json``) never change the distribution behind the scenes."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature. The engine reports logprobs at this temperature and the trainer scales its
@@ -67,10 +66,8 @@ class SamplingConfig(BaseModel):
         return out
 
 
-class PipelineConfig(BaseModel):
+class PipelineConfig(Section):
     """How rollouts and training overlap: the staleness bound, the bounded buffer and weight updates."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_staleness: int | None = Field(None, ge=0)
     """η: a trained group's oldest model token is at most this many versions behind the trainer. 0 is the
@@ -110,25 +107,18 @@ class PipelineConfig(BaseModel):
     """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
     (the NCCL rendezvous of the weight transfer)."""
 
-    @property
-    def eta(self) -> int:
-        """η, once resolved (``RunConfig`` resolves it from the mode)."""
-        if self.max_staleness is None:
-            raise SettingError("pipeline.max_staleness is unresolved: build the config through RunConfig")
-        return self.max_staleness
-
     def capacity(self, groups_per_step: int) -> int:
         """The buffer capacity in groups for ``groups_per_step`` groups per step."""
-        cap = self.capacity_groups or (self.eta + 1) * groups_per_step
+        if self.max_staleness is None:
+            raise SettingError("pipeline.max_staleness is unresolved: build the config through RunConfig")
+        cap = self.capacity_groups or (self.max_staleness + 1) * groups_per_step
         if cap < groups_per_step:
             raise SettingError(f"pipeline.capacity_groups = {cap} cannot hold one step's {groups_per_step} groups")
         return cap
 
 
-class RunConfig(BaseModel):
+class RunConfig(Section):
     """Everything one training run needs."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str | None = None
     """Run name: outputs go to ``<output_dir>/<name>/``. An explicit name that holds another run is refused
@@ -225,9 +215,9 @@ class RunConfig(BaseModel):
     the base model's name instead (``inference.served_model_name``; see ``policy_model``)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Rollout sampling."""
-    trainer: TrainerConfig = Field(default_factory=lambda: TrainerConfig(model_path=DEFAULT_MODEL))
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     """Trainer (FSDP2, LoRA, loss)."""
-    inference: VLLMServerConfig = Field(default_factory=lambda: VLLMServerConfig(model=DEFAULT_MODEL))
+    inference: VLLMServerSettings = Field(default_factory=VLLMServerSettings)
     """The local vLLM server(s), when ``endpoints`` is empty."""
     engine_health: EngineHealthConfig = Field(default_factory=EngineHealthConfig)
     """Health checks of the engines, and how long the run waits when every engine is lost."""
@@ -238,6 +228,24 @@ class RunConfig(BaseModel):
     command: agentrl's own agent loop runs the environment's tools)."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """Experiment trackers (``--report-to``) and rollout tables, besides ``metrics.jsonl``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model_path(cls, data: Any) -> Any:
+        """The run has one model path, ``model``. Configs saved before it was the only one also carry
+        ``trainer.model_path`` and ``inference.model``: the same path is accepted (and dropped), another one is
+        an error, since the trainer and the engines must serve the same model."""
+        if not isinstance(data, dict):
+            return data
+        model = data.get("model", DEFAULT_MODEL)
+        for section, key in (("trainer", "model_path"), ("inference", "model")):
+            given = data.get(section)
+            if isinstance(given, dict) and key in given:
+                if str(given[key]) != str(model):
+                    raise SettingError(f"{section}.{key} = {given[key]!r} differs from model = {model!r}: the "
+                                       f"trainer and the engines serve one model; set model alone")
+                data = {**data, section: {k: v for k, v in given.items() if k != key}}
+        return data
 
     @model_validator(mode="after")
     def _resolve_mode(self) -> RunConfig:
@@ -311,24 +319,51 @@ class RunConfig(BaseModel):
         return self.run_dir / ("final_adapter" if self.trainer.lora else "final_model")
 
     def resolved(self) -> RunConfig:
-        """A copy where the trainer and server point at ``model`` and the context lengths agree; a full-weight
-        run's own engines serve no LoRA adapters unless ``inference.enable_lora`` is set explicitly, and start vLLM's
-        NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``; the trainer takes the run's ``seed``
-        unless ``trainer.seed`` is set, and a learning-rate decay that names no end ends at the run's last
-        optimizer step."""
-        cfg = self.model_copy(deep=True)
-        cfg.trainer.model_path = cfg.model
+        """The run's settings, resolved once and frozen (a frozen config is returned as it is): the context
+        lengths agree; a full-weight run's own engines serve no LoRA adapters unless ``inference.enable_lora``
+        is set explicitly, and start vLLM's NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``;
+        the trainer takes the run's ``seed`` unless ``trainer.seed`` is set, and a learning-rate decay that
+        names no end ends at the run's last optimizer step. Assigning to the result raises
+        :class:`~agentrl.config.base.FrozenConfigError`; :meth:`with_changes` makes a changed one."""
+        if self.is_frozen:
+            return self
+        cfg = self.thawed()
         if "seed" not in cfg.trainer.model_fields_set:
             cfg.trainer.seed = cfg.seed
         if cfg.trainer.lr_decay_steps == 0:
             cfg.trainer.lr_decay_steps = cfg.steps * cfg.trainer.ppo_epochs * cfg.trainer.num_minibatches
-        cfg.inference.model = cfg.model
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
         if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = cfg.context_tokens
-        return cfg
+        out = cfg.frozen()
+        out.__pydantic_private__["_settings"] = self.thawed()  # type: ignore[index]  # what it resolved from
+        return out
+
+    def with_changes(self, changes: Mapping[str, Any]) -> RunConfig:
+        """This config with dotted settings changed (``{"inference.enable_lora": True}``), checked like a
+        config file. A resolved config changes the settings it was resolved from, then resolves again (so a
+        value that resolution derived from the old settings is derived anew)."""
+        source = (self.__pydantic_private__ or {}).get("_settings") if self.is_frozen else None
+        data = (source or self).model_dump(exclude_unset=True)
+        for setting, value in changes.items():
+            *path, leaf = setting.split(".")
+            node = data
+            for part in path:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        out = validate(RunConfig, data)
+        return out.resolved() if self.is_frozen else out
+
+    def trainer_config(self) -> TrainerConfig:
+        """What the trainer workers are sent: the ``[trainer]`` settings and the run's ``model``."""
+        return TrainerConfig(model_path=self.model, **self.trainer.model_dump(exclude_unset=True))
+
+    def server_config(self) -> VLLMServerConfig:
+        """How to launch one of the run's own vLLM servers: the ``[inference]`` settings and the run's
+        ``model``."""
+        return VLLMServerConfig(model=self.model, **self.inference.model_dump(exclude_unset=True))
 
     def training_problems(self) -> list[str]:
         """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
@@ -434,8 +469,4 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
     embedded = is_embedded_model(given.get("model", DEFAULT_MODEL)) or given.get("model", DEFAULT_MODEL) == DEFAULT_MODEL
     merged = deep_update(deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), data), clean)
-    model = merged.get("model", DEFAULT_MODEL)
-    for section, key in (("trainer", "model_path"), ("inference", "model")):
-        if isinstance(merged.get(section), dict):
-            merged[section].setdefault(key, model)
     return validate(RunConfig, merged, file=path, file_data=data, overrides=clean, flags=flags)

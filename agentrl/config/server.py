@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from agentrl.config.base import Section
 from agentrl.config.errors import SettingError, validate
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -24,10 +25,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ServerConfig(BaseModel):
+class ServerConfig(Section):
     """What the server serves, who may use it, and the limits it enforces."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     envs: list[str] = Field(default_factory=lambda: ["calc"], min_length=1)
     """Environments to serve: registered names (``calc``) or ``package.module:Class`` paths."""

@@ -3,18 +3,17 @@ tables. Only pydantic here: every part of agentrl may import it."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from agentrl.config.base import Section
 from agentrl.config.errors import SettingError
 
 BUILTIN_TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 """The trackers agentrl knows by name (each through its own library, imported only when chosen)."""
 
 
-class TrackingConfig(BaseModel):
+class TrackingConfig(Section):
     """Experiment trackers and rollout tables (``metrics.jsonl`` and ``samples/`` are always written)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     report_to: list[str] = Field(default_factory=list)
     """Trackers that get every scalar of ``metrics.jsonl`` at the same step, named ``<kind>/<key>``

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from agentrl.config.base import Section
 from agentrl.config.errors import SettingError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -19,10 +20,8 @@ convention used here."""
 """Every linear layer of a Llama-style decoder layer: attention's four projections and the MLP's three."""
 
 
-class LossConfig(BaseModel):
+class LossConfig(Section):
     """Hyper-parameters of :func:`policy_loss`."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     clip_low: float = Field(0.2, ge=0.0, le=1.0)
     """Lower PPO clip: the ratio is clipped below at ``1 - clip_low``."""
@@ -55,12 +54,10 @@ class LossConfig(BaseModel):
     embedded ``calc`` job, 0.25 and 0 did not learn measurably faster than 1 (docs/training.md)."""
 
 
-class DistributedConfig(BaseModel):
+class DistributedConfig(Section):
     """Where the trainer's ranks run: one node (the default), or several nodes joined by torchrun's c10d
     rendezvous. The orchestrator starts one node itself; every other node runs ``agentrl trainer-node
     --join <run>/trainer_join.json`` (see docs/scale-out.md)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
 
     nnodes: int = Field(1, ge=1)
     """Nodes in the trainer job (torchrun ``--nnodes``)."""
@@ -82,13 +79,10 @@ class DistributedConfig(BaseModel):
         return self
 
 
-class TrainerConfig(BaseModel):
-    """Everything the trainer worker needs; sent to it as JSON."""
+class TrainerSettings(Section):
+    """Everything the trainer worker needs but the model it trains: a run's ``[trainer]`` section (the run
+    has one model path, its ``model``; :meth:`agentrl.config.run.RunConfig.trainer_config` adds it)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # a misspelt setting: an error
-
-    model_path: str
-    """Local directory (or hub id) of the Hugging Face causal LM to train."""
     lora: bool = True
     """Train a LoRA adapter (True) or fine-tune every weight (False)."""
     frozen_parameters: list[str] = Field(default_factory=list)
@@ -184,8 +178,15 @@ class TrainerConfig(BaseModel):
     """Nodes of the trainer job and how they meet (one node by default)."""
 
     @model_validator(mode="after")
-    def _check_frozen(self) -> TrainerConfig:
+    def _check_frozen(self) -> TrainerSettings:
         if self.frozen_parameters and self.lora:
             raise SettingError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
                                "a LoRA adapter already leaves every base weight frozen")
         return self
+
+
+class TrainerConfig(TrainerSettings):
+    """Everything the trainer worker needs; sent to it as JSON."""
+
+    model_path: str
+    """Local directory (or hub id) of the Hugging Face causal LM to train."""

@@ -27,6 +27,7 @@ import httpx
 
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.core.errors import ConfigError, EngineError
+from agentrl.core.shape import read_shape
 from agentrl.core.utils.lifeline import own_process, release_process
 from agentrl.core.utils.procs import stat_fields
 from agentrl.core.utils.threads import short_spin
@@ -91,13 +92,10 @@ def kv_cache_gib(cfg: VLLMServerConfig) -> int:
     at least 1 GiB and at most a quarter of the machine's memory (1 GiB for a model whose config is unknown)."""
     if cfg.cpu_kvcache_gb is not None:
         return cfg.cpu_kvcache_gb
-    try:
-        c = json.loads((Path(cfg.model) / "config.json").read_text())
-        c = c.get("text_config", c)
-        head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-        per_token = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", c["num_attention_heads"]) * head
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+    shape = read_shape(cfg.model)
+    if shape is None:
         return 1
+    per_token = shape.kv_elements_per_token()
     width = 4 if engine_dtype(cfg.dtype, cfg.model) in ("float32", "float") else 2
     need = per_token * width * cfg.max_model_len * KV_SEQUENCES / 2**30
     quarter = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / 2**30

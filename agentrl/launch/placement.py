@@ -285,7 +285,7 @@ def _node_notes(cfg: Any) -> list[str]:
 def _memory_notes(cfg: Any, nproc: int) -> list[str]:
     """The trainer's estimated memory per rank (``nproc`` ranks on each node), when the model's
     ``config.json`` can be read here (see :mod:`agentrl.launch.memory`)."""
-    shape = read_shape(cfg.trainer.model_path)
+    shape = read_shape(cfg.model)
     if shape is None:
         return []
     return [trainer_memory_note(shape, cfg.trainer, nproc * cfg.trainer.distributed.nnodes)]

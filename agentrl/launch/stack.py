@@ -71,7 +71,7 @@ def local_servers(cfg: RunConfig, plan: Plan, run_dir: Path) -> list[VLLMServer]
         update: dict[str, object] = {"port": p.port or 0}
         if p.gpu_memory_utilization is not None:
             update["gpu_memory_utilization"] = p.gpu_memory_utilization
-        out.append(VLLMServer(cfg.inference.model_copy(update=update), run_dir, env=p.env))
+        out.append(VLLMServer(cfg.server_config().model_copy(update=update), run_dir, env=p.env))
     return out
 
 

@@ -63,10 +63,10 @@ class BufferCore(Generic[T]):
         """The policy version's owner, read (never written) here."""
         self.groups_per_step = groups_per_step
         """B: GRPO groups per train batch."""
-        self.max_staleness = pipe.eta
-        """η: a trained group's oldest model token is at most this many versions behind the trainer."""
-        self.capacity_groups = pipe.capacity(groups_per_step)
+        self.capacity_groups = pipe.capacity(groups_per_step)  # raises while max_staleness is unresolved
         """Most groups in flight plus completed-but-unconsumed at once; producers block beyond (back-pressure)."""
+        self.max_staleness: int = pipe.max_staleness  # type: ignore[assignment]  # resolved: capacity() checked
+        """η: a trained group's oldest model token is at most this many versions behind the trainer."""
         self.drop_policy = pipe.drop_policy
         """``drop_stale``: batches are taken in completion order (FIFO); groups that went stale (completed
         too late, overtaken by faster ones) are dropped and counted. ``block``: batches are taken in

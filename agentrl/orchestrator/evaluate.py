@@ -33,11 +33,12 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     from agentrl.rollout.groups import RolloutWorkers
     from agentrl.rollout.templates import carried
 
-    cfg = cfg.resolved()
     if adapter is not None:  # a full-weight run's config resolves to engines without LoRA
-        cfg.inference.enable_lora = True
+        changes: dict[str, object] = {"inference.enable_lora": True}
         if cfg.chat_template is None:  # the template the adapter was trained with, when it carries one
-            cfg.chat_template = carried(adapter)
+            changes["chat_template"] = carried(adapter)
+        cfg = cfg.with_changes(changes)
+    cfg = cfg.resolved()
     env_cls = load_env(cfg.env)
     tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
                        columns=cfg.task_columns)[:n]

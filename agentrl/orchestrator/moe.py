@@ -48,9 +48,8 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
         return cfg
     from agentrl.inference.server import _is_cpu_build
 
-    cfg = cfg.model_copy(deep=True)
     merged = info is not None and cfg.trainer.lora and _is_cpu_build()
-    cfg.pipeline.lora_sync = "merged" if merged else "adapter"
+    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged else "adapter"})
     if merged:
         log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the trainer merges its "
                  "LoRA adapter into the weights it touches and publishes them as full weights "

@@ -125,6 +125,15 @@ class TrainingRun:
         self.orch: Orchestrator | None = None
         self.step = 0
         self._resources: RunResources | None = None
+        self._stop_after: int | None = None
+
+    def stop_after(self, step: int) -> None:
+        """End the run once ``step`` steps are done (never later than ``cfg.steps``), read between steps: how
+        a driver (a bench, a controller) ends a run early without touching its config, which is frozen."""
+        self._stop_after = step if self._stop_after is None else min(self._stop_after, step)
+
+    def _last_step(self) -> int:
+        return self.cfg.steps if self._stop_after is None else min(self.cfg.steps, self._stop_after)
 
     async def open(self) -> TrainingRun:
         """Load and claim what the run needs (:class:`RunResources`), once: the model's MoE shape, the
@@ -242,7 +251,7 @@ class TrainingRun:
             await check_sampling_logprobs(stack, cfg)
             routing = await routing_template(stack.client, self.moe, cfg.trainer.routing_replay)
             placed = self.plan.trainer
-            trainer = TrainerProcess(cfg.trainer, self.run_dir, nproc=placed.nproc, env=placed.env)
+            trainer = TrainerProcess(cfg.trainer_config(), self.run_dir, nproc=placed.nproc, env=placed.env)
             await asyncio.to_thread(trainer.start)
             try:
                 await self._maybe_resume(trainer)
@@ -413,7 +422,7 @@ class TrainingRun:
         loop_t0 = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
         try:
             async with orch:
-                while self.step < cfg.steps:
+                while self.step < self._last_step():
                     if cfg.time_limit_min and time.perf_counter() - t_start > cfg.time_limit_min * 60:
                         log.info("time limit of %.1f min reached", cfg.time_limit_min)
                         break

@@ -291,11 +291,11 @@ async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Pat
     while time.perf_counter() < deadline:
         back = [r["step"] for r in records_of(metrics, "train")[seen:] if r.get("engines_live") == 2]
         if back:
-            run.cfg.steps = min(run.cfg.steps, back[0] + 1)  # read between steps
+            run.stop_after(back[0] + 1)
             return True
         await asyncio.sleep(0.5)
     steps = records_of(metrics, "train")
-    run.cfg.steps = min(run.cfg.steps, (steps[-1]["step"] if steps else 0) + 1)
+    run.stop_after((steps[-1]["step"] if steps else 0) + 1)
     return False
 
 

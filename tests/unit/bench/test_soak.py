@@ -95,9 +95,10 @@ async def test_faults_go_on_past_the_minutes_until_each_has_landed_once(tmp_path
     stop, landed = asyncio.Event(), asyncio.Event()
     t0 = time.perf_counter()
     schedule = asyncio.create_task(_schedule(faults, names, metrics, 0.0, t0, stop, log, landed))
-    run = SimpleNamespace(cfg=SimpleNamespace(steps=100))
+    ends: list[int] = []
+    run = SimpleNamespace(stop_after=ends.append)  # TrainingRun.stop_after: the run ends after that step
     # the minutes (here 0) are over before the first fault: without the rule the schedule would stop at once
     # (no step after it with both engines live, and no time to wait for one: the run stops after its next step)
     assert await asyncio.wait_for(_finish(run, faults, schedule, metrics, 0.0, t0, 0.0, stop, landed), 10) is False
     assert {f["fault"] for f in log if f["ok"]} == set(names) and tries["tool_hang"] == 2, log
-    assert schedule.done() and stop.is_set() and run.cfg.steps == 2
+    assert schedule.done() and stop.is_set() and ends == [2]

@@ -12,7 +12,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
     cfg = load_config(EXAMPLES / "smollm2_calc.toml", {"env": "calc"})
     # the warmed-up model, not the embedded one: the embedded-only preset values do not apply
-    assert cfg.model == cfg.trainer.model_path == cfg.inference.model == "models/smollm2-135m-calc"
+    assert cfg.model == cfg.trainer_config().model_path == cfg.server_config().model == "models/smollm2-135m-calc"
     assert (cfg.tasks_per_step, cfg.group_size, cfg.eval_every, cfg.time_limit_min) == (4, 8, 0, 45.0)
     assert cfg.trainer.lora and cfg.trainer.lr == 1e-4 and cfg.trainer.lr_schedule == "cosine"
     assert set(cfg.trainer.lora_target_modules) >= {"q_proj", "o_proj", "gate_proj", "down_proj"}

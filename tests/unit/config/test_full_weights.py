@@ -106,10 +106,10 @@ def test_nccl_sync_is_for_full_weights_and_starts_the_engines_transfer_engine(tm
     assert len(problems) == 1 and problems[0].startswith("pipeline.weight_sync = 'nccl' streams full weights")
     cfg = load_config(None, {"env": "calc", "pipeline": {"weight_sync": "nccl"}, **FULL}).resolved()
     assert cfg.inference.weight_transfer_backend == "nccl"
-    cmd = VLLMServer(cfg.inference, tmp_path).build_command()
+    cmd = VLLMServer(cfg.server_config(), tmp_path).build_command()
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
     plain = load_config(None, {"env": "calc", **FULL}).resolved()
-    assert "--weight-transfer-config" not in VLLMServer(plain.inference, tmp_path).build_command()
+    assert "--weight-transfer-config" not in VLLMServer(plain.server_config(), tmp_path).build_command()
 
 
 def test_the_embedded_presets_serve_the_model_in_the_trainers_dtype() -> None:

@@ -32,7 +32,7 @@ def test_config_precedence(tmp_path: Path) -> None:
     cfg = load_config(toml, {"steps": 7, "name": None})
     assert (cfg.steps, cfg.name, cfg.trainer.lora_rank, cfg.sampling.temperature) == (7, "t", 4, 0.5)
     r = cfg.model_copy(update={"model": "m/x"}).resolved()
-    assert r.trainer.model_path == "m/x" and r.inference.model == "m/x"
+    assert r.trainer_config().model_path == "m/x" and r.server_config().model == "m/x"
 
 
 def test_config_rejects_bad_values(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:
     with pytest.raises(ValueError, match="cannot hold one step"):
         RunConfig(tasks_per_step=8, pipeline={"capacity_groups": 4})
     cfg = load_config(None, {"mode": "async", "pipeline": {"max_staleness": 3}})
-    assert (cfg.pipeline.capacity(cfg.tasks_per_step), cfg.pipeline.eta) == (4 * cfg.tasks_per_step, 3)
+    assert (cfg.pipeline.capacity(cfg.tasks_per_step), cfg.pipeline.max_staleness) == (4 * cfg.tasks_per_step, 3)
 
 
 def test_training_refuses_what_the_trainer_cannot_reproduce() -> None:
@@ -103,7 +103,7 @@ def test_training_refuses_what_the_trainer_cannot_reproduce() -> None:
         assert len(problems) == 1 and what in problems[0], problems
         with pytest.raises(ValueError, match="cannot train correctly"):
             RunConfig(sampling=sampling).check_trainable()
-    raw = RunConfig(sampling={"temperature": 0.7}, inference={"model": "m", "logprobs_mode": "raw_logprobs"})
+    raw = RunConfig(sampling={"temperature": 0.7}, inference={"logprobs_mode": "raw_logprobs"})
     assert "processed_logprobs" in raw.training_problems()[0]
 
 

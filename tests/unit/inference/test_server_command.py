@@ -47,7 +47,8 @@ def test_the_cpu_kv_cache_is_sized_from_the_model(tmp_path: Path, monkeypatch: p
     d.mkdir()
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32: 46,080 bytes a token; 128 x 1024 tokens = 5.6 GiB
     (d / "config.json").write_text(json.dumps({"dtype": "float32", "num_hidden_layers": 30, "hidden_size": 576,
-                                               "num_attention_heads": 9, "num_key_value_heads": 3}))
+                                               "num_attention_heads": 9, "num_key_value_heads": 3,
+                                               "vocab_size": 49152, "intermediate_size": 1536}))
     monkeypatch.setattr(engine.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 64 * 2**30 // 4096))
     cfg = VLLMServerConfig(model=str(d), max_model_len=1024)
     assert engine.kv_cache_gib(cfg) == 6

@@ -34,6 +34,9 @@ def test_lora_on_moe_merges_on_the_cpu_build(monkeypatch: pytest.MonkeyPatch) ->
     cfg = plan_moe(_cfg(), INFO).resolved()
     assert cfg.pipeline.lora_sync == "merged" and not cfg.inference.enable_lora and not cfg.serves_adapter
     assert cfg.policy_model == cfg.inference.served_model_name
+    # as a run plans it: from its resolved config, whose engines were to serve LoRA; the plan resolves again
+    planned = plan_moe(_cfg().resolved(), INFO)
+    assert planned.is_frozen and planned.pipeline.lora_sync == "merged" and not planned.inference.enable_lora
     assert plan_moe(_cfg(), None).pipeline.lora_sync == "adapter"  # dense
     monkeypatch.setattr(server, "_is_cpu_build", lambda: False)
     assert plan_moe(_cfg(), INFO).pipeline.lora_sync == "adapter"  # GPU engines serve LoRA on MoE
@@ -45,7 +48,7 @@ def test_black_box_agents_of_moe_models_are_refused_while_replay_is_on() -> None
     agent = {"command": ["python", "agent.py"]}
     with pytest.raises(ValueError, match="black-box agent"):
         plan_moe(_cfg(agent=agent), INFO)
-    plan_moe(_cfg(agent=agent, trainer={"model_path": "m", "routing_replay": False}), INFO)
+    plan_moe(_cfg(agent=agent, trainer={"routing_replay": False}), INFO)
     plan_moe(_cfg(agent=agent), None)  # dense
 
 

@@ -42,7 +42,7 @@ def test_construction_does_no_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         monkeypatch.setattr(run_mod, name, io)
     run = TrainingRun(_cfg(tmp_path, env="nosuchenv", tasks=str(tmp_path / "missing.jsonl")), resume=True)
     assert not (tmp_path / "runs").exists()
-    assert run.plan.trainer.nproc >= 1 and run.cfg.trainer.model_path == run.cfg.model  # resolved
+    assert run.plan.trainer.nproc >= 1 and run.cfg.is_frozen  # resolved
     for attr in ("run_dir", "run_id", "env_cls", "train_tasks", "metrics", "trackers", "resources"):
         with pytest.raises(RunNotOpen):
             getattr(run, attr)
@@ -101,3 +101,13 @@ def test_the_moe_plan_is_settled_by_open(tmp_path: Path, monkeypatch: pytest.Mon
     run = TrainingRun(_cfg(tmp_path, agent={"command": ["python", "agent.py"]}))
     with pytest.raises(ReplayUnsupported, match="black-box agent"):
         asyncio.run(run.open())
+
+
+def test_a_driver_ends_a_run_early_without_touching_its_frozen_config(tmp_path: Path) -> None:
+    run = TrainingRun(_cfg(tmp_path, steps=10))
+    assert run._last_step() == 10
+    run.stop_after(4)
+    run.stop_after(6)  # the earliest end wins
+    assert run._last_step() == 4 and run.cfg.steps == 10
+    run.stop_after(50)
+    assert run._last_step() == 4

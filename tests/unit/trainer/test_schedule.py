@@ -40,16 +40,16 @@ def test_warmup_then_cosine() -> None:
 
 
 def test_a_run_ends_the_decay_at_its_last_optimizer_step_unless_told() -> None:
-    run = RunConfig(steps=30, trainer={"model_path": "m", "num_minibatches": 2, "ppo_epochs": 2})
+    run = RunConfig(steps=30, trainer={"num_minibatches": 2, "ppo_epochs": 2})
     assert run.resolved().trainer.lr_decay_steps == 120
-    told = RunConfig(steps=30, trainer={"model_path": "m", "lr_decay_steps": 50})
+    told = RunConfig(steps=30, trainer={"lr_decay_steps": 50})
     assert told.resolved().trainer.lr_decay_steps == 50
 
 
 def test_a_context_longer_than_the_token_budget_is_refused_before_the_run() -> None:
-    run = RunConfig(trainer={"model_path": "m", "micro_batch_tokens": 1024}, sampling={"max_context_tokens": 2048},
-                    inference={"model": "m", "max_model_len": 4096})
+    run = RunConfig(trainer={"micro_batch_tokens": 1024}, sampling={"max_context_tokens": 2048},
+                    inference={"max_model_len": 4096})
     problems = run.training_problems()
     assert any("max_context_tokens = 2048" in p and "micro_batch_tokens = 1024" in p for p in problems), problems
-    fits = RunConfig(trainer={"model_path": "m", "micro_batch_tokens": 2048}, sampling={"max_context_tokens": 2048})
+    fits = RunConfig(trainer={"micro_batch_tokens": 2048}, sampling={"max_context_tokens": 2048})
     assert fits.training_problems() == []
