@@ -82,15 +82,16 @@ MOVED: dict[str, str] = {
     "agentrl.scaffold": "agentrl.tools.scaffold",
     "agentrl.server": "agentrl.http.server",
     "agentrl.policy": "agentrl.http.policy",
+    "agentrl.modelgen.pinned": "agentrl.launch.pinned",  # installing the pinned models is a run's own step
+    "agentrl.http.tls": "agentrl.core.utils.tls",  # a helper of the HTTP clients
 }
 """Old module path (and everything under it) → where it lives now."""
 
 
 def _moved_to(name: str) -> str | None:
-    for old, new in MOVED.items():
-        if name == old or name.startswith(old + "."):
-            return new + name[len(old):]
-    return None
+    """Where ``name`` lives now (the longest old path that names it or a package above it), or None."""
+    old = max((o for o in MOVED if name == o or name.startswith(o + ".")), key=len, default=None)
+    return None if old is None else MOVED[old] + name[len(old):]
 
 
 class _AliasLoader(importlib.abc.Loader):

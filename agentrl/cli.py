@@ -291,6 +291,7 @@ def model_tiny(
     """Install the embedded tiny model (Qwen2, or Qwen3-MoE with --moe; own tokenizer, warmed up on calc):
     the pinned files that ship with agentrl, checked by digest, or with --build a fresh build."""
     _setup(False)
+    from agentrl.launch.pinned import file_sha256
     from agentrl.tools.modelgen import (
         DEFAULT_TINY_DIR,
         DEFAULT_TINY_MOE_DIR,
@@ -300,7 +301,6 @@ def model_tiny(
         build_tiny_model,
         install_pinned,
     )
-    from agentrl.tools.modelgen.pinned import file_sha256
 
     out = out or (DEFAULT_TINY_MOE_DIR if moe else DEFAULT_TINY_DIR)
     pinned = TINY_MOE if moe else TINY

@@ -29,6 +29,7 @@ import httpx
 from agentrl.core.errors import ConfigError, EnvError
 from agentrl.core.types import Message
 from agentrl.core.utils.retry import RetriesExhausted, Retry, RetryPolicy
+from agentrl.core.utils.tls import tls_context
 from agentrl.environment.base import (
     AgentTimeLimit,
     Environment,
@@ -39,7 +40,6 @@ from agentrl.environment.base import (
     ToolError,
     ToolTimeoutError,
 )
-from agentrl.http.tls import tls_context
 
 log = logging.getLogger(__name__)
 

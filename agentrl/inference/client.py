@@ -22,7 +22,7 @@ import httpx
 
 from agentrl.core.utils.race import unless_set
 from agentrl.core.utils.retry import RetriesExhausted, Retry, RetryPolicy
-from agentrl.http.tls import tls_context
+from agentrl.core.utils.tls import tls_context
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.inference.stream import OnTokens, stream_generate
 from agentrl.inference.wire import (

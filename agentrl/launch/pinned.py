@@ -7,39 +7,79 @@ last-bit difference can move. The same seed stopped at step 400 on one 2-core AV
 on another and at step 925 on an AVX-512 one, and the three models started ``make train`` from different
 policies (greedy success 0.52 to 0.74). Making the build bit-identical across CPU types would mean
 replacing the CPU's matrix kernels, so the built models ship instead: about 4.7 MB of float32 weights
-each, in ``agentrl/tools/modelgen/pinned_models/<name>/`` (package data, so a wheel carries them too).
+each, in ``agentrl/launch/pinned_models/<name>/`` (package data, so a wheel carries them too).
 
 :func:`install_pinned` copies a pinned model into place (``models/tiny`` by default) and checks every file
 against the sha256 manifest below; a directory that already holds exactly those files is left alone.
 ``agentrl model tiny --build`` still rebuilds a model from the recipe (`agentrl.tools.modelgen.tiny`).
 
 To pin a new build: build it (``agentrl model tiny --build --out DIR``), copy its files into
-``agentrl/tools/modelgen/pinned_models/<name>/`` with a model card (``README.md``), add ``"pinned"`` to its marker
+``agentrl/launch/pinned_models/<name>/`` with a model card (``README.md``), add ``"pinned"`` to its marker
 (name, version, the weights' sha256), bump the version here and paste :func:`manifest`'s output into
 the model's ``files``; the unit tests check the files against it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from agentrl.core.errors import AgentRLError
-from agentrl.tools.modelgen.tiny import MARKER, check_replaceable, locked, read_marker
+from agentrl.core.errors import AgentRLError, ConfigError
 
 log = logging.getLogger(__name__)
+
+MARKER = "agentrl_model.json"
+"""The marker file of a model directory agentrl wrote (an embedded model, pinned or built, or a conversion)."""
 
 PINNED_ROOT = Path(__file__).parent / "pinned_models"
 """Where the pinned models' files live inside the package."""
 
 WEIGHTS = "model.safetensors"
+
+
+class ModelDirOccupied(ConfigError, ValueError):
+    """The directory a model is to be written into holds files that are not an embedded model of agentrl's."""
+
+    code = "config.model_dir_occupied"
+
+
+def read_marker(out_dir: Path) -> dict[str, Any] | None:
+    """The marker of a built model directory, or None."""
+    try:
+        return json.loads((Path(out_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path) -> Iterator[None]:
+    """Hold the exclusive lock of ``out_dir`` (a lock file beside it): builds and installs of one directory
+    run one at a time."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse to write a model into ``out_dir`` when it holds files but no marker: those are not an embedded
+    model of agentrl's, and nothing else is overwritten."""
+    if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()) and read_marker(out_dir) is None:
+        raise ModelDirOccupied(f"{out_dir} holds files that are not an embedded model (no {MARKER}); move them away, "
+                         "or pass another directory")
 
 
 class PinnedModelDamaged(AgentRLError, RuntimeError):
@@ -179,8 +219,33 @@ def pinned_info(directory: Path) -> dict[str, object] | None:
     return info if isinstance(info, dict) else None
 
 
+DEFAULT_TINY_DIR = Path("models/tiny")
+"""Where the tiny model is installed by default (relative to the current directory)."""
+
+DEFAULT_TINY_MOE_DIR = Path("models/tiny-moe")
+"""Where the tiny MoE model is installed by default (relative to the current directory)."""
+
+
+EMBEDDED: dict[Path, PinnedModel] = {DEFAULT_TINY_DIR: TINY, DEFAULT_TINY_MOE_DIR: TINY_MOE}
+"""Default directory -> the pinned model it holds."""
+
+
+def embedded_model(directory: str | Path) -> PinnedModel | None:
+    """The pinned model that ``directory`` holds by default (it is ``models/tiny`` or ``models/tiny-moe``,
+    relative to the current directory), else None."""
+    resolved = Path(directory).resolve()
+    return next((m for d, m in EMBEDDED.items() if d.resolve() == resolved), None)
+
+
+def ensure_embedded(directory: str | Path) -> Path:
+    """Install the pinned model of a default directory (a no-op when it is in place) and return the
+    directory; any other directory is returned as it is. A run calls it before its engines start."""
+    model = embedded_model(directory)
+    return install_pinned(Path(directory), model) if model is not None else Path(directory)
+
+
 def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a maintainer's helper
-    """Print the manifest of a directory as JSON (``python -m agentrl.tools.modelgen.pinned DIR``)."""
+    """Print the manifest of a directory as JSON (``python -m agentrl.launch.pinned DIR``)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

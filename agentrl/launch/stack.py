@@ -35,7 +35,7 @@ class LogprobsModeMismatch(ConfigError, ValueError):
 def ensure_model(model: str) -> str:
     """Install the pinned embedded model if ``model`` is one of its default directories (a no-op when it is
     in place, checked by digest); validate the directory."""
-    from agentrl.tools.modelgen import ensure_embedded
+    from agentrl.launch.pinned import ensure_embedded
 
     ensure_embedded(model)
     validate_model_dir(model)

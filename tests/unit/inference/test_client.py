@@ -356,8 +356,8 @@ async def test_a_request_on_an_engine_that_leaves_the_rotation_is_retried_elsewh
 async def test_clients_share_one_tls_context() -> None:
     """Building a TLS context reads the whole CA bundle (tens of ms of a blocked event loop): the engine
     client's pools and each remote episode's client reuse the process's one context."""
+    from agentrl.core.utils.tls import tls_context
     from agentrl.environment.remote import RemoteEnvironment
-    from agentrl.http.tls import tls_context
 
     def context_of(http: httpx.AsyncClient) -> object:
         return http._transport._pool._ssl_context  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.launch.pinned import MARKER, differences, manifest, pinned_info
 from agentrl.tools.modelgen import (
     DEFAULT_TINY_DIR,
     DEFAULT_TINY_MOE_DIR,
@@ -20,7 +21,6 @@ from agentrl.tools.modelgen import (
     ensure_embedded,
     install_pinned,
 )
-from agentrl.tools.modelgen.pinned import MARKER, differences, manifest, pinned_info
 
 
 @pytest.mark.parametrize("model", [TINY, TINY_MOE], ids=lambda m: m.label)
