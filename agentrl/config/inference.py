@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentrl.config.base import Section
+from agentrl.config.errors import SettingError
+
+ENGINE_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA slot ranks vLLM accepts (``vllm.config.lora.MaxLoRARanks``; a contract test compares them)."""
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest engine slot rank that holds a rank-``rank`` adapter (``rank`` itself above the largest)."""
+    return next((r for r in ENGINE_LORA_RANKS if r >= rank), rank)
 
 
 class VLLMServerSettings(Section):
@@ -26,7 +35,17 @@ class VLLMServerSettings(Section):
     enable_lora: bool = True
     """Serve LoRA adapters (needed for the RL weight sync)."""
     max_lora_rank: int = Field(16, ge=1, le=512)
-    """Largest LoRA rank the engine reserves room for."""
+    """Largest LoRA rank the engine reserves room for: one of vLLM's slot sizes (``ENGINE_LORA_RANKS``). A run
+    sets it from ``trainer.lora_rank`` (the smallest slot that holds the adapter) unless it is set here."""
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_slot_size(cls, rank: int) -> int:
+        if rank not in ENGINE_LORA_RANKS:
+            raise SettingError(f"inference.max_lora_rank = {rank}: vLLM reserves LoRA slots of rank "
+                               f"{', '.join(map(str, ENGINE_LORA_RANKS))} only; use the smallest that holds the "
+                               f"adapter ({engine_lora_rank(rank)})")
+        return rank
     max_loras: int = Field(2, ge=1, le=64)
     """LoRA adapters resident in one batch."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)

@@ -16,7 +16,13 @@ from pydantic import Field, model_validator
 
 from agentrl.config.base import Section
 from agentrl.config.errors import ConfigValidationError, SettingError, validate
-from agentrl.config.inference import EngineHealthConfig, VLLMServerConfig, VLLMServerSettings
+from agentrl.config.inference import (
+    ENGINE_LORA_RANKS,
+    EngineHealthConfig,
+    VLLMServerConfig,
+    VLLMServerSettings,
+    engine_lora_rank,
+)
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, is_embedded_model, preset_for
@@ -267,6 +273,21 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_lora_rank(self) -> RunConfig:
+        """The engines must hold the adapter the trainer makes: refused here, not at the first load."""
+        if not self.serves_adapter:
+            return self
+        rank, slot = self.trainer.lora_rank, self.inference.max_lora_rank
+        if rank > ENGINE_LORA_RANKS[-1]:
+            raise SettingError(f"trainer.lora_rank = {rank}: vLLM serves LoRA adapters up to rank "
+                               f"{ENGINE_LORA_RANKS[-1]}")
+        if "max_lora_rank" in self.inference.model_fields_set and slot < rank:
+            raise SettingError(f"trainer.lora_rank = {rank} does not fit the engines' LoRA slots "
+                               f"(inference.max_lora_rank = {slot}): raise it to {engine_lora_rank(rank)}, or "
+                               "leave it out to size it from the trainer's rank")
+        return self
+
+    @model_validator(mode="after")
     def _check_full_weights(self) -> RunConfig:
         """What a full-weight run (``trainer.lora = false``) cannot do yet: a KL penalty (no reference model)
         and file weight sync (which reloads LoRA adapters)."""
@@ -332,6 +353,8 @@ class RunConfig(Section):
             cfg.trainer.seed = cfg.seed
         if cfg.trainer.lr_decay_steps == 0:
             cfg.trainer.lr_decay_steps = cfg.steps * cfg.trainer.ppo_epochs * cfg.trainer.num_minibatches
+        if "max_lora_rank" not in cfg.inference.model_fields_set:  # the slot that holds the trainer's adapter
+            cfg.inference.max_lora_rank = max(cfg.inference.max_lora_rank, engine_lora_rank(cfg.trainer.lora_rank))
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
         if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:

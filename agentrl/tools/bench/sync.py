@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if given:
         ap.error(f"{', '.join(given)} belong to the full-weight benchmark: add --full")
 
+    from agentrl.config.inference import engine_lora_rank
     from agentrl.config.trainer import ALL_LINEAR
     from agentrl.inference import VLLMServer, VLLMServerConfig
     from agentrl.tools.bench.models import ATTENTION
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.work_dir or tmp)
         model_dir = args.model or build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
         shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
-        cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512, max_lora_rank=args.rank,
+        cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
+                               max_lora_rank=engine_lora_rank(args.rank),
                                max_loras=2, startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
             res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets))

@@ -121,3 +121,15 @@ def test_the_extension_does_not_clash_with_vllms_workers(module: str, cls: str) 
     worker = getattr(importlib.import_module(module), cls)
     clash = [a for a in dir(WorkerExtension) if not a.startswith("__") and hasattr(worker, a)]
     assert not clash
+
+
+def test_the_lora_slot_ranks_are_vllms() -> None:
+    """``inference.max_lora_rank`` is checked at config time against the slot sizes vLLM accepts; those are
+    written in the pure config (it imports no vLLM), so this holds them to the installed vLLM's own list."""
+    import typing
+
+    from vllm.config.lora import MaxLoRARanks
+
+    from agentrl.config.inference import ENGINE_LORA_RANKS
+
+    assert ENGINE_LORA_RANKS == typing.get_args(MaxLoRARanks)
