@@ -74,3 +74,20 @@ def _set_frozen(value: Any, frozen: bool) -> None:
     elif isinstance(value, dict):
         for v in value.values():
             _set_frozen(v, frozen)
+
+
+def given(model: BaseModel) -> dict[str, Any]:
+    """The settings given to ``model``, as data to validate again: its set fields (set by a file, a flag or a
+    validator), nested models recursed. Unlike ``model_dump(exclude_unset=True)`` this keeps the fields that
+    are never dumped (``exclude=True``: a token), so a config rebuilt from it loses nothing."""
+    return {name: _given_value(getattr(model, name)) for name in model.model_fields_set}
+
+
+def _given_value(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return given(value)
+    if isinstance(value, (list, tuple)):
+        return [_given_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _given_value(v) for k, v in value.items()}
+    return value

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.config.base import Section
+from agentrl.config.base import Section, given
 from agentrl.config.errors import ConfigValidationError, SettingError, validate
 from agentrl.config.inference import (
     ENGINE_LORA_RANKS,
@@ -369,7 +369,7 @@ class RunConfig(Section):
         config file. A resolved config changes the settings it was resolved from, then resolves again (so a
         value that resolution derived from the old settings is derived anew)."""
         source = (self.__pydantic_private__ or {}).get("_settings") if self.is_frozen else None
-        data = (source or self).model_dump(exclude_unset=True)
+        data = given(source or self)
         for setting, value in changes.items():
             *path, leaf = setting.split(".")
             node = data
@@ -381,12 +381,12 @@ class RunConfig(Section):
 
     def trainer_config(self) -> TrainerConfig:
         """What the trainer workers are sent: the ``[trainer]`` settings and the run's ``model``."""
-        return TrainerConfig(model_path=self.model, **self.trainer.model_dump(exclude_unset=True))
+        return TrainerConfig(model_path=self.model, **given(self.trainer))
 
     def server_config(self) -> VLLMServerConfig:
         """How to launch one of the run's own vLLM servers: the ``[inference]`` settings and the run's
         ``model``."""
-        return VLLMServerConfig(model=self.model, **self.inference.model_dump(exclude_unset=True))
+        return VLLMServerConfig(model=self.model, **given(self.inference))
 
     def training_problems(self) -> list[str]:
         """Why this config cannot train correctly (empty: it can). Checked before a run starts."""

@@ -51,3 +51,20 @@ def test_with_changes_resolves_again_from_the_settings() -> None:
     assert unresolved.steps == 5 and not unresolved.is_frozen
     with pytest.raises(ValueError):
         r.with_changes({"steps": 0})  # checked as a config file is
+
+
+def test_a_changed_config_keeps_the_settings_that_are_never_printed() -> None:
+    """``env_token`` is left out of every dump (it is a secret), so a change rebuilt from a dump lost it and
+    the run then met its env server without a token (HTTP 401)."""
+    cfg = load_config(None, {"env": "calc", "env_url": "http://127.0.0.1:9", "env_token": "s3cret"})
+    assert "s3cret" not in cfg.resolved().to_toml()
+    for changed in (cfg.with_changes({"steps": 3}), cfg.resolved().with_changes({"pipeline.lora_sync": "merged"})):
+        assert changed.env_token == "s3cret" and changed.env_url == "http://127.0.0.1:9"
+
+
+def test_the_worker_and_server_configs_carry_every_setting_given() -> None:
+    r = load_config(None, {"env": "calc", "trainer": {"lr": 3e-4, "loss": {"clip_high": 0.3}},
+                           "inference": {"max_model_len": 512, "extra_args": ["--enforce-eager"]}}).resolved()
+    t, s = r.trainer_config(), r.server_config()
+    assert (t.lr, t.loss.clip_high, t.seed) == (3e-4, 0.3, r.seed)
+    assert (s.max_model_len, s.extra_args, s.enable_lora) == (512, ["--enforce-eager"], r.inference.enable_lora)
