@@ -335,10 +335,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
     faults: Faults | None = None
     result: dict[str, Any] = {}
     try:
-        for server in (a, b):
-            if server is not None:
-                await asyncio.to_thread(server.start)
-        await asyncio.to_thread(env_server.start, 300.0)
+        await _start_all([s for s in (a, b) if s is not None], env_server)
         cfg = _run_config(env_server, work, model, tasks, [engine_a or a.url, b.url], minutes=minutes,
                           rejoin_wait_s=rejoin_wait_s, every_fault_once=every_fault_once, seed=seed)
         run = await TrainingRun(cfg, progress=False).open()  # open: its run directory is claimed
@@ -363,6 +360,21 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         if a is not None:
             await asyncio.to_thread(a.stop)
     return result
+
+
+async def _start_all(engines: list[Any], env_server: Any) -> None:
+    """Start the env server while the engines start (one after the other, as a run's engines would); both
+    starts are over when this returns, and the first error, if any, is raised then."""
+
+    async def start_engines() -> None:
+        for server in engines:
+            await asyncio.to_thread(server.start)
+
+    outcomes = await asyncio.gather(start_engines(), asyncio.to_thread(env_server.start, 300.0),
+                                    return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _run_config(env_server: Any, work: Path, model: str, tasks: Path, endpoints: list[str], *, minutes: float,

@@ -20,6 +20,8 @@ the file), and its sha256 is checked before anything is converted.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -150,14 +153,43 @@ def _check_target(out_dir: Path, source: GGUFSource) -> bool:
                           "it or pass another --out")
 
 
+@contextlib.contextmanager
+def _parsed_once() -> Iterator[None]:
+    """Within this block, each GGUF file is parsed once and gguf's tensor-name map built once per architecture.
+
+    transformers parses the whole file (for a 49k-token vocabulary, hundreds of thousands of metadata values)
+    for the tokenizer, again for the config and again for the tensors, and rebuilds the name map for every
+    module of the model: most of a conversion's time. The parsed file is only read, and the map only looked
+    up, so sharing them changes nothing in what is loaded."""
+    import gguf
+
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[str, Any] = {}
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        if mode != "r":  # a writable view is never shared
+            return reader_cls(path, mode)
+        key = os.path.realpath(os.fspath(path))
+        if key not in readers:
+            readers[key] = reader_cls(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader_cls, name_map
+
+
 def _load(gguf_path: Path) -> tuple[Any, Any]:
     """The tokenizer and the dequantized model of a GGUF file, or a :class:`ConversionError` in one sentence."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+        with _parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
     except Exception as e:  # transformers and gguf raise many types for a bad file; each becomes one sentence
         first = first_line(e)
         if "not supported" in first.lower() or "architecture" in first.lower():

@@ -102,3 +102,37 @@ async def test_faults_go_on_past_the_minutes_until_each_has_landed_once(tmp_path
     assert await asyncio.wait_for(_finish(run, faults, schedule, metrics, 0.0, t0, 0.0, stop, landed), 10) is False
     assert {f["fault"] for f in log if f["ok"]} == set(names) and tries["tool_hang"] == 2, log
     assert schedule.done() and stop.is_set() and ends == [2]
+
+
+async def test_the_env_server_starts_while_the_engines_do_and_a_failed_start_is_raised_after_both() -> None:
+    import threading
+    import time
+
+    from agentrl.tools.bench.soak import _start_all
+
+    order: list[str] = []
+    env_started = threading.Event()
+
+    class Engine:
+        def __init__(self, name: str, fail: bool = False) -> None:
+            self.name, self.fail = name, fail
+
+        def start(self) -> None:
+            assert env_started.wait(5), "the env server did not start beside the engines"
+            order.append(self.name)
+            if self.fail:
+                raise RuntimeError(f"{self.name} failed")
+
+    class EnvServer:
+        def start(self, timeout_s: float) -> None:
+            env_started.set()
+            time.sleep(0.2)
+            order.append("env")
+
+    with pytest.raises(RuntimeError, match="a failed"):
+        await _start_all([Engine("a", fail=True), Engine("b")], EnvServer())
+    assert order == ["a", "env"], "the env server's start is over before the error is raised; b never starts"
+    order.clear()
+    env_started.clear()
+    await _start_all([Engine("a"), Engine("b")], EnvServer())
+    assert sorted(order) == ["a", "b", "env"] and order.index("a") < order.index("b")
