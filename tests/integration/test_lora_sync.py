@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.config.trainer import ALL_LINEAR
 from agentrl.inference import InferenceClient, VLLMServerConfig
-from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
+from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
 
 pytestmark = pytest.mark.integration
@@ -47,8 +48,12 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
     assert old[old.index("--worker-extension-cls") + 1] == old_name
 
 
-async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path) -> None:
-    shapes = lora_shapes("tiny", 16)
+@pytest.mark.parametrize("targets", [ATTENTION, tuple(ALL_LINEAR)], ids=["attention", "every-linear"])
+async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, targets: tuple[str, ...]) -> None:
+    """Every module kind the adapter can touch, the engine's packed ones included (q/k/v into qkv_proj, gate/up
+    into gate_up_proj, and the MLP's down_proj): the in-place copy serves what a file load of the same tensors
+    serves."""
+    shapes = lora_shapes("tiny", 16, targets)
     trainer = _Trainer(random_lora(shapes, seed=0))
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
         await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors)))

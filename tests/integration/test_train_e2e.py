@@ -103,6 +103,9 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
             assert r["train_num_tokens"] > 0 and r["train_loss"] == r["train_loss"]  # not NaN
             # sync mode is on-policy: behaviour (vLLM) and trainer logprobs agree, so IS weights are ~1
             assert r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02)
+            # and per token: the trainer's logprobs of the sampled tokens are the engine's, after every sync of
+            # the adapter into the engine's live slot (step 2 samples from the adapter step 1 synced in place)
+            assert abs(r["train_behav_logp_diff"]) < 0.02, r["train_behav_logp_diff"]
             # one policy version: the trainer trained the version the orchestrator names, then published +1
             assert r["train_policy_version"] == r["trained_on_version"] == r["version"] - 1
             assert r["train_staleness_max"] == 0
