@@ -48,15 +48,18 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
     assert old[old.index("--worker-extension-cls") + 1] == old_name
 
 
-@pytest.mark.parametrize("targets", [ATTENTION, tuple(ALL_LINEAR)], ids=["attention", "every-linear"])
-async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, targets: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(("targets", "alphas"), [(ATTENTION, None), (tuple(ALL_LINEAR), None),
+                                                 (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64})],
+                         ids=["attention", "every-linear", "per-module-alpha"])
+async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, targets: tuple[str, ...],
+                                                alphas: dict[str, float] | None) -> None:
     """Every module kind the adapter can touch, the engine's packed ones included (q/k/v into qkv_proj, gate/up
-    into gate_up_proj, and the MLP's down_proj): the in-place copy serves what a file load of the same tensors
-    serves."""
+    into gate_up_proj, and the MLP's down_proj), and modules scaled differently (peft's ``alpha_pattern``): the
+    in-place copy serves what a file load of the same tensors serves."""
     shapes = lora_shapes("tiny", 16, targets)
     trainer = _Trainer(random_lora(shapes, seed=0))
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
-        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors)))
+        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, alpha_pattern=alphas)))
         v0 = await _greedy(client)  # fills the prefix cache with KV computed under v0
         with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
             for version, seed in ((1, 1), (2, 2)):
@@ -67,7 +70,8 @@ async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, tar
                 assert inplace.weight_versions and inplace.weight_versions[-1][0] == str(version)
                 sums = (await client.collective_rpc("agentrl_lora_checksum", kwargs={"adapter": NAME}))[0][0]
                 assert sums["slot"] is not None and sums["cached"] == pytest.approx(sums["live"], rel=1e-6)
-                await client.load_lora_adapter(NAME, str(save_lora(tmp_path / f"file{version}", trainer.tensors)))
+                file = save_lora(tmp_path / f"file{version}", trainer.tensors, alpha_pattern=alphas)
+                await client.load_lora_adapter(NAME, str(file))
                 from_file = await _greedy(client)
                 assert _close(inplace, from_file), (inplace, from_file)
                 assert not _close(inplace, v0, tol=1e-3)

@@ -106,9 +106,11 @@ def random_lora(shapes: dict[str, tuple[int, int]], seed: int, std: float = 0.1)
     return {n: torch.randn(s, generator=gen) * std for n, s in shapes.items()}
 
 
-def save_lora(path: Path, tensors: dict[str, torch.Tensor], rank: int = 16, alpha: int = 32) -> Path:
+def save_lora(path: Path, tensors: dict[str, torch.Tensor], rank: int = 16, alpha: int = 32,
+              alpha_pattern: dict[str, float] | None = None) -> Path:
     """Write a peft adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) at ``path``; its
-    target modules are those the tensors' names hold."""
+    target modules are those the tensors' names hold. ``alpha_pattern``: peft's per-module alphas (module name
+    pattern -> alpha), so that modules are scaled differently."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -116,7 +118,7 @@ def save_lora(path: Path, tensors: dict[str, torch.Tensor], rank: int = 16, alph
     targets = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in tensors})
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
            "target_modules": targets, "bias": "none", "use_rslora": False, "base_model_name_or_path": None,
-           "fan_in_fan_out": False, "inference_mode": True}
+           "fan_in_fan_out": False, "inference_mode": True, "alpha_pattern": dict(alpha_pattern or {})}
     (path / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
     save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
     return path
