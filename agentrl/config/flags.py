@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from agentrl.config.errors import SettingError
+from agentrl.config.presets import set_dotted
 
 __all__ = ["DOCTOR", "EVAL", "MODEL_FLAGS", "POLICY", "SERVE_ENV", "TRAIN", "Flag", "flag_names", "help_text", "overrides", "setting_field", "value_type"]
 
@@ -146,11 +147,7 @@ def overrides(flags: Sequence[Flag], values: Mapping[str, Any]) -> dict[str, Any
             value = f.parse(value)
         if value is None:
             continue
-        *tables, last = f.setting.split(".")
-        table = out
-        for name in tables:
-            table = table.setdefault(name, {})
-        table[last] = value
+        set_dotted(out, f.setting, value)
     return out
 
 

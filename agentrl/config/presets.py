@@ -122,6 +122,15 @@ def preset_for(env: str, *, full_weights: bool = False, embedded: bool = True) -
     return values
 
 
+def set_dotted(table: dict[str, Any], setting: str, value: Any) -> None:
+    """Set the dotted ``setting`` (``trainer.loss.kl_coef``) to ``value`` in the nested ``table``, making the
+    tables on the way."""
+    *tables, last = setting.split(".")
+    for name in tables:
+        table = table.setdefault(name, {})
+    table[last] = value
+
+
 def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``over`` on top, tables merged key by key (the one merge of config layers)."""
     out = dict(base)

@@ -25,7 +25,7 @@ from agentrl.config.inference import (
 )
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
-from agentrl.config.presets import deep_update, is_embedded_model, preset_for
+from agentrl.config.presets import deep_update, is_embedded_model, preset_for, set_dotted
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig, TrainerSettings
 from agentrl.core.errors import ConfigError
@@ -245,12 +245,12 @@ class RunConfig(Section):
             return data
         model = data.get("model", DEFAULT_MODEL)
         for section, key in (("trainer", "model_path"), ("inference", "model")):
-            given = data.get(section)
-            if isinstance(given, dict) and key in given:
-                if str(given[key]) != str(model):
-                    raise SettingError(f"{section}.{key} = {given[key]!r} differs from model = {model!r}: the "
+            table = data.get(section)
+            if isinstance(table, dict) and key in table:
+                if str(table[key]) != str(model):
+                    raise SettingError(f"{section}.{key} = {table[key]!r} differs from model = {model!r}: the "
                                        f"trainer and the engines serve one model; set model alone")
-                data = {**data, section: {k: v for k, v in given.items() if k != key}}
+                data = {**data, section: {k: v for k, v in table.items() if k != key}}
         return data
 
     @model_validator(mode="after")
@@ -371,11 +371,7 @@ class RunConfig(Section):
         source = (self.__pydantic_private__ or {}).get("_settings") if self.is_frozen else None
         data = given(source or self)
         for setting, value in changes.items():
-            *path, leaf = setting.split(".")
-            node = data
-            for part in path:
-                node = node.setdefault(part, {})
-            node[leaf] = value
+            set_dotted(data, setting, value)
         out = validate(RunConfig, data)
         return out.resolved() if self.is_frozen else out
 
