@@ -26,32 +26,44 @@ from ._stream import Sink, _hijack
 from ._util import FrameParser
 
 SERVER_SRC = r"""
-import errno, json, os, select, struct, subprocess, sys
+import errno, json, os, select, struct, subprocess, sys, time
 out = sys.stdout.buffer
+ME, UID = os.getpid(), "\nUid:\t%d\t" % os.getuid()
+def user_states():  # the state letter (R, S, T, Z, ...) of every other process of this user
+    states = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != ME:
+            try:
+                with open("/proc/" + d + "/status") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            i = st.find("\nState:\t")
+            if UID in st and i >= 0:
+                states.append(st[i + 8])
+    return states
 def send(kind, data):
     out.write(struct.pack(">cI", kind, len(data)) + data); out.flush()
 send(b"h", b"")
 for line in sys.stdin.buffer:
     req = json.loads(line)
     if req.get("reap"):  # kill every other process of this user without forking (works at the pids limit)
-        left = -1
-        for _ in range(50):  # until none is left: a fork in flight during a pass can land after it
-            for sig in (19, 19, 9):  # SIGSTOP first: a stopped process cannot fork
-                try:
-                    os.kill(-1, sig)
-                except OSError:
-                    pass
-            select.select([], [], [], 0.02)  # let forks in flight land
-            left = 0
-            for d in os.listdir("/proc"):
-                if d.isdigit() and int(d) != os.getpid():
-                    try:
-                        with open("/proc/" + d + "/status") as f:
-                            st = f.read()
-                    except OSError:
-                        continue
-                    if "\nUid:\t%d\t" % os.getuid() in st and "\nState:\tZ" not in st:
-                        left += 1
+        left, until = -1, time.monotonic() + 8
+        while time.monotonic() < until:
+            try:
+                os.kill(-1, 19)  # SIGSTOP: a stopped process cannot fork
+            except OSError:
+                pass
+            states = user_states()
+            if any(s not in "TtZX" for s in states):  # one still runs (it may be forking): stop again
+                select.select([], [], [], 0.002)
+                continue
+            try:  # every one is stopped: none can fork, so this kill reaches all of them
+                os.kill(-1, 9)
+            except OSError:
+                pass
+            select.select([], [], [], 0.01)
+            left = sum(s not in "ZX" for s in user_states())
             if not left:
                 break
         send(b"x", str(left).encode()); continue

@@ -272,19 +272,25 @@ class DockerSandbox:
         return max(counts) > seen
 
     async def reset(self) -> None:
-        """Kill every process of the sandbox user (what a timeout does); files are kept."""
+        """Kill every process of the sandbox user (what a timeout does); files are kept. Raises SandboxError
+        when some could not be killed (the sandbox should then be replaced)."""
         self._check()
-        await self._reap()
+        if not await self._reap():
+            raise SandboxError(f"sandbox {self.id[:12]}: could not kill every process of its user")
 
-    async def _reap(self) -> None:
-        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid). The
-        fast-exec helper does it without forking when it is alive and free (a fork bomb keeps the process
-        table full, so a new process may not start); otherwise an exec does, retried for the same reason."""
+    async def _reap(self) -> bool:
+        """Kill every process of the sandbox user (PID 1 and the lifetime timer run as another uid); whether
+        none is left. The fast-exec helper does it without forking while it is alive (a fork bomb keeps the
+        process table full, so a new process may not start); otherwise an exec does, retried for the same
+        reason."""
         helper = self._helper
         if helper is not None and helper.alive and helper.lock.acquire(blocking=False):
             try:
-                if await to_thread(helper.reap):
-                    return
+                for _ in range(3):  # survivors reported: the helper stays (it needs no free slot), try again
+                    if await to_thread(helper.reap):
+                        return True
+                    if not helper.alive:
+                        break
             finally:
                 helper.lock.release()
         if self._helper is not None:
@@ -295,10 +301,12 @@ class DockerSandbox:
                                           user=self.config.user, workdir="/", env=None, deadline_s=10,
                                           sink=lambda _s, _p: None)
                 if code == 0:
-                    return
+                    return True
             except Exception as e:
                 log.warning("reaping sandbox %s failed: %s", self.id[:12], e)
             await asyncio.sleep(0.2 * 2**attempt)
+        log.warning("sandbox %s: processes of its user may still run (no reaper could start)", self.id[:12])
+        return False
 
     # -- files -------------------------------------------------------------------------------------
     async def read_file(self, path: str) -> bytes:
