@@ -29,7 +29,7 @@ from agentrl.config.inference import VLLMServerConfig
 from agentrl.core.errors import ConfigError, EngineError
 from agentrl.core.shape import read_shape
 from agentrl.core.utils.lifeline import own_process, release_process
-from agentrl.core.utils.procs import stat_fields
+from agentrl.core.utils.procs import listens_on, stat_fields
 from agentrl.core.utils.threads import short_spin
 
 _RUNNING: set[VLLMServer] = set()  # started and not yet stopped (strong refs: atexit must see them)
@@ -118,17 +118,20 @@ def _importable(qualname: str) -> bool:
     return False
 
 
-def _bind_port(host: str, port: int) -> int:
-    """``port`` (0: a free one) if it can be bound on ``host`` now; raise ``ServerStartError`` if taken.
-    SO_REUSEADDR as the server itself binds: a restarted server may take its port back while connections of
-    its killed predecessor linger in TIME_WAIT."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            raise ServerStartError(f"cannot serve on {host}:{port}: {e}") from e
-        return int(s.getsockname()[1])
+def _hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound (not listening) to ``port`` on ``host`` (0: a free one), held until the server listens on
+    it; raise ``ServerStartError`` if taken. While held, no other ``bind(("", 0))`` on this host is given the
+    port, so engines started side by side cannot pick the same one; the server can still bind it, because
+    both set SO_REUSEADDR and this one never listens (as the server does, so a restarted server may take its
+    port back while connections of its killed predecessor linger in TIME_WAIT)."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        raise ServerStartError(f"cannot serve on {host}:{port}: {e}") from e
+    return s
 
 
 def validate_model_dir(model: str) -> None:
@@ -286,7 +289,8 @@ class VLLMServer:
             raise ServerAlreadyStarted(f"server {self.url} already started")
         validate_model_dir(self.cfg.model)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.port = _bind_port(self.cfg.host, self.port)  # a busy port would answer /health for another server
+        held = _hold_port(self.cfg.host, self.port)  # a busy port would answer /health for another server
+        self.port = int(held.getsockname()[1])
         self.cmd = self.build_command()
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:
@@ -304,21 +308,29 @@ class VLLMServer:
         except BaseException:
             self.stop()
             raise
+        finally:
+            held.close()
         self.startup_s = time.monotonic() - t0
         return self
 
     def _wait_healthy(self, deadline: float) -> None:
+        """Until ``GET /health`` answers 200 from this server's own process: another process listening on the
+        port (one that took it first) would answer for a different model."""
         assert self.proc is not None
+        foreign = ""
         with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as http:
             while True:
                 code = self.proc.poll()
                 if code is not None or time.monotonic() > deadline:
                     why = (f"exited with code {code} during startup" if code is not None
                            else f"not healthy after {self.cfg.startup_timeout_s:.0f}s")
-                    raise ServerStartError(f"vLLM server {why}; last lines of {self.log_path}:\n{_tail(self.log_path)}")
+                    raise ServerStartError(f"vLLM server {why}{foreign}; last lines of {self.log_path}:\n"
+                                           f"{_tail(self.log_path)}")
                 with contextlib.suppress(httpx.HTTPError):
                     if http.get(f"{self.url}/health").status_code == 200 and self.proc.poll() is None:
-                        return
+                        if listens_on(self.proc.pid, self.port) is not False:
+                            return
+                        foreign = f" (another process answers on port {self.port})"
                 time.sleep(0.5)
 
     def is_running(self) -> bool:

@@ -22,3 +22,30 @@ def process_table() -> dict[int, tuple[int, int, str]]:
         if entry.name.isdigit() and (f := stat_fields(int(entry.name))) is not None and f[0] not in ("Z", "X"):
             table[int(entry.name)] = (int(f[1]), int(f[2]), f[19])
     return table
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (any address, IPv4 or IPv6, in the
+    process's own network namespace); None where this host cannot tell (no ``/proc``, or ``pid``'s
+    descriptors are not readable)."""
+    inodes = set()
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:  # sl local_address rem_address st ... inode: "0100007F:1F90 ... 0A ..."
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
