@@ -60,3 +60,21 @@ def test_the_cpu_kv_cache_is_sized_from_the_model(tmp_path: Path, monkeypatch: p
     assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 8192})) == 4
     assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 16})) == 1
     assert engine.kv_cache_gib(VLLMServerConfig(model="org/hub-model")) == 1
+
+
+def test_the_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def backend(server: VLLMServer) -> tuple[str | None, str | None]:
+        cmd = server.build_command()
+        flag = cmd[cmd.index("--distributed-executor-backend") + 1] if "--distributed-executor-backend" in cmd else None
+        return flag, server._env().get("VLLM_ENABLE_V1_MULTIPROCESSING")
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    model = _model(tmp_path, "float32")
+    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    assert backend(VLLMServer(VLLMServerConfig(model=model), tmp_path)) == ("uni", "0")
+    # the user's choice, and tensor parallelism, keep vLLM's worker processes
+    mp = VLLMServer(VLLMServerConfig(model=model, extra_args=["--distributed-executor-backend", "mp"]), tmp_path)
+    assert backend(mp) == ("mp", None)
+    assert backend(VLLMServer(VLLMServerConfig(model=model, tensor_parallel_size=2), tmp_path)) == (None, None)
+    monkeypatch.setattr(engine, "_is_cpu_build", lambda: False)  # a GPU build chooses by itself
+    assert backend(VLLMServer(VLLMServerConfig(model=model), tmp_path)) == (None, None)
