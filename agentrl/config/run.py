@@ -105,10 +105,11 @@ class PipelineConfig(Section):
     measured by this project)."""
     lora_sync: Literal["auto", "adapter", "merged"] = "auto"
     """How a LoRA run's policy reaches the engines. ``adapter``: the adapter's tensors into the engines' LoRA
-    slots; ``merged``: the trainer merges the adapter into the weights it touches and publishes those weights
-    through the full-weight transport (engines without LoRA: e.g. MoE models on vLLM's CPU build, whose
-    MoE LoRA path needs Triton); ``auto``: ``merged`` for a MoE model on the CPU build, else ``adapter``
-    (the run logs which)."""
+    slots (vLLM's LoRA serving: several adapters at once); ``merged``: the adapter's tensors to engines
+    without LoRA, which merge them into their base weights (``W0 + scaling * B @ A`` for each module the
+    adapter touches, from a kept copy of the base) and generate on plain weights: vLLM's CPU build generates
+    2 to 3.5x slower with a LoRA adapter, and its MoE LoRA path needs Triton; ``auto``: ``merged`` for a MoE
+    model on the CPU build, else ``adapter`` (the run logs which)."""
     weight_transfer_addr: str = "127.0.0.1"
     """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
     (the NCCL rendezvous of the weight transfer)."""
@@ -295,6 +296,10 @@ class RunConfig(Section):
             if self.pipeline.weight_sync == "nccl":
                 raise SettingError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); "
                                    "a LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
+            if self.pipeline.weight_sync == "file" and self.pipeline.lora_sync == "merged":
+                raise SettingError("pipeline.lora_sync = 'merged' sends the adapter to engines that merge it into "
+                                   "their weights, through shared memory or the request body; 'file' loads "
+                                   "adapter files into LoRA slots: use pipeline.weight_sync = 'shm' or 'network'")
             return self
         if self.trainer.loss.kl_coef > 0:
             raise SettingError(

@@ -11,6 +11,8 @@ runs one of its methods on every worker:
 - full-weight loading (:class:`agentrl.engine.full.FullWeightsMixin`: ``agentrl_begin_weights``,
   ``agentrl_load_weights``, ``agentrl_load_weights_bytes``, ``agentrl_finish_weights``,
   ``agentrl_load_weights_from_path``, ``agentrl_weight_dtype``);
+- merged adapters (:class:`agentrl.engine.merge.MergeMixin`: ``agentrl_merge_lora``,
+  ``agentrl_merge_lora_bytes``): the adapter merged into the base weights, for generation on plain weights;
 - MoE routing capture (:class:`agentrl.engine.routing.RoutingCaptureMixin`: ``agentrl_routing_enable``,
   ``agentrl_routing_take``).
 
@@ -28,13 +30,14 @@ import sys
 from agentrl.engine.adapter import AdapterMixin
 from agentrl.engine.full import FullWeightsMixin
 from agentrl.engine.install import install_in_worker
+from agentrl.engine.merge import MergeMixin
 from agentrl.engine.routing import RoutingCaptureMixin
 
 if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): hook before any adapter loads
     install_in_worker()
 
 
-class WorkerExtension(AdapterMixin, FullWeightsMixin, RoutingCaptureMixin):
+class WorkerExtension(AdapterMixin, FullWeightsMixin, MergeMixin, RoutingCaptureMixin):
     """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
 
 

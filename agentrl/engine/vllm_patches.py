@@ -64,6 +64,9 @@ Private-API lookups (nothing patched; called by the extension when it needs them
    vLLM never reprocesses ``lm_head``, whose CPU-packed GEMM weights would lag a version behind).
 10. :func:`served_model`, :func:`model_config`, :func:`moe_geometry`: the served ``nn.Module``, the model's
     config, and the runner's step size (``max_num_tokens``).
+11. Merged adapters (:mod:`agentrl.engine.merge`): :func:`peft_helper_from_dict` (each module's scaling from
+    the adapter config the publisher sends) and :func:`packed_modules` (the model's ``packed_modules_mapping``:
+    which siblings a merged module's layer also needs); the load itself is lookup 6.
 
 This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
 msgspec are imported inside the functions.
@@ -398,6 +401,24 @@ def model_config(owner: Any) -> Any:
     """The ``ModelConfig`` of a worker or a model runner (``vllm_config.model_config``): ``model`` (its name),
     ``hf_text_config.model_type``, and the MoE shape (:func:`moe_geometry`)."""
     return owner.vllm_config.model_config
+
+
+@_uses("lookup", Target("vllm.lora.peft_helper", "PEFTHelper.from_dict"),
+       Target("vllm.lora.peft_helper", "PEFTHelper.get_rank_and_scaling"))
+def peft_helper_from_dict(config: dict[str, Any]) -> Any:
+    """vLLM's reading of an adapter config given as a dict (``adapter_config.json``'s content), as
+    :func:`peft_helper` reads it from a directory: the merged path scales each module exactly as vLLM's
+    LoRA loading does."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    return PEFTHelper.from_dict(config)
+
+
+@_uses("lookup", Target("vllm.model_executor.models.interfaces", "SupportsLoRA.packed_modules_mapping"))
+def packed_modules(model: Any) -> dict[str, list[str]]:
+    """The sub-projections vLLM packs into one layer of ``model`` (``{"qkv_proj": ["q_proj", "k_proj",
+    "v_proj"], ...}``; empty for a model that packs none)."""
+    return {k: list(v) for k, v in (getattr(model, "packed_modules_mapping", None) or {}).items()}
 
 
 # -- full-weight loading -----------------------------------------------------------------------------------

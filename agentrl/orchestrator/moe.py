@@ -51,9 +51,9 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     merged = info is not None and cfg.trainer.lora and _is_cpu_build()
     cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged else "adapter"})
     if merged:
-        log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the trainer merges its "
-                 "LoRA adapter into the weights it touches and publishes them as full weights "
-                 "(pipeline.lora_sync = 'merged'); the engines run without LoRA")
+        log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the engines run without "
+                 "LoRA and merge each published adapter into the weights it touches (pipeline.lora_sync = "
+                 "'merged')")
     return cfg
 
 

@@ -369,10 +369,11 @@ class TrainingRun:
         return result
 
     def _publisher(self, trainer: RunTrainer, client: Engines) -> contextlib.AbstractAsyncContextManager[Publisher]:
-        """The run's weight publisher over ``client``'s engines (LoRA adapters or full weights)."""
+        """The run's weight publisher over ``client``'s engines (LoRA adapters, merged or not, or full weights)."""
         cfg = self.cfg
         return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.serves_adapter,
                                 name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
+                                merged=cfg.trainer.lora and not cfg.serves_adapter,
                                 nccl_addr=cfg.pipeline.weight_transfer_addr)
 
     async def _republish(self, trainer: RunTrainer, url: str, version: int) -> None:

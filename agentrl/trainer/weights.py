@@ -8,10 +8,8 @@ parallel. Otherwise the ranks gather the bucket (``full_tensor()``, one paramete
 there, or hands its bytes back through the trainer connection (another host). Either way at most one bucket is
 held, never the whole model.
 
-A LoRA model publishes merged weights (engines that cannot serve LoRA, e.g. MoE on vLLM's CPU build): only the
-modules the adapter touches, each ``W + scaling * B @ A`` from the gathered base weight and adapter, plus the
-untouched siblings that the engine packs into one layer with them (``q/k/v_proj``, ``gate/up_proj``), so that
-every engine layer the update reaches gets all of its weights.
+A LoRA model publishes its adapter instead (its tensors: ``agentrl.trainer.model_io.gather_trainable``); engines
+that serve it merged into their weights do the merge themselves (``agentrl.engine.merge``).
 """
 
 from __future__ import annotations
@@ -25,23 +23,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from agentrl.core.errors import ConfigError, WeightSyncError
+from agentrl.core.errors import WeightSyncError
 from agentrl.weight_sync.buckets import Layout, layout_bytes
 from agentrl.weight_sync.worker_io import attach_segment
 
-PACKED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Sibling projections an engine packs into one layer (vLLM's ``qkv_proj`` and ``gate_up_proj``)."""
-
-
-class UnmergeableAdapter(ConfigError, NotImplementedError):
-    """A LoRA adapter on parameters (e.g. MoE expert tensors) cannot be merged into full weights for an engine
-    without LoRA support."""
-
-    code = "config.unmergeable_adapter"
-
 
 class UnknownLayoutWeight(WeightSyncError, KeyError):
-    """A weight-sync layout names a weight the trained model does not have (or, for LoRA, does not publish)."""
+    """A weight-sync layout names a weight the trained model does not have."""
 
     code = "weight_sync.layout_unknown_weight"
 
@@ -53,57 +41,12 @@ class LayoutShapeMismatch(WeightSyncError, ValueError):
 
 
 def weight_specs(model: nn.Module) -> list[tuple[str, list[int]]]:
-    """Every parameter's Hugging Face name and full (unsharded) shape, in model order (tied weights once); for
-    a LoRA model, the merged weights it publishes (:func:`merged_modules`)."""
-    if _is_lora(model):
-        return [(name, list(m.weight.shape)) for name, m in merged_modules(model)]
+    """Every parameter's Hugging Face name and full (unsharded) shape, in model order (tied weights once)."""
     return [(name, list(p.shape)) for name, p in model.named_parameters()]
-
-
-def _is_lora(model: nn.Module) -> bool:
-    return hasattr(model, "peft_config")
-
-
-def merged_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """A LoRA model's published weights: ``(Hugging Face weight name, module)`` of every module its adapter
-    wraps (the module is the peft layer) and of their packed siblings (plain linear layers), in model order.
-    Raises for adapters on parameters (e.g. MoE expert tensors), which this path cannot merge yet."""
-    if getattr(next(iter(model.peft_config.values())), "target_parameters", None):
-        raise UnmergeableAdapter("merged LoRA sync covers adapters on linear modules; this adapter targets "
-                                  "parameters (e.g. MoE experts): serve it from an engine with LoRA support")
-    modules = dict(model.named_modules())
-    wrapped = {name for name, m in modules.items() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
-    chosen = set(wrapped)
-    for name in wrapped:
-        parent, _, leaf = name.rpartition(".")
-        for group in PACKED:
-            if leaf in group:
-                chosen.update(f"{parent}.{sib}" for sib in group if f"{parent}.{sib}" in modules)
-    prefix = "base_model.model."
-    return [(name.removeprefix(prefix) + ".weight", modules[name]) for name in modules if name in chosen]
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
-
-
-def _merged_tensors(model: nn.Module, layout: Layout) -> Iterator[torch.Tensor]:
-    """Collective, one module at a time: the merged full weight of each of ``layout``'s modules."""
-    modules = dict(merged_modules(model))
-    for name, _, shape, _ in layout:
-        m = modules.get(name)
-        if m is None:
-            raise UnknownLayoutWeight(f"{name} is not a weight the LoRA model publishes")
-        if not hasattr(m, "base_layer"):
-            w = _full(m.weight)
-        else:
-            w = _full(m.base_layer.weight).clone()
-            for adapter in m.active_adapters:
-                a, b = _full(m.lora_A[adapter].weight), _full(m.lora_B[adapter].weight)
-                w += m.scaling[adapter] * (b.float() @ a.float()).to(w.dtype)
-        if list(w.shape) != list(shape):
-            raise LayoutShapeMismatch(f"{name}: the model's shape {list(w.shape)} is not the layout's {shape}")
-        yield w
 
 
 def _layout_params(model: nn.Module, layout: Layout) -> Iterator[nn.Parameter]:
@@ -164,12 +107,11 @@ class BucketWriter:
         mapped = torch.tensor([int(seg is not None)])
         if world > 1:
             dist.all_reduce(mapped, op=dist.ReduceOp.MIN)
-        lora = _is_lora(model)
-        if mapped.item() and not lora:
+        if mapped.item():
             assert seg is not None
             return self._write_shards(model, layout, seg[offset:], t0)
-        fulls = _merged_tensors(model, layout) if lora else _full_tensors(model, layout)
-        return self._write_gathered(fulls, layout, seg[offset:] if rank == 0 and seg is not None else None, t0)
+        return self._write_gathered(_full_tensors(model, layout), layout,
+                                    seg[offset:] if rank == 0 and seg is not None else None, t0)
 
     def _write_shards(self, model: nn.Module, layout: Layout, slot: torch.Tensor, t0: float) -> dict[str, Any]:
         """Every rank copies its rows of each parameter into ``slot``; parameters not sharded by rows are

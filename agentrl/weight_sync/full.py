@@ -75,6 +75,28 @@ async def go_live(engine: LoadingEngines, urls: list[str], version: int, *,
     return {"full_version_reset_ms": (t1 - t0) * 1e3, "full_resume_ms": (time.perf_counter() - t1) * 1e3}
 
 
+async def each_endpoint(engine: LoadingEngines, method: str, kwargs: dict[str, str], urls: list[str],
+                        failed: dict[str, str], timeout_s: float) -> list[dict[str, Any]]:
+    """Run ``method`` on the endpoints of ``urls`` that have not failed; record the ones that fail now (by url,
+    with why). Returns the records of the workers that applied it."""
+    todo = [u for u in urls if u not in failed]
+    if not todo:
+        return []
+    try:
+        results = await engine.subset(todo).collective_rpc(method, kwargs=kwargs, timeout=timeout_s)
+    except EngineError as exc:  # every targeted engine failed the call
+        failed.update({u: f"{method}: {exc}" for u in todo})
+        return []
+    done: list[dict[str, Any]] = []
+    for url, workers in zip(todo, results, strict=True):
+        bad = worker_failures(workers) or ([] if workers else ["no worker answered"])
+        if bad or any(isinstance(w, dict) and w.get("down") for w in workers):
+            failed[url] = f"{method}: " + ("; ".join(bad) or "out of rotation")
+        else:
+            done += [w for w in workers if isinstance(w, dict)]
+    return done
+
+
 class WeightSource(Protocol):
     """The trainer, as a full-weight publisher needs it (:class:`agentrl.trainer.client.TrainerProcess`)."""
 
@@ -175,19 +197,7 @@ class FullWeightSync:
         }
 
     async def _each(self, method: str, kwargs: dict[str, str], urls: list[str], failed: dict[str, str]) -> None:
-        """Run ``method`` on the endpoints of ``urls`` that have not failed; record the ones that fail now."""
-        todo = [u for u in urls if u not in failed]
-        if not todo:
-            return
-        try:
-            results = await self.engine.subset(todo).collective_rpc(method, kwargs=kwargs, timeout=self.rpc_timeout_s)
-        except EngineError as exc:  # every targeted engine failed the call
-            failed.update({u: f"{method}: {exc}" for u in todo})
-            return
-        for url, workers in zip(todo, results, strict=True):
-            bad = worker_failures(workers) or ([] if workers else ["no worker answered"])
-            if bad or any(isinstance(w, dict) and w.get("down") for w in workers):
-                failed[url] = f"{method}: " + ("; ".join(bad) or "out of rotation")
+        await each_endpoint(self.engine, method, kwargs, urls, failed, self.rpc_timeout_s)
 
     async def _stream(self, urls: list[str], failed: dict[str, str], stats: dict[str, float]) -> None:
         """Every bucket into every engine, double-buffered: the trainer writes bucket i + 1 into one slot while

@@ -131,11 +131,32 @@ async def full_weight_publisher(mode: Literal["shm", "network", "file", "nccl"],
         yield publisher
 
 
+@contextlib.asynccontextmanager
+async def merged_adapter_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any,
+                                   client: Any) -> AsyncIterator[Publisher]:
+    """The merged-adapter publisher over ``client``'s engines: the adapter through shared memory to the engines
+    on this host, in the call body to the others (``"network"``: to every engine), merged by each engine."""
+    from agentrl.weight_sync.merged import MergedAdapterSync
+
+    if mode in ("file", "nccl"):
+        raise WeightSyncModeError(f"pipeline.weight_sync = {mode!r} cannot carry a merged adapter "
+                                  "(pipeline.lora_sync = 'merged'): use 'shm' or 'network'")
+    if mode == "network":
+        remote = list(client.endpoints)
+    else:
+        remote = [u for u, ok in (await engines_on_this_host(client)).items() if not ok]
+    with MergedAdapterSync(trainer, client, remote=remote) as publisher:
+        yield publisher
+
+
 def weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any, client: Any, *, lora: bool,
-                     name: str, adapter_dir: Path,
+                     name: str, adapter_dir: Path, merged: bool = False,
                      nccl_addr: str = "127.0.0.1") -> contextlib.AbstractAsyncContextManager[Publisher]:
-    """The publisher of a run: LoRA adapters (:func:`adapter_publisher`) or full weights
+    """The publisher of a run: LoRA adapters into the engines' LoRA slots (:func:`adapter_publisher`), merged
+    by the engines into their weights (``merged``: :func:`merged_adapter_publisher`), or full weights
     (:func:`full_weight_publisher`)."""
+    if merged:
+        return merged_adapter_publisher(mode, trainer, client)
     if lora:
         if mode == "nccl":
             raise WeightSyncModeError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")

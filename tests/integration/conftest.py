@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,15 @@ log = logging.getLogger(__name__)
 
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_model_config() -> dict:
+    """The embedded tiny model's ``config.json`` (installed by :func:`tiny_model_dir`, which runs first)."""
+    import json
+
+    from agentrl.tools.modelgen import DEFAULT_TINY_DIR
+
+    return json.loads((ROOT / DEFAULT_TINY_DIR / "config.json").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +55,25 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def weights_engine(vllm_server: Any, tiny_model_dir: Path) -> Iterator[Any]:
+    """The session server, for a module whose tests replace its base weights: the model's own weights are
+    loaded back (and the version label reset) after the module's tests, so the tests that follow see the engine
+    they expect."""
+    import asyncio
+
+    from agentrl.inference import InferenceClient
+
+    yield vllm_server
+
+    async def restore() -> None:
+        async with InferenceClient([vllm_server.url], timeout_s=300) as client:
+            out = (await client.collective_rpc("agentrl_load_weights_from_path",
+                                               kwargs={"path": str(tiny_model_dir)}, timeout=300))[0]
+            assert all(w.get("ok") for w in out), out
+            await client.reset_prefix_cache()
+            await client.set_weight_version("0")
+
+    asyncio.run(restore())

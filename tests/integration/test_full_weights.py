@@ -9,7 +9,7 @@ back afterwards, so the tests that follow see the engine they expect.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +33,9 @@ N_TOKENS = 900  # prompt + completion within the session server's max_model_len 
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_server, tiny_model_dir: Path) -> Iterator[Any]:
-    """The session server; its own weights are loaded back after this module's tests."""
-    yield vllm_server
-
-    async def restore() -> None:
-        async with InferenceClient([vllm_server.url], timeout_s=300) as client:
-            out = (await client.collective_rpc("agentrl_load_weights_from_path",
-                                               kwargs={"path": str(tiny_model_dir)}, timeout=300))[0]
-            assert all(w.get("ok") for w in out), out
-            await client.reset_prefix_cache()
-            await client.set_weight_version("0")
-
-    asyncio.run(restore())
+def engine(weights_engine: Any) -> Any:
+    """The session server, its own weights loaded back after this module's tests."""
+    return weights_engine
 
 
 @pytest.fixture()

@@ -11,11 +11,13 @@ from agentrl.config.trainer import ALL_LINEAR
 from agentrl.inference import InferenceClient, VLLMServerConfig
 from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
+from tests.integration.conftest import tiny_model_config
 
 pytestmark = pytest.mark.integration
 
 NAME = "shm-policy"
 LONG_PROMPT = [(i * 7) % 390 + 5 for i in range(300)]  # several KV blocks: a stale prefix cache would show
+
 
 
 class _Trainer:
@@ -56,7 +58,7 @@ async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, tar
     """Every module kind the adapter can touch, the engine's packed ones included (q/k/v into qkv_proj, gate/up
     into gate_up_proj, and the MLP's down_proj), and modules scaled differently (peft's ``alpha_pattern``): the
     in-place copy serves what a file load of the same tensors serves."""
-    shapes = lora_shapes("tiny", 16, targets)
+    shapes = lora_shapes(tiny_model_config(), 16, targets)
     trainer = _Trainer(random_lora(shapes, seed=0))
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
         await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, alpha_pattern=alphas)))

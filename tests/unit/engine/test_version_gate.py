@@ -24,7 +24,7 @@ from agentrl.engine.version_gate import (
 
 GATED = {"agentrl_update_lora", "agentrl_update_lora_bytes", "agentrl_begin_weights", "agentrl_load_weights",
          "agentrl_load_weights_bytes", "agentrl_finish_weights", "agentrl_load_weights_from_path",
-         "agentrl_routing_enable", "agentrl_routing_take"}
+         "agentrl_merge_lora", "agentrl_merge_lora_bytes", "agentrl_routing_enable", "agentrl_routing_take"}
 
 
 @pytest.fixture(autouse=True)

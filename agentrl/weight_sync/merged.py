@@ -1,0 +1,126 @@
+"""Merged LoRA sync: only the adapter crosses to the engines, which merge it into their base weights and
+generate on plain weights (``pipeline.lora_sync = "merged"``).
+
+Per sync (:meth:`MergedAdapterSync.publish`):
+
+1. the trainer's adapter tensors are written into a shared-memory segment owned here (the in-place copy's
+   packed layout, :mod:`agentrl.weight_sync.shm`), or packed into the call body for engines on other hosts;
+2. every engine pauses with ``keep`` (in-flight requests freeze where they are) and merges: ``W0 + scaling *
+   B @ A`` for each module the adapter touches, from its kept copy of the base weights
+   (:mod:`agentrl.engine.merge`), loaded with vLLM's own weight loading;
+3. every engine that merged is labelled with the new version, drops its prefix cache (running requests are
+   preempted and recompute their KV under the new weights) and resumes, as after a full-weight load
+   (:func:`agentrl.weight_sync.full.go_live`). In-flight episodes go on, and every token keeps the version
+   that produced it.
+
+An engine that fails the merge is left with a partial load: it leaves the rotation (its frozen requests are
+aborted, so they retry elsewhere) and rejoins after a complete one, as with full weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.weight_sync.base import LoadingEngines
+from agentrl.weight_sync.full import abandon, each_endpoint, go_live, live_urls
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
+
+MERGE_METHOD = "agentrl_merge_lora"
+MERGE_BYTES_METHOD = "agentrl_merge_lora_bytes"
+
+
+class MergedAdapterSync(SharedMemoryAdapterSync):
+    """Publish a LoRA adapter that the engines of ``engine`` merge into their weights.
+
+    ``trainer`` hands out the adapter's tensors and saves its files (read once, for ``adapter_config.json``:
+    each module's scaling); ``remote``: endpoints that cannot map this host's shared memory (they get the
+    adapter in the call body).
+    """
+
+    def __init__(self, trainer: Any, engine: LoadingEngines, *, remote: list[str] | None = None,
+                 set_version: bool = True, rpc_timeout_s: float = 600.0) -> None:
+        super().__init__(trainer, engine, "merged", set_version=set_version, reset="running",
+                         rpc_timeout_s=rpc_timeout_s)
+        self.loading: LoadingEngines = engine
+        self.remote = set(remote or [])
+        self._peft_config: dict[str, Any] | None = None
+        self._merge_meta = ("", "")  # (the segment layout's meta, the same with the adapter config)
+
+    async def peft_config(self) -> dict[str, Any]:
+        """The adapter's ``adapter_config.json`` (saved by the trainer once)."""
+        if self._peft_config is None:
+            with tempfile.TemporaryDirectory(prefix="agentrl-merged-") as d:
+                await self.trainer.save_adapter(Path(d) / "adapter")
+                self._peft_config = json.loads((Path(d) / "adapter" / "adapter_config.json").read_text())
+        return self._peft_config
+
+    def merge_meta(self, peft_config: dict[str, Any]) -> str:
+        """The engines' description of the segment: its layout and the adapter config."""
+        if self._merge_meta[0] != self._meta_json:
+            meta = {**json.loads(self._meta_json), "peft_config": peft_config}
+            self._merge_meta = (self._meta_json, json.dumps(meta, separators=(",", ":")))
+        return self._merge_meta[1]
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Make ``version`` live in every engine in rotation; returns each stage's time in ms (and ``sync_s``)."""
+        t0 = time.perf_counter()
+        config = await self.peft_config()
+        tensors = await self.trainer.get_adapter_tensors()
+        t1 = time.perf_counter()
+        nbytes = self.write(tensors)
+        meta = self.merge_meta(config)
+        t2 = time.perf_counter()
+        engine = self.loading
+        await engine.pause("keep")
+        live = live_urls(engine)
+        t3 = time.perf_counter()
+        failed: dict[str, str] = {}
+        try:
+            merged = await self._merge(live, meta, nbytes, failed)
+        except BaseException:
+            await abandon(engine, {u: "the merge was interrupted" for u in live})
+            raise
+        t4 = time.perf_counter()
+        ok = [u for u in live if u not in failed]
+        await abandon(engine, failed)
+        if not ok:
+            raise SyncError("merging the adapter failed on every engine: " + "; ".join(f"{u}: {w}" for u, w in
+                                                                                       failed.items()))
+        live_ms = await go_live(engine, ok, version, set_version=self.set_version)
+        t5 = time.perf_counter()
+        return {
+            "trainer_gather_ms": (t1 - t0) * 1e3,
+            "shm_write_ms": (t2 - t1) * 1e3,
+            "merge_pause_ms": (t3 - t2) * 1e3,
+            "merge_rpc_ms": (t4 - t3) * 1e3,
+            "engine_ms": max((float(w["engine_ms"]) for w in merged), default=0.0),
+            "merge_plan_ms": max((float(w.get("plan_ms", 0.0)) for w in merged), default=0.0),
+            **live_ms,
+            "total_ms": (t5 - t0) * 1e3,
+            "sync_s": t5 - t0,
+            "adapter_bytes": float(nbytes),
+            "engines_failed": float(len(failed)),
+        }
+
+    async def _merge(self, urls: list[str], meta: str, nbytes: int, failed: dict[str, str]) -> list[dict[str, Any]]:
+        """Every engine of ``urls`` merges the adapter: from the segment (this host) or the call body."""
+        assert self.shm is not None
+        here = [u for u in urls if u not in self.remote]
+        away = [u for u in urls if u in self.remote]
+        calls = []
+        if here:
+            calls.append(each_endpoint(self.loading, MERGE_METHOD, {
+                "shm_name": self.shm.name, "meta_json": meta, "layout_id": self._layout_id}, here, failed,
+                self.rpc_timeout_s))
+        if away:
+            payload = base64.b64encode(bytes(self.shm.buf[:nbytes])).decode("ascii")
+            calls.append(each_endpoint(self.loading, MERGE_BYTES_METHOD, {
+                "payload_b64": payload, "meta_json": meta, "layout_id": self._layout_id}, away, failed,
+                self.rpc_timeout_s))
+        return [w for done in await asyncio.gather(*calls) for w in done]

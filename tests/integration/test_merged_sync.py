@@ -1,0 +1,136 @@
+"""Merged LoRA sync on the real engine: only the adapter crosses (shared memory, or the call body for another
+host), the engine merges ``W0 + scaling * B @ A`` into its base weights, and its base model then serves what
+vLLM's own LoRA serving of the same adapter file served on the base weights, version after version: every
+module kind (packed q/k/v and gate/up, down_proj), modules scaled differently. A generation that spans a
+merge keeps its prefix and continues on the new weights, each token tagged with its version; a bad adapter
+is refused before any weight changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentrl.config.trainer import ALL_LINEAR
+from agentrl.core.versions import token_versions
+from agentrl.inference import InferenceClient
+from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
+from agentrl.weight_sync.merged import MergedAdapterSync
+from agentrl.weight_sync.shm import SyncError
+from tests.integration.conftest import tiny_model_config
+from tests.integration.vllm_metrics import start_paused_mid_generation
+
+pytestmark = [pytest.mark.integration]
+
+LONG_PROMPT = [(i * 7) % 390 + 5 for i in range(300)]  # several KV blocks: a stale prefix cache would show
+PROMPT = [(i * 13) % 390 + 5 for i in range(32)]
+N_TOKENS = 900  # prompt + completion within the session server's max_model_len (1024)
+
+
+
+class _Trainer:
+    """The adapter's tensors and its files, as the trainer hands them out."""
+
+    def __init__(self, tensors: dict, alphas: dict[str, float] | None = None) -> None:
+        self.tensors, self.alphas = tensors, alphas
+
+    async def get_adapter_tensors(self) -> dict:
+        return self.tensors
+
+    async def save_adapter(self, path: Path) -> dict:
+        save_lora(path, self.tensors, alpha_pattern=self.alphas)
+        return {"path": str(path)}
+
+
+@pytest.fixture(scope="module")
+def engine(weights_engine: Any) -> Any:
+    """The session server: merges replace its base weights (its own are loaded back after this module); its
+    requests for the model ``base`` run on them, with no adapter."""
+    return weights_engine
+
+
+async def _greedy(client: InferenceClient, model: str | None = None, max_tokens: int = 6):
+    return await client.generate(LONG_PROMPT, max_tokens=max_tokens, temperature=0.0, model=model)
+
+
+def _close(x: Any, y: Any, tol: float = 1e-3) -> bool:
+    return x.token_ids == y.token_ids and max(abs(a - b) for a, b in zip(x.logprobs, y.logprobs, strict=True)) <= tol
+
+
+async def _lora_reference(client: InferenceClient, trainer: _Trainer, path: Path) -> Any:
+    """What vLLM's LoRA serving of ``trainer``'s adapter (loaded from files) gives on the base weights now."""
+    await trainer.save_adapter(path)
+    await client.load_lora_adapter(path.name, str(path))
+    try:
+        return await _greedy(client, path.name)
+    finally:
+        await client.unload_lora_adapter(path.name)
+
+
+@pytest.mark.parametrize(("targets", "alphas", "network"),
+                         [(ATTENTION, None, False), (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64}, False),
+                          (tuple(ALL_LINEAR), None, True)],
+                         ids=["attention", "every-linear-per-module-alpha", "network"])
+async def test_a_merged_adapter_serves_what_vllms_lora_serves(engine, tmp_path: Path, targets: tuple[str, ...],
+                                                              alphas: dict | None, network: bool) -> None:
+    shapes = lora_shapes(tiny_model_config(), 16, targets)
+    trainer = _Trainer(random_lora(shapes, seed=0), alphas)
+    async with InferenceClient([engine.url], timeout_s=120) as client:
+        base = await _greedy(client)
+        with MergedAdapterSync(trainer, client, remote=[engine.url] if network else []) as sync:
+            for version, seed in ((1, 1), (2, 2)):
+                trainer.tensors = random_lora(shapes, seed=seed)
+                ref = await _lora_reference(client, trainer, tmp_path / f"merged-ref-{version}")
+                m = await sync.publish(version)
+                assert m["engine_ms"] > 0 and m["engines_failed"] == 0 and m["adapter_bytes"] > 0, m
+                got = await _greedy(client)
+                assert got.weight_versions and got.weight_versions[-1][0] == str(version)
+                assert _close(got, ref), (got, ref)
+                assert not _close(got, base, tol=1e-2)
+                trainer.tensors = {n: t * 0 for n, t in trainer.tensors.items()}
+                await sync.publish(version)  # each merge starts from the kept W0: a zero adapter gives it back
+                assert _close(await _greedy(client), base, tol=1e-5)
+
+
+async def test_a_generation_spanning_a_merge_continues_on_the_new_weights(engine) -> None:
+    shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
+    trainer = _Trainer(random_lora(shapes, seed=20))
+    async with InferenceClient([engine.url], timeout_s=300) as client:
+        with MergedAdapterSync(trainer, client) as sync:
+            await sync.publish(1)
+
+            async def greedy() -> Any:
+                return await client.generate(PROMPT, max_tokens=N_TOKENS, temperature=0.0, ignore_eos=True,
+                                             stop_token_ids=[])
+
+            ref = await greedy()
+            trainer.tensors = random_lora(shapes, seed=21)
+            try:
+                running = await start_paused_mid_generation(client, engine.url, greedy, first=8, total=N_TOKENS)
+                await sync.publish(2)  # pauses (keep: already), merges, relabels, resets the cache, resumes
+            finally:
+                await client.resume()
+            gen = await running
+            after = await greedy()
+    versions = token_versions(gen, -1)
+    assert 2 in versions, f"no token tagged v2: spans {gen.weight_versions}"
+    k = versions.index(2)
+    assert 0 < k < N_TOKENS and versions == [1] * k + [2] * (N_TOKENS - k), gen.weight_versions
+    assert gen.token_ids[:k] == ref.token_ids[:k], "the prefix generated before the merge must be kept"
+    assert gen.token_ids != ref.token_ids and after.token_ids != ref.token_ids  # the new weights took over
+
+
+async def test_a_bad_adapter_is_refused_and_the_engine_keeps_serving(engine) -> None:
+    shapes = lora_shapes(tiny_model_config(), 16, ATTENTION)
+    tensors = random_lora(shapes, seed=30)
+    bad = {n: (t[:, :-1].contiguous() if ".lora_A." in n else t) for n, t in tensors.items()}  # A a column short
+    async with InferenceClient([engine.url], timeout_s=120) as client:
+        before = await _greedy(client)
+        with MergedAdapterSync(_Trainer(bad), client) as sync:
+            with pytest.raises(SyncError, match="does not fit the base weight"):
+                await sync.publish(7)
+        assert client.pool.endpoints[0].down  # out of rotation until a complete load
+    async with InferenceClient([engine.url], timeout_s=120) as again:  # its weights were never touched
+        await again.resume()
+        assert _close(await _greedy(again), before, tol=1e-6)

@@ -1,0 +1,88 @@
+"""The engine-side merge of a LoRA adapter (``agentrl.engine.merge``), as pure logic: from the served checkpoint
+and the adapter's packed tensors, the tensors fed to vLLM's weight loading equal peft's own merge, every layer
+the adapter reaches gets all its tensors (packed siblings, biases), and a bad adapter is refused before any
+load. The real engine's merge is tested against vLLM's LoRA serving in tests/integration/test_merged_sync.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.engine.adapter_plan import UpdateError
+from agentrl.engine.merge import Checkpoint, build_merge_plan, lora_module
+from agentrl.weight_sync.shm import layout_views, pack_layout
+
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+
+def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None):
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    base = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    save_file({n: p.detach().clone().contiguous() for n, p in base.named_parameters()}, tmp_path / "model.safetensors")
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                            alpha_pattern=alpha_pattern or {}))
+    with torch.no_grad():  # a non-zero adapter (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return model
+
+
+def _adapter(model) -> tuple[dict, torch.Tensor]:
+    """The adapter as the publisher packs it: its layout (the engine's meta) and the packed buffer."""
+    from peft import get_peft_model_state_dict
+
+    tensors = {n: t.contiguous() for n, t in get_peft_model_state_dict(model).items()}  # base_model.model.<module>.lora_A.weight
+    layout, nbytes = pack_layout(tensors)
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    torch._foreach_copy_(layout_views(buf, layout), [tensors[n] for n, *_ in layout])
+    return {"nbytes": nbytes, "tensors": layout}, buf
+
+
+def _scaling(model):
+    lora_cfg = model.peft_config["default"]
+    return lambda module: lora_cfg.alpha_pattern.get(module.rsplit(".", 1)[-1], lora_cfg.lora_alpha) / lora_cfg.r
+
+
+def test_the_merge_feeds_peft_merged_weights_with_packed_siblings_and_biases(tmp_path: Path) -> None:
+    model = _model(tmp_path, ["q_proj", "v_proj", "down_proj"], alpha_pattern={"down_proj": 2})
+    meta, buf = _adapter(model)
+    kept: dict = {}
+    plan = build_merge_plan(meta, buf, PACKED, Checkpoint(str(tmp_path)), kept, torch.float32, _scaling(model))
+    got = {n: t.clone() for n, t in plan.merged()}
+    layer0 = sorted(n for n in got if ".layers.0." in n)
+    # q and v are merged, k (packed with them into qkv_proj) goes too, and the three biases; down_proj alone
+    assert layer0 == sorted([f"model.layers.0.self_attn.{m}_proj.{p}" for m in "qkv" for p in ("weight", "bias")]
+                            + ["model.layers.0.mlp.down_proj.weight"])
+    assert len(plan.terms) == 6 and len(kept) == len(got) == 14
+    want = dict(model.merge_and_unload().named_parameters())
+    for name, t in got.items():
+        torch.testing.assert_close(t, want[name].detach(), rtol=1e-6, atol=1e-6)
+    # the next sync starts from the kept base again: the same adapter merges to the same weights
+    again = dict(plan.merged())
+    for name, t in got.items():
+        torch.testing.assert_close(again[name], t, rtol=0, atol=0)
+
+
+def test_a_bad_adapter_is_refused(tmp_path: Path) -> None:
+    model = _model(tmp_path, ["q_proj"])
+    meta, buf = _adapter(model)
+    ckpt = Checkpoint(str(tmp_path))
+    only_a = {**meta, "tensors": [t for t in meta["tensors"] if ".lora_A." in t[0]]}
+    with pytest.raises(UpdateError, match="the adapter has lora_A only"):
+        build_merge_plan(only_a, buf, PACKED, ckpt, {}, torch.float32, lambda m: 1.0)
+    wide = [[n, d, [s[0], s[1] + 1] if ".lora_A." in n else s, o] for n, d, s, o in meta["tensors"]]
+    with pytest.raises(UpdateError, match=r"does not fit the base weight \[32, 32\]"):
+        build_merge_plan({**meta, "tensors": wide}, torch.zeros(meta["nbytes"] * 2, dtype=torch.uint8), PACKED,
+                         ckpt, {}, torch.float32, lambda m: 1.0)
+    with pytest.raises(UpdateError, match="not a LoRA tensor name"):
+        lora_module("model.layers.0.self_attn.q_proj.weight")
+    with pytest.raises(UpdateError, match="no safetensors files"):
+        Checkpoint(str(tmp_path / "nowhere"))
