@@ -7,6 +7,7 @@ is refused before any weight changes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,27 @@ async def test_a_bad_adapter_is_refused_and_the_engine_keeps_serving(engine) -> 
     async with InferenceClient([engine.url], timeout_s=120) as again:  # its weights were never touched
         await again.resume()
         assert _close(await _greedy(again), before, tol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["merged", "lora"])
+def test_bench_loop_adapter_reports_adapter_over_base(engine, tiny_model_dir: Path, mode: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench loop --adapter``: the same requests on the base model and with an adapter, alternating;
+    the report is consistent (no timing is asserted) and the engine is left as it was found."""
+    import asyncio
+
+    from agentrl.tools.bench.loop import main
+
+    async def greedy() -> Any:
+        async with InferenceClient([engine.url], timeout_s=120) as client:
+            return await _greedy(client)
+
+    before = asyncio.run(greedy())
+    assert main(["--adapter", mode, "--tasks", "2", "--group-size", "2", "--concurrency", "4", "--repeats", "2",
+                 "--json", "--model", str(tiny_model_dir), "--endpoint", engine.url]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["adapter"] == mode and r["adapter_rank"] == 16 and len(r["adapter_over_base_pairs"]) == 2
+    assert r["base_tokens_per_s"] > 0 and r["adapter_tokens_per_s"] > 0 and r["tokens_per_phase"] > 0
+    assert r["target_met"] == (r["adapter_over_base"] >= 0.9)
+    assert ("merge_engine_ms_p50" in r) == (mode == "merged")
+    assert _close(asyncio.run(greedy()), before, tol=1e-5)

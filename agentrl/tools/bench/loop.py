@@ -21,7 +21,8 @@ ignores it), ``loop_over_raw_total`` the ratio of the rates summed over every pa
 functions of the loop phases by cumulative time (cProfile).
 
 The last line is one JSON object: ``loop_tokens_per_s``, ``raw_tokens_per_s``, ``loop_over_raw``
-(target ≥ 0.95) and the details.
+(target ≥ 0.95) and the details. ``--adapter lora|merged`` measures generation with a served adapter against
+the base model instead (:mod:`agentrl.tools.bench.adapter_speed`).
 
     agentrl bench loop --tasks 16 --group-size 8 --concurrency 128 --json
 """
@@ -129,8 +130,9 @@ async def run_loop_phase(env_cls: Any, tasks: list[Any], group_size: int, client
 
 
 async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: Any, concurrency: int,
-                        salt: str) -> PhaseResult:
-    """The same requests as bare generations: per episode in turn order, ``concurrency`` episodes at once."""
+                        salt: str, model: str | None = None) -> PhaseResult:
+    """The same requests as bare generations: per episode in turn order, ``concurrency`` episodes at once
+    (``model``: the served model or adapter they name; None: the client's)."""
     import uuid
 
     slots = asyncio.Semaphore(concurrency)
@@ -141,7 +143,7 @@ async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: An
             for q in reqs:
                 gen = await client.generate(q.prompt_ids, max_tokens=q.max_tokens, temperature=sampling.temperature,
                                             top_p=sampling.top_p, top_k=sampling.top_k, key=key, cache_salt=salt,
-                                            ignore_eos=True)
+                                            ignore_eos=True, model=model)
                 got += len(gen.token_ids)
         return got
 
@@ -226,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(parser)
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="profile the loop phases and report the N functions with the most cumulative time")
+    parser.add_argument("--adapter", choices=("lora", "merged"), default=None,
+                        help="compare the base model with a served adapter instead (vLLM's LoRA serving, or "
+                             "merged into the weights): agentrl.tools.bench.adapter_speed")
+    parser.add_argument("--adapter-rank", type=int, default=16, help="--adapter: the adapter's rank")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if min(args.tasks, args.group_size, args.concurrency, args.repeats) < 1:
@@ -234,6 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tasks × (--repeats + 1) must be at most 2000 (the calc train split; one pair warms up)")
     if args.temperature <= 0:
         parser.error("--temperature must be > 0 (the raw phase replays lengths, not greedy tokens)")
+    if args.adapter:
+        from agentrl.tools.bench.adapter_speed import measure_adapter, print_result
+
+        res = asyncio.run(measure_adapter(args))
+        if not args.json:
+            print_result(res)
+        print(json.dumps(res))
+        return 0
     res = asyncio.run(measure(args))
     if not args.json:
         print(f"loop {res['loop_tokens_per_s']:.0f} tok/s ({res['loop_wall_s']:.2f} s, client CPU "
