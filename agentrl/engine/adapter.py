@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
-from agentrl.engine.adapter_plan import AdapterNotLoaded, CopyPlan, UpdateError, build_plan
+from agentrl.engine.adapter_plan import AdapterNotLoaded, CopyPlan, UpdateError, build_plan, decode_payload
 from agentrl.engine.install import REGISTRY, STATS, needs_patches
 from agentrl.weight_sync.base import SHM_UNAVAILABLE, WRITE_FAILED
 from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of
@@ -80,20 +80,11 @@ class AdapterMixin:
         plan is built once. The result also carries ``decode_ms``."""
         t0 = time.perf_counter()
         try:
-            import torch
-
-            nbytes = int(json.loads(meta_json)["nbytes"])
-            raw = base64.b64decode(payload_b64, validate=True)
-            if len(raw) != nbytes:
-                raise UpdateError(f"payload is {len(raw)} bytes, the layout says {nbytes}")
             key = f"net:{layout_id or meta_json}"
-            bufs: dict[str, Any] = self.__dict__.setdefault("_agentrl_netbufs", {})
-            if key not in bufs:
-                bufs.clear()
+            buf, new = decode_payload(self.__dict__.setdefault("_agentrl_netbufs", {}), key, payload_b64,
+                                      int(json.loads(meta_json)["nbytes"]))
+            if new:
                 self.__dict__["_agentrl_plans"] = {}  # plans hold views into the older buffer
-                bufs[key] = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-            buf = bufs[key]
-            buf[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
         except (UpdateError, ValueError) as exc:
             return failure_of(exc)
         decode_ms = (time.perf_counter() - t0) * 1e3
@@ -165,8 +156,8 @@ class AdapterMixin:
 
     def _agentrl_engine_core_ops(self, version: str, reset: str) -> dict[str, Any]:
         """Set the weight version / reset the prefix cache on the engine core when it is in this process
-        (in-process executor: a caller of this method, found on the stack; atomic with the copy). Multi-process
-        workers (vLLM CPU always, GPU with TP>1) return {} and the caller uses HTTP."""
+        (in-process executor: a caller of this method, found on the stack; atomic with the copy). Workers in
+        processes of their own (tensor parallelism, or the ``mp`` backend) return {} and the caller uses HTTP."""
         t0, core = time.perf_counter(), self._agentrl_core()
         if core is None:
             return {}
@@ -179,7 +170,7 @@ class AdapterMixin:
         cached = getattr(self, "_agentrl_core_ref", None)
         if cached is not None:
             return cached or None
-        self._agentrl_core_ref: Any = False  # searched once: multi-process workers have none
+        self._agentrl_core_ref: Any = False  # searched once: workers in processes of their own have none
         core = vllm_patches.find_engine_core()
         if core is not None:
             self._agentrl_core_ref = core

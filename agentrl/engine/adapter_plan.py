@@ -36,6 +36,27 @@ class AdapterNotLoaded(UpdateError):
     code = ADAPTER_NOT_LOADED
 
 
+def decode_payload(bufs: dict[str, Any], key: str, payload_b64: str, nbytes: int) -> tuple[Any, bool]:
+    """A call body's packed adapter bytes (base64) in a uint8 buffer of this worker, kept in ``bufs`` under
+    ``key`` and reused while the key (the layout) stays the same: a new key drops the older buffer. Returns the
+    buffer and whether it is new (plans holding views into an older one must go). Raises UpdateError for a
+    payload of another size than the layout's, ValueError for bad base64."""
+    import base64
+
+    import torch
+
+    raw = base64.b64decode(payload_b64, validate=True)
+    if len(raw) != nbytes:
+        raise UpdateError(f"payload is {len(raw)} bytes, the layout says {nbytes}")
+    new = key not in bufs
+    if new:
+        bufs.clear()
+        bufs[key] = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+    buf = bufs[key]
+    buf[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    return buf, new
+
+
 class CopyPlan:
     """Precomputed views for one (adapter object, slot, shm layout): the update is a few foreach ops."""
 

@@ -18,7 +18,6 @@ This module must import without vLLM and torch (the launcher imports the extensi
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.engine import vllm_patches
-from agentrl.engine.adapter_plan import UpdateError
+from agentrl.engine.adapter_plan import UpdateError, decode_payload
 from agentrl.engine.install import needs_patches
 from agentrl.weight_sync.worker_io import failure, failure_of
 
@@ -172,20 +171,10 @@ class MergeMixin:
         an engine that cannot map the publisher's shared memory. The result also carries ``decode_ms``."""
         t0 = time.perf_counter()
         try:
-            import torch
-
             meta = json.loads(meta_json)
-            nbytes = int(meta["nbytes"])
-            raw = base64.b64decode(payload_b64, validate=True)
-            if len(raw) != nbytes:
-                raise UpdateError(f"payload is {len(raw)} bytes, the layout says {nbytes}")
             key = f"net:{layout_id or meta_json}"
-            bufs: dict[str, Any] = self.__dict__.setdefault("_agentrl_merge_bufs", {})
-            if key not in bufs:
-                bufs.clear()
-                bufs[key] = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-            buf = bufs[key]
-            buf[:nbytes].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+            buf, _ = decode_payload(self.__dict__.setdefault("_agentrl_merge_bufs", {}), key, payload_b64,
+                                    int(meta["nbytes"]))
         except UpdateError as exc:
             return failure_of(exc)
         except (ValueError, KeyError, TypeError) as exc:

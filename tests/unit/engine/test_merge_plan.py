@@ -86,3 +86,22 @@ def test_a_bad_adapter_is_refused(tmp_path: Path) -> None:
         lora_module("model.layers.0.self_attn.q_proj.weight")
     with pytest.raises(UpdateError, match="no safetensors files"):
         Checkpoint(str(tmp_path / "nowhere"))
+
+
+def test_a_call_bodys_payload_is_decoded_into_a_buffer_kept_per_layout() -> None:
+    import base64
+
+    from agentrl.engine.adapter_plan import decode_payload
+
+    bufs: dict = {}
+    data = bytes(range(10))
+    buf, new = decode_payload(bufs, "layout-1", base64.b64encode(data).decode(), 10)
+    assert new and bytes(buf[:10].tolist()) == data
+    again, new = decode_payload(bufs, "layout-1", base64.b64encode(data[::-1]).decode(), 10)
+    assert not new and again is buf and bytes(buf[:10].tolist()) == data[::-1]  # the same buffer, rewritten
+    _, new = decode_payload(bufs, "layout-2", base64.b64encode(data).decode(), 10)
+    assert new and list(bufs) == ["layout-2"]  # the older layout's buffer is dropped
+    with pytest.raises(UpdateError, match="payload is 10 bytes, the layout says 12"):
+        decode_payload(bufs, "layout-2", base64.b64encode(data).decode(), 12)
+    with pytest.raises(ValueError):
+        decode_payload(bufs, "layout-2", "not base64!", 10)
