@@ -47,8 +47,9 @@ Private-API lookups (nothing patched; called by the extension when it needs them
 
 4. :func:`find_engine_core`: walks the call stack (``sys._getframe``) for the in-process
    ``vllm.v1.engine.core.EngineCore`` that called the worker, so the extension can set the weight version and
-   reset the prefix cache atomically with the copy. Multi-process workers (vLLM CPU always, GPU with TP>1)
-   have none.
+   reset the prefix cache atomically with the copy. Workers in processes of their own (tensor parallelism, or
+   the ``mp`` backend chosen in ``inference.extra_args``) have none; agentrl starts a CPU engine's one worker in
+   its engine core (:mod:`agentrl.inference.server`).
 5. :func:`lora_adapter_manager`: the worker's ``model_runner.lora_manager._adapter_manager`` (a private
    attribute): the ``LoRAModelManager`` that holds the stacked slot buffers and the CPU adapter cache, which
    :mod:`agentrl.engine.adapter_plan` reads (with :func:`parse_lora_name` and :func:`peft_helper`).

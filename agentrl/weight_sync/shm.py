@@ -79,7 +79,8 @@ def applied(workers: list[Any]) -> list[dict[str, Any]]:
 async def after_copy(engine: EngineRPC, workers: list[dict[str, Any]], version: int, *, set_version: bool,
                      reset: str) -> float:
     """After an in-place copy: label the weights and reset the prefix cache over HTTP where the workers could
-    not do it in their engine core (multi-process workers: vLLM CPU always, GPU with TP > 1). Returns the
+    not do it in their engine core (workers in processes of their own: tensor parallelism, or a backend
+    chosen in ``inference.extra_args``). Returns the
     reset's status: 1 done, 0 refused (requests running), -1 done over HTTP (unchecked)."""
     reset_ok = float(all(w.get("prefix_reset") for w in workers))
     calls = []
