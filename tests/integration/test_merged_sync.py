@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration]
 
 LONG_PROMPT = [(i * 7) % 390 + 5 for i in range(300)]  # several KV blocks: a stale prefix cache would show
 PROMPT = [(i * 13) % 390 + 5 for i in range(32)]
-N_TOKENS = 900  # prompt + completion within the session server's max_model_len (1024)
+N_TOKENS = 300  # at least 6 s on the slowed engine: far longer than a pause round trip
 
 
 
@@ -53,6 +53,11 @@ def engine(weights_engine: Any) -> Any:
 
 async def _greedy(client: InferenceClient, model: str | None = None, max_tokens: int = 6):
     return await client.generate(LONG_PROMPT, max_tokens=max_tokens, temperature=0.0, model=model)
+
+
+def _zero() -> dict:
+    """An adapter of zeros on every linear layer: merged, it gives the base weights back."""
+    return {n: t * 0 for n, t in random_lora(lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR)), 0).items()}
 
 
 def _close(x: Any, y: Any, tol: float = 1e-3) -> bool:
@@ -141,16 +146,19 @@ async def test_a_bad_adapter_is_refused_and_the_engine_keeps_serving(engine) -> 
 def test_bench_loop_adapter_reports_adapter_over_base(engine, tiny_model_dir: Path, mode: str,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """``agentrl bench loop --adapter``: the same requests on the base model and with an adapter, alternating;
-    the report is consistent (no timing is asserted) and the engine is left as it was found."""
+    the report is consistent (no timing is asserted) and the engine is left with its base weights."""
     import asyncio
 
     from agentrl.tools.bench.loop import main
 
-    async def greedy() -> Any:
+    async def greedy(restore: bool = False) -> Any:
         async with InferenceClient([engine.url], timeout_s=120) as client:
+            if restore:  # earlier tests left an adapter merged: the base weights first
+                with MergedAdapterSync(_Trainer(_zero()), client) as sync:
+                    await sync.publish(0)
             return await _greedy(client)
 
-    before = asyncio.run(greedy())
+    before = asyncio.run(greedy(restore=True))
     assert main(["--adapter", mode, "--tasks", "2", "--group-size", "2", "--concurrency", "4", "--repeats", "2",
                  "--json", "--model", str(tiny_model_dir), "--endpoint", engine.url]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

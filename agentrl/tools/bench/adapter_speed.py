@@ -99,7 +99,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
                         base.add(b)
                         with_adapter.add(a)
                         ratios.append((a.tokens / a.wall_s) / max(b.tokens / b.wall_s, 1e-9))
-                if merged:  # an engine of --endpoint is left with its base weights, as found
+                if merged:  # an engine of --endpoint is left with its base weights
                     await switch(zero)
                 else:
                     await client.unload_lora_adapter(NAME)
