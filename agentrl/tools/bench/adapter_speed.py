@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.tools.bench.engine import bench_model, engine_url, scratch_dir
-from agentrl.tools.bench.loop import PhaseResult, run_loop_phase, run_raw_phase
+from agentrl.tools.bench.phases import PhaseResult, run_loop_phase, run_raw_phase
 
 NAME = "bench-adapter"
 TARGET = 0.9
