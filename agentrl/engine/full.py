@@ -175,10 +175,16 @@ class FullWeightsMixin:
                     for name in fh.keys():
                         yield name, fh.get_tensor(name)
 
+        return self._agentrl_load_whole(t0, weights())
+
+    def _agentrl_load_whole(self, t0: float, weights: Iterator[tuple[str, Any]]) -> dict[str, Any]:
+        """One complete load of ``weights`` (begin, load, finish; the finish runs even after a failed load):
+        the failure record of the first step that failed, else ``{"ok", "tensors", "engine_ms"}`` (since
+        ``t0``)."""
         begun = self.agentrl_begin_weights()
         if not begun["ok"]:
             return begun
-        out = self._agentrl_load(t0, weights())
+        out = self._agentrl_load(t0, weights)
         done = self.agentrl_finish_weights()
         return out if not out["ok"] else {**done, "tensors": out["tensors"],
                                           "engine_ms": (time.perf_counter() - t0) * 1e3}

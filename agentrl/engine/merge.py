@@ -192,18 +192,11 @@ class MergeMixin:
         except (ValueError, KeyError, TypeError, OSError) as exc:
             return failure(UpdateError.code, f"cannot plan the merge: {type(exc).__name__}: {exc}")
         t1 = time.perf_counter()
-        begun = self.agentrl_begin_weights()  # type: ignore[attr-defined]
-        if not begun["ok"]:
-            return begun
-        import torch
-
-        with torch.inference_mode():
-            out = self._agentrl_load(t1, plan.merged())  # type: ignore[attr-defined]
-        done = self.agentrl_finish_weights()  # type: ignore[attr-defined]
-        if not out["ok"] or not done["ok"]:
-            return out if not out["ok"] else done
-        return {"ok": True, "engine_ms": (time.perf_counter() - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
-                "tensors": out["tensors"], "merged": len(plan.terms)}
+        out = self._agentrl_load_whole(t1, plan.merged())  # type: ignore[attr-defined]
+        if not out["ok"]:
+            return out
+        return {**out, "engine_ms": (time.perf_counter() - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
+                "merged": len(plan.terms)}
 
     def _agentrl_merge_plan(self, key: str, meta: dict[str, Any], buf: Any) -> MergePlan:
         plans: dict[str, MergePlan] = self.__dict__.setdefault("_agentrl_merge_plans", {})

@@ -25,7 +25,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentrl.weight_sync.base import LoadingEngines
 from agentrl.weight_sync.full import abandon, each_endpoint, go_live, live_urls
@@ -45,12 +45,15 @@ class MergedAdapterSync(SharedMemoryAdapterSync):
 
     def __init__(self, trainer: Any, engine: LoadingEngines, *, remote: list[str] | None = None,
                  set_version: bool = True, rpc_timeout_s: float = 600.0) -> None:
-        super().__init__(trainer, engine, "merged", set_version=set_version, reset="running",
-                         rpc_timeout_s=rpc_timeout_s)
-        self.loading: LoadingEngines = engine
+        super().__init__(trainer, engine, "merged", set_version=set_version, rpc_timeout_s=rpc_timeout_s)
         self.remote = set(remote or [])
         self._peft_config: dict[str, Any] | None = None
         self._merge_meta = ("", "")  # (the segment layout's meta, the same with the adapter config)
+
+    @property
+    def loading(self) -> LoadingEngines:
+        """The engines (the base class's ``engine``), with the pause and rotation calls a merge needs."""
+        return cast(LoadingEngines, self.engine)
 
     async def peft_config(self) -> dict[str, Any]:
         """The adapter's ``adapter_config.json`` (saved by the trainer once)."""

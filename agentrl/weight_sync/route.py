@@ -58,6 +58,14 @@ async def engines_on_this_host(client: Engines, timeout_s: float = 30.0) -> dict
         shm.unlink()
 
 
+async def call_body_engines(mode: str, client: Engines) -> list[str]:
+    """The endpoints that get the weights in the call body: every one for ``"network"``, else those that
+    cannot read this host's shared memory (the others map the publisher's segment)."""
+    if mode == "network":
+        return list(client.endpoints)
+    return [u for u, ok in (await engines_on_this_host(client)).items() if not ok]
+
+
 class RoutedAdapterSync:
     """One publish over several publishers, each on its own group of engines; the timings are merged
     (``sync_s`` is the slowest group's) and ``engines_shm`` / ``engines_network`` say how many took each path."""
@@ -123,11 +131,7 @@ async def full_weight_publisher(mode: Literal["shm", "network", "file", "nccl"],
     if mode == "file":
         raise WeightSyncModeError("pipeline.weight_sync = 'file' reloads LoRA adapters; full weights go through shared "
                          "memory or the network ('shm' or 'network')")
-    if mode == "network":
-        remote = list(client.endpoints)
-    else:
-        remote = [u for u, ok in (await engines_on_this_host(client)).items() if not ok]
-    with FullWeightSync(trainer, client, remote=remote) as publisher:
+    with FullWeightSync(trainer, client, remote=await call_body_engines(mode, client)) as publisher:
         yield publisher
 
 
@@ -141,11 +145,7 @@ async def merged_adapter_publisher(mode: Literal["shm", "network", "file", "nccl
     if mode in ("file", "nccl"):
         raise WeightSyncModeError(f"pipeline.weight_sync = {mode!r} cannot carry a merged adapter "
                                   "(pipeline.lora_sync = 'merged'): use 'shm' or 'network'")
-    if mode == "network":
-        remote = list(client.endpoints)
-    else:
-        remote = [u for u, ok in (await engines_on_this_host(client)).items() if not ok]
-    with MergedAdapterSync(trainer, client, remote=remote) as publisher:
+    with MergedAdapterSync(trainer, client, remote=await call_body_engines(mode, client)) as publisher:
         yield publisher
 
 
