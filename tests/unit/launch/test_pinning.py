@@ -16,7 +16,7 @@ def test_server_command_is_pinned_with_taskset(tmp_path: Path, monkeypatch: pyte
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     server = VLLMServer(VLLMServerConfig(model="org/model", cpu_cores="0-1"), tmp_path)
     cmd = server.build_command()
-    assert cmd[:3] == ["taskset", "-c", "0-1"] and "vllm.entrypoints.openai.api_server" in cmd
+    assert cmd[:3] == ["taskset", "-c", "0-1"] and cmd[4] == "-m" and "--model" in cmd
     assert server._env()["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
     plain = VLLMServer(VLLMServerConfig(model="org/model"), tmp_path)
     assert plain.build_command()[0] != "taskset" and "VLLM_CPU_OMP_THREADS_BIND" not in plain._env()

@@ -1,0 +1,27 @@
+"""The API server agentrl starts for a CPU engine whose one worker runs in its engine core
+(``python -m agentrl.engine.serve`` with vLLM's own arguments): vLLM's OpenAI-compatible server, with the
+engine-core process forked from it instead of spawned (patch 12 of :mod:`agentrl.engine.vllm_patches`), so it
+does not import vLLM and torch a second time. On another vLLM than the patches were written for (and no
+override, :mod:`agentrl.engine.version_gate`) it serves unpatched: the engine core is spawned, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from agentrl.engine import vllm_patches
+from agentrl.engine.version_gate import VLLMVersionRefused
+
+
+def main() -> None:
+    try:
+        vllm_patches.check_vllm_version()
+    except VLLMVersionRefused as e:
+        print(f"agentrl: the engine core is spawned, not forked: {e}", file=sys.stderr, flush=True)
+    else:
+        vllm_patches.patch_cpu_engine_core_fork()
+    vllm_patches.run_api_server()
+
+
+if __name__ == "__main__":
+    main()
