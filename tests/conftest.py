@@ -62,6 +62,30 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.sort(key=lambda item: item.path not in long)
 
 
+_FILE_SECONDS: dict[str, float] = {}
+_WORKER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Time by test file and by worker (setup, call and teardown; on the xdist controller, each worker's
+    reports), for the summary: what the suite's time is spent on, and how evenly the workers share it."""
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    worker = getattr(gateway, "id", WORKER or "main")
+    _WORKER_SECONDS[worker] = _WORKER_SECONDS.get(worker, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FILE_SECONDS or terminalreporter.config.getoption("durations", None) is None:
+        return
+    terminalreporter.write_sep("=", "time by test file (top 25) and by worker")
+    top = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]
+    for path, seconds in top:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {path}")
+    terminalreporter.write_line("  ".join(f"{w}: {s:.0f}s" for w, s in sorted(_WORKER_SECONDS.items())))
+
+
 def _unique_node_ids(items: list[pytest.Item]) -> None:
     """Give items that share a node id one of their own, from their name: schemathesis names each operation's
     test ``test_x[GET /path]`` but gives them all the node id ``...::test_x``, and xdist, which schedules by
