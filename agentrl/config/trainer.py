@@ -10,14 +10,15 @@ from agentrl.config.base import Section
 from agentrl.config.errors import SettingError
 
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Llama-style decoder layer: attention's four projections and the MLP's three."""
 
 LORA_LR_SCALE = 5.0
 """The LoRA learning rate as a multiple of the full-weight one, for an adapter on every linear layer with
 ``lora_alpha / lora_rank = 2`` (rank 16, alpha 32) and the same schedule. Measured on the embedded calc
 model (full weights best at 4e-4, the adapter at 2e-3; docs/training.md); "LoRA Without Regret" (2025)
 found about 10x on models of 1B parameters and more, with alpha 32 and the rank-independent ``alpha / r``
-convention used here."""
-"""Every linear layer of a Llama-style decoder layer: attention's four projections and the MLP's three."""
+convention used here. Tensors trained whole beside the adapter (``lora_train_norms``) get the full-weight
+rate back: ``lr / LORA_LR_SCALE``."""
 
 
 class LossConfig(Section):
@@ -103,6 +104,15 @@ class TrainerSettings(Section):
     have are ignored as long as one matches. On a mixture-of-experts model the MLP names are dropped and the
     adapter covers attention: they would name the experts' fused weights, which the adapter sync does not
     carry (``agentrl.trainer.model.lora_targets``)."""
+    lora_train_norms: bool = False
+    """LoRA only: train every norm of the model whole beside the adapter (peft's ``modules_to_save``: every
+    module whose name ends in ``norm``, a few thousand weights on small models). A norm scales whole feature
+    directions at once, which a low-rank update of the linear layers reaches only indirectly: on the embedded
+    calc model, freezing the norms cost full-weight training more than the adapter's whole gap to it
+    (docs/training.md). vLLM's LoRA slots hold no norms, so the engines serve the policy merged
+    (``pipeline.lora_sync = "merged"``, which ``auto`` then chooses): the adapter and the norms cross, and
+    each engine merges the one and loads the other. The norms train at the full-weight rate the adapter's
+    is derived from (``lr / LORA_LR_SCALE``), on the same schedule."""
     lr: float = Field(2e-4, gt=0.0)
     """AdamW learning rate. 2e-4 suits LoRA; full fine-tuning wants 1e-6 to 1e-5 (a run config that sets no
     lr gets one: see ``agentrl.config.presets``)."""
@@ -182,6 +192,9 @@ class TrainerSettings(Section):
         if self.frozen_parameters and self.lora:
             raise SettingError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
                                "a LoRA adapter already leaves every base weight frozen")
+        if self.lora_train_norms and not self.lora:
+            raise SettingError("trainer.lora_train_norms adds the norms to a LoRA adapter (trainer.lora = true); "
+                               "full-weight training (trainer.lora = false) trains them already")
         return self
 
 

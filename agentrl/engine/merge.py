@@ -72,12 +72,19 @@ class MergePlan:
         self.base: dict[str, Any] = {}      # name -> kept base tensor (the served dtype)
         self.work: dict[str, Any] = {}      # name -> merged tensor, rewritten each sync
         self.terms: dict[str, tuple[Any, Any, float]] = {}  # weight name -> (B, A, scaling)
+        self.whole: dict[str, Any] = {}     # name -> a tensor the adapter carries whole (a trained norm)
 
     def merged(self) -> Iterator[tuple[str, Any]]:
-        """Every tensor of the plan, merged now: ``W0 + scaling * B @ A`` for the adapter's modules."""
+        """Every tensor of the plan, merged now: ``W0 + scaling * B @ A`` for the adapter's modules, the
+        adapter's own value for a tensor it carries whole."""
         import torch
 
         for name in self.names:
+            if name in self.whole:
+                out = self.work[name]
+                out.copy_(self.whole[name])
+                yield name, out
+                continue
             term = self.terms.get(name)
             if term is None:
                 yield name, self.base[name]
@@ -113,7 +120,11 @@ def build_merge_plan(meta: dict[str, Any], buf: Any, packed: dict[str, list[str]
 
     views = dict(zip((n for n, *_ in meta["tensors"]), layout_views(buf, meta["tensors"]), strict=True))
     pairs: dict[str, dict[bool, Any]] = {}
+    whole: dict[str, Any] = {}
     for name, view in views.items():
+        if ".lora_" not in name:  # trained whole beside the adapter (peft's modules_to_save): a norm
+            whole[name.removeprefix("base_model.model.")] = view
+            continue
         module, is_a = lora_module(name)
         pairs.setdefault(module, {})[is_a] = view
     sibling_of = {leaf: group for group in packed.values() for leaf in group}
@@ -130,6 +141,11 @@ def build_merge_plan(meta: dict[str, Any], buf: Any, packed: dict[str, list[str]
         if f"{module}.weight" not in names:
             raise UpdateError(f"{module}: the served checkpoint has no {module}.weight")
         plan.names += names
+    for name in whole:
+        if name not in checkpoint.where:
+            raise UpdateError(f"{name}: the adapter carries it whole, but the served checkpoint has no such tensor")
+        if name not in plan.names:
+            plan.names.append(name)
     missing = [n for n in plan.names if n not in kept]
     kept.update({n: t.to(dtype).contiguous() for n, t in checkpoint.read(missing).items()})
     for n in plan.names:
@@ -143,6 +159,12 @@ def build_merge_plan(meta: dict[str, Any], buf: Any, packed: dict[str, list[str]
                               f"{list(w0.shape)}")
         plan.terms[name] = (b, a, float(scaling(module)))
         plan.work[name] = torch.empty_like(w0)
+    for name, view in whole.items():
+        if list(view.shape) != list(plan.base[name].shape):
+            raise UpdateError(f"{name}: the adapter's {list(view.shape)} does not fit the served "
+                              f"{list(plan.base[name].shape)}")
+        plan.whole[name] = view
+        plan.work[name] = torch.empty_like(plan.base[name])
     return plan
 
 
@@ -154,7 +176,8 @@ class MergeMixin:
         """Merge the adapter described by ``meta_json`` (the in-place copy's layout, plus ``peft_config``: the
         adapter's ``adapter_config.json``, for each module's scaling) from segment ``shm_name`` into the served
         weights. The engine must be paused (``keep``). Returns ``{"ok", "engine_ms", "plan_ms", "tensors",
-        "merged"}`` or a failure record."""
+        "merged", "whole"}`` or a failure record. Tensors the adapter carries whole (trained norms, under their
+        peft names without ``lora_``) replace the served ones."""
         t0 = time.perf_counter()
         try:
             meta = json.loads(meta_json)
@@ -196,7 +219,7 @@ class MergeMixin:
         if not out["ok"]:
             return out
         return {**out, "engine_ms": (time.perf_counter() - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
-                "merged": len(plan.terms)}
+                "merged": len(plan.terms), "whole": len(plan.whole)}
 
     def _agentrl_merge_plan(self, key: str, meta: dict[str, Any], buf: Any) -> MergePlan:
         plans: dict[str, MergePlan] = self.__dict__.setdefault("_agentrl_merge_plans", {})
@@ -209,7 +232,10 @@ class MergeMixin:
             state["kept"] = {}
         if not isinstance(meta.get("peft_config"), dict):
             raise UpdateError("the adapter description has no peft_config (its adapter_config.json): the scalings")
-        peft = vllm_patches.peft_helper_from_dict(meta["peft_config"])
+        # vLLM's reading of the config refuses modules_to_save other than a classifier's; here they are the
+        # tensors the adapter carries whole, and the scalings do not depend on them
+        peft = vllm_patches.peft_helper_from_dict({k: v for k, v in meta["peft_config"].items()
+                                                   if k != "modules_to_save"})
         plan = build_merge_plan(meta, buf, vllm_patches.packed_modules(model), state["checkpoint"], state["kept"],
                                 next(model.parameters()).dtype, lambda m: peft.get_rank_and_scaling(m)[1])
         plans.clear()  # plans hold views into the older buffer

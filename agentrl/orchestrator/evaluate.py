@@ -22,7 +22,8 @@ async def evaluate(
 
 
 async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: float = 1.0) -> dict[str, Any]:
-    """Start the inference stack for ``cfg`` (a RunConfig), optionally load ``adapter``, and evaluate
+    """Start the inference stack for ``cfg`` (a RunConfig), optionally load ``adapter`` (into a LoRA slot, or
+    merged into the weights when it carries trained norms), and evaluate
     on the first ``n`` held-out tasks, inside the environment's run scope. Without an adapter the model is
     ``cfg.model`` itself (a full-weight run's ``final_model`` directory, for one)."""
     from pathlib import Path
@@ -32,9 +33,12 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     from agentrl.launch.stack import inference_stack
     from agentrl.rollout.groups import RolloutWorkers
     from agentrl.rollout.templates import carried
+    from agentrl.weight_sync.merged import AdapterDirectory, MergedAdapterSync, carries_whole_tensors
 
+    # an adapter with trained norms is merged into the engine's weights (vLLM's LoRA slots hold no norms)
+    merged = adapter is not None and carries_whole_tensors(adapter)
     if adapter is not None:  # a full-weight run's config resolves to engines without LoRA
-        changes: dict[str, object] = {"inference.enable_lora": True}
+        changes: dict[str, object] = {"inference.enable_lora": not merged}
         if cfg.chat_template is None:  # the template the adapter was trained with, when it carries one
             changes["chat_template"] = carried(adapter)
         cfg = cfg.with_changes(changes)
@@ -44,7 +48,10 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
                        columns=cfg.task_columns)[:n]
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:
         model = None
-        if adapter is not None:
+        if merged:
+            with MergedAdapterSync(AdapterDirectory(adapter), stack.client) as sync:
+                await sync.publish(1)
+        elif adapter is not None:
             await stack.client.load_lora_adapter(cfg.adapter_name, str(Path(adapter).resolve()))
             model = cfg.adapter_name
         workers = RolloutWorkers(env_cls, stack.client, stack.chat, cfg.sampling, model=model,

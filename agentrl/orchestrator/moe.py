@@ -38,7 +38,8 @@ def model_moe(model: str) -> MoEInfo | None:
 
 def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     """``cfg`` with ``pipeline.lora_sync`` settled: ``merged`` for a LoRA run of a MoE model on an engine build
-    that cannot serve LoRA on MoE layers (vLLM's CPU build), else ``adapter``. Logs the path taken. A black-box
+    that cannot serve LoRA on MoE layers (vLLM's CPU build), or of an adapter with its norms (vLLM's LoRA
+    slots hold none), else ``adapter``. Logs the path taken. A black-box
     agent of a MoE model is refused while replay is on: the policy endpoint's recorded rows carry no routing."""
     if info is not None and cfg.agent.command and cfg.trainer.routing_replay:
         raise ReplayUnsupported("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
@@ -49,7 +50,8 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     from agentrl.inference.server import _is_cpu_build
 
     merged = info is not None and cfg.trainer.lora and _is_cpu_build()
-    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged else "adapter"})
+    norms = cfg.trainer.lora and cfg.trainer.lora_train_norms  # vLLM's LoRA slots hold no norms
+    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged or norms else "adapter"})
     if merged:
         log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the engines run without "
                  "LoRA and merge each published adapter into the weights it touches (pipeline.lora_sync = "

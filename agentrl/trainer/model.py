@@ -99,6 +99,9 @@ def attn_implementation(cfg: TrainerConfig) -> str:
 
 
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+NORMS = ("norm",)
+"""``trainer.lora_train_norms``: peft's ``modules_to_save`` names, matched as name endings: every
+``...layernorm``, ``...norm`` (the final norm, Qwen3's ``q_norm``/``k_norm``) of the model."""
 
 
 def lora_targets(names: list[str], config: Any) -> list[str]:
@@ -142,6 +145,7 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
             target_modules=lora_targets(cfg.lora_target_modules, model.config),
+            modules_to_save=list(NORMS) if cfg.lora_train_norms else None,
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)
@@ -149,6 +153,22 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
     else:
         freeze(model, cfg.frozen_parameters)
     return model
+
+
+def optimizer_groups(model: nn.Module) -> list[dict[str, Any]]:
+    """The trainable parameters as optimizer groups, each with its share of the scheduled rate
+    (``lr_scale``): everything at the rate, except tensors trained whole beside a LoRA adapter (peft's
+    ``modules_to_save``: ``trainer.lora_train_norms``), which get the full-weight rate the adapter's is derived
+    from (``1 / LORA_LR_SCALE``)."""
+    from agentrl.config.trainer import LORA_LR_SCALE
+
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    whole = [p for n, p in trainable if "modules_to_save" in n]
+    rest = [p for n, p in trainable if "modules_to_save" not in n]
+    groups: list[dict[str, Any]] = [{"params": rest, "lr_scale": 1.0}]
+    if whole:
+        groups.append({"params": whole, "lr_scale": 1.0 / LORA_LR_SCALE})
+    return groups
 
 
 def freeze(model: nn.Module, patterns: list[str]) -> list[str]:

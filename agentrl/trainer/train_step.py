@@ -265,8 +265,8 @@ class TrainStep:
                         sums[key] += m[key] * m["num_tokens"]
                 grad_norms.append(self._clip_grads())
                 lr = lr_at(self.optimizer_step, cfg)
-                for param_group in self.optimizer.param_groups:
-                    param_group["lr"] = lr
+                for param_group in self.optimizer.param_groups:  # a group's rate is a share of the schedule's
+                    param_group["lr"] = lr * param_group.get("lr_scale", 1.0)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.optimizer_step += 1

@@ -92,10 +92,11 @@ class Worker:
             raise TrainerSettingError("loss.kl_coef > 0 needs lora=True (the reference policy is the base model)")
         mesh = init_device_mesh(self.device.type, (self.world,))
         self.model = model_io.build_model(cfg, mesh, self.device)
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = model_io.optimizer_groups(self.model)
         self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+            groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.adam_eps, weight_decay=cfg.weight_decay
         )
+        params = [p for g in groups for p in g["params"]]
         self.step = TrainStep(self.model, self.optimizer, cfg, self.device,
                               replay=model_io.routing_replay(self.model, cfg))
         self.num_trainable = sum(p.numel() for p in params)

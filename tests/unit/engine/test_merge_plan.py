@@ -17,7 +17,7 @@ from agentrl.weight_sync.shm import layout_views, pack_layout
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
-def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None):
+def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None, norms: bool = False):
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import save_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -27,11 +27,14 @@ def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None
                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
     save_file({n: p.detach().clone().contiguous() for n, p in base.named_parameters()}, tmp_path / "model.safetensors")
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
-                                            alpha_pattern=alpha_pattern or {}))
-    with torch.no_grad():  # a non-zero adapter (B starts at zero)
+                                            alpha_pattern=alpha_pattern or {},
+                                            modules_to_save=["norm"] if norms else None))
+    with torch.no_grad():  # a non-zero adapter (B starts at zero), trained norms away from one
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
+            elif "modules_to_save" in name:
+                p.uniform_(0.5, 1.5)
     return model
 
 
@@ -71,6 +74,30 @@ def test_the_merge_feeds_peft_merged_weights_with_packed_siblings_and_biases(tmp
         torch.testing.assert_close(again[name], t, rtol=0, atol=0)
 
 
+def test_norms_trained_beside_the_adapter_replace_the_served_ones(tmp_path: Path) -> None:
+    """``trainer.lora_train_norms``: the norms cross whole (peft's modules_to_save) and are loaded as they are,
+    beside the merged linear layers: together what peft's own merge gives."""
+    from agentrl.trainer.model import NORMS
+
+    model = _model(tmp_path, ["q_proj", "down_proj"], norms=True)
+    assert list(NORMS) == model.peft_config["default"].modules_to_save == ["norm"]
+    meta, buf = _adapter(model)
+    whole = [n for n, *_ in meta["tensors"] if ".lora_" not in n]
+    assert len(whole) == 2 * 2 + 1, whole  # each layer's two norms and the final one
+    plan = build_merge_plan(meta, buf, PACKED, Checkpoint(str(tmp_path)), {}, torch.float32, _scaling(model))
+    got = {n: t.clone() for n, t in plan.merged()}
+    assert len(plan.whole) == 5 and "model.norm.weight" in got and "model.layers.1.input_layernorm.weight" in got
+    want = dict(model.merge_and_unload().named_parameters())
+    for name, t in got.items():
+        torch.testing.assert_close(t, want[name].detach(), rtol=1e-6, atol=1e-6)
+    assert not torch.equal(got["model.norm.weight"], torch.ones_like(got["model.norm.weight"]))
+    # a tensor the served model lacks, or of another shape, is refused
+    bad = [[n.replace("model.norm", "model.extra_norm"), *rest] for n, *rest in meta["tensors"]]
+    with pytest.raises(UpdateError, match=r"extra_norm\.weight: the adapter carries it whole, but the served"):
+        build_merge_plan({**meta, "tensors": bad}, buf, PACKED, Checkpoint(str(tmp_path)), {}, torch.float32,
+                         _scaling(model))
+
+
 def test_a_bad_adapter_is_refused(tmp_path: Path) -> None:
     model = _model(tmp_path, ["q_proj"])
     meta, buf = _adapter(model)
@@ -105,3 +132,16 @@ def test_a_call_bodys_payload_is_decoded_into_a_buffer_kept_per_layout() -> None
         decode_payload(bufs, "layout-2", base64.b64encode(data).decode(), 12)
     with pytest.raises(ValueError):
         decode_payload(bufs, "layout-2", "not base64!", 10)
+
+
+def test_norms_trained_whole_get_the_full_weight_rate(tmp_path: Path) -> None:
+    """The optimizer's groups: the adapter at the run's rate, the norms trained beside it at the full-weight
+    rate the adapter's is derived from (``lr / LORA_LR_SCALE``)."""
+    from agentrl.config.trainer import LORA_LR_SCALE
+    from agentrl.trainer.model import optimizer_groups
+
+    model = _model(tmp_path, ["q_proj"], norms=True)
+    adapter, norms = optimizer_groups(model)
+    assert adapter["lr_scale"] == 1.0 and norms["lr_scale"] == 1.0 / LORA_LR_SCALE
+    assert len(adapter["params"]) == 2 * 2 and len(norms["params"]) == 5  # q's A and B per layer; 5 norms
+    assert [g["lr_scale"] for g in optimizer_groups(_model(tmp_path, ["q_proj"]))] == [1.0]
