@@ -35,6 +35,7 @@ async def test_a_soak_under_every_fault_loses_nothing_and_leaks_nothing(vllm_ser
     assert res["steps_completed"] >= 3, res
     # B was killed (SIGKILL, mid-step), restarted on its port, taken back with the current adapter, then trained on
     assert [f["fault"] for f in faults].count("engine_kill") == 1, faults
+    assert res["engine_b_restart"].startswith("up in"), res["engine_b_restart"]
     assert res["engines_rejoined"] >= 1 and res["engines_live_at_end"] == 2, res
     assert res["version_after_rejoin_ok"] and res["weights_after_rejoin_match"], res
     assert res["sandboxes_left"] == 0, res

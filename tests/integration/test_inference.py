@@ -61,6 +61,16 @@ def _differs(x, y) -> bool:
     return x.token_ids != y.token_ids or max(abs(a - b) for a, b in zip(x.logprobs, y.logprobs, strict=True)) > 1e-3
 
 
+def test_only_the_api_server_listens_on_the_engines_port(vllm_server) -> None:
+    """The engine core (forked from the API server on the CPU build) holds no copy of the listening socket:
+    one would keep the port taken after the API server died, and a restart on it failed."""
+    from agentrl.core.utils.procs import listens_on, process_table
+
+    group = [pid for pid, (_, pgid, _) in process_table().items() if pgid == vllm_server.pgid]
+    assert len(group) >= 2, group  # the API server and its engine core
+    assert [pid for pid in group if listens_on(pid, vllm_server.port)] == [vllm_server.proc.pid]
+
+
 async def test_generate_tokens_logprobs_versions(vllm_server) -> None:
     async with InferenceClient([vllm_server.url]) as c:
         assert c.pool.endpoints[0].mode is None

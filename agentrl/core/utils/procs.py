@@ -49,3 +49,35 @@ def listens_on(pid: int, port: int) -> bool | None:
         except OSError:
             continue
     return False
+
+
+def close_server_sockets() -> int:
+    """Close every server-side TCP socket (IPv4 or IPv6) this process holds: bound to a port, or listening,
+    and not connected; the count closed. For a process forked from a server: its copy of the server's socket
+    (bound before the fork, listening once the server starts serving) would keep the port taken, accepting
+    nothing, for as long as it lives, also after the server died. Only this process's descriptors close: the
+    server's own socket stays open."""
+    import errno
+    import socket
+
+    closed = 0
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:  # the directory's own descriptor, or one closed meanwhile
+            continue
+        server = False
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+            try:
+                sock.getpeername()
+            except OSError as e:
+                server = e.errno == errno.ENOTCONN and sock.getsockname()[1] != 0
+        if server:
+            sock.close()
+            closed += 1
+        else:
+            sock.detach()
+    return closed

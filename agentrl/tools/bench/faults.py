@@ -6,13 +6,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from typing import Any
 
 
-async def kill_engine(server: Any) -> None:
-    """SIGKILL to ``server``'s process group (its engine core and workers too), as a crash would."""
+async def kill_engine(server: Any, timeout_s: float = 30.0) -> None:
+    """SIGKILL to ``server``'s process group (its engine core and workers too), as a crash would; returns once
+    none of them is left (a process that is still dying may hold the port)."""
+    from agentrl.core.utils.procs import process_table
+
     os.killpg(server.pgid, signal.SIGKILL)
-    await asyncio.to_thread(server.proc.wait, 30)
+    await asyncio.to_thread(server.proc.wait, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while any(pgid == server.pgid for _, pgid, _ in process_table().values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"engine {server.url}: processes of group {server.pgid} still alive "
+                               f"{timeout_s:.0f}s after SIGKILL")
+        await asyncio.sleep(0.1)
 
 
 def engine_again(server: Any) -> Any:

@@ -28,7 +28,8 @@ The driver's resident memory and open file descriptors are sampled every 2 s. Th
 object: ``steps_completed``, ``groups_lost_unrecorded`` (groups admitted but neither trained on, dropped,
 released nor buffered at the end: must be 0), ``episodes``, ``episodes_failed_by_cause`` (stop reason ->
 episodes), ``errors`` (distinct first lines), ``faults`` (each injected fault: when, and what it did),
-``engines_rejoined`` (rejoins of a restarted engine), ``engines_live_at_end``, ``final_version``,
+``engines_rejoined`` (rejoins of a restarted engine), ``engine_b_restart`` (how B's last restart ended: ``up in
+N s`` or its error), ``engines_live_at_end``, ``final_version``,
 ``version_served_by_b``, ``version_after_rejoin_ok`` (B serves the final version), ``weights_after_rejoin_match``
 (B's greedy tokens are A's, logprobs within 1e-4), ``rss_mib_start``/``rss_mib_end``/``rss_mib_per_hour`` (the
 driver's, from the first fault on: the slope of a least-squares line), ``fds_start``/``fds_end``, ``wall_s``, and
@@ -124,6 +125,8 @@ class Faults:
         self.docker = docker.from_env(timeout=30)
         self.rng = random.Random(seed)
         self.restarting: asyncio.Task | None = None
+        self.restart_outcome: str | None = None
+        """How engine B's last restart ended: ``up in N s``, or its error (None: not restarted)."""
         self.servers: list[Any] = [engine_b]
         """Every engine B started (stopped at the end)."""
         self.env_servers: list[Any] = [env_server]
@@ -173,7 +176,12 @@ class Faults:
             await asyncio.sleep(1.0)
             again = engine_again(server)
             self.servers.append(again)
-            await self._start(again.start)
+            try:
+                await self._start(again.start)
+            except Exception as e:
+                self.restart_outcome = f"{type(e).__name__}: {e}"
+                raise
+            self.restart_outcome = f"up in {again.startup_s:.1f}s"
             self.engine_b = again
 
         self.restarting = asyncio.create_task(restart())
@@ -350,6 +358,7 @@ async def run_soak(minutes: float, fault_every_s: float, work: Path, engine_a: s
         if b_back:
             served, weights_match = await same_policy(engine_a or a.url, faults.engine_b.url, cfg.adapter_name)
         result = _result(minutes, metrics, summary, injected, points, wall, served, weights_match)
+        result["engine_b_restart"] = faults.restart_outcome
     finally:
         if faults is not None:
             await faults.close()

@@ -91,3 +91,44 @@ def test_health_answered_by_the_engines_own_process(tmp_path: Path) -> None:
         port.close()
         server.proc.kill()
         server.proc.wait()
+
+
+def test_a_forked_child_closes_its_copies_of_the_server_sockets_and_only_those() -> None:
+    """What the forked engine core does first. vLLM binds the API server's socket before it forks the engine
+    core and listens on it after: the child's copy would keep the port taken after the server died (a restart
+    on the port failed while the engine core was still dying)."""
+    import os
+
+    from agentrl.core.utils.procs import close_server_sockets, listens_on
+
+    server = socket.socket()  # bound before the fork, listening after it (as vLLM's)
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    listener = socket.socket()  # already listening at the fork
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    peer = socket.create_connection(listener.getsockname(), timeout=5)  # connected: kept
+    udp = socket.socket(type=socket.SOCK_DGRAM)  # kept
+    unbound = socket.socket()  # kept
+    left, right = socket.socketpair()  # a Unix socket pair: kept
+    kept = (peer, udp, unbound, left)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child reports through its exit status (pytest must not run on in it)
+            code = 1
+            try:
+                closed = close_server_sockets()
+                still = all(os.fstat(s.fileno()) for s in kept)  # raises if one was closed
+                time.sleep(0.5)  # the parent listens meanwhile
+                code = 0 if closed == 2 and still and listens_on(os.getpid(), port) is False else 1
+            finally:
+                os._exit(code)
+        server.listen()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert listens_on(os.getpid(), port) is True  # the parent's socket listens
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        for s in (server, listener, *kept, right):
+            s.close()
