@@ -109,8 +109,8 @@ class PipelineConfig(Section):
     without LoRA, which merge them into their base weights (``W0 + scaling * B @ A`` for each module the
     adapter touches, from a kept copy of the base) and generate on plain weights: vLLM's CPU build generates
     2 to 3.5x slower with a LoRA adapter, and its MoE LoRA path needs Triton; ``auto``: ``merged`` for a MoE
-    model on the CPU build and for an adapter with its norms (``trainer.lora_train_norms``), else ``adapter``
-    (the run logs which)."""
+    model on the CPU build and for an adapter with tensors trained whole (``trainer.lora_train_norms``,
+    ``trainer.lora_train_embedding``), else ``adapter`` (the run logs which)."""
     weight_transfer_addr: str = "127.0.0.1"
     """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
     (the NCCL rendezvous of the weight transfer)."""
@@ -297,10 +297,10 @@ class RunConfig(Section):
             if self.pipeline.weight_sync == "nccl":
                 raise SettingError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); "
                                    "a LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
-            if self.trainer.lora_train_norms and self.pipeline.lora_sync == "adapter":
-                raise SettingError("trainer.lora_train_norms trains the norms beside the adapter, and vLLM's LoRA "
-                                   "slots hold no norms: serve the policy merged (pipeline.lora_sync = 'merged', "
-                                   "or 'auto', which chooses it)")
+            if self.trainer.lora_trains_whole and self.pipeline.lora_sync == "adapter":
+                raise SettingError("trainer.lora_train_norms and trainer.lora_train_embedding train tensors whole "
+                                   "beside the adapter, and vLLM's LoRA slots hold none: serve the policy merged "
+                                   "(pipeline.lora_sync = 'merged', or 'auto', which chooses it)")
             if self.pipeline.weight_sync == "file" and self.pipeline.lora_sync == "merged":
                 raise SettingError("pipeline.lora_sync = 'merged' sends the adapter to engines that merge it into "
                                    "their weights, through shared memory or the request body; 'file' loads "

@@ -17,7 +17,7 @@ LORA_LR_SCALE = 5.0
 ``lora_alpha / lora_rank = 2`` (rank 16, alpha 32) and the same schedule. Measured on the embedded calc
 model (full weights best at 4e-4, the adapter at 2e-3; docs/training.md); "LoRA Without Regret" (2025)
 found about 10x on models of 1B parameters and more, with alpha 32 and the rank-independent ``alpha / r``
-convention used here. Tensors trained whole beside the adapter (``lora_train_norms``) get the full-weight
+convention used here. Tensors trained whole beside the adapter (``lora_train_norms``, ``lora_train_embedding``) get the full-weight
 rate back: ``lr / LORA_LR_SCALE``."""
 
 
@@ -113,6 +113,19 @@ class TrainerSettings(Section):
     (``pipeline.lora_sync = "merged"``, which ``auto`` then chooses): the adapter and the norms cross, and
     each engine merges the one and loads the other. The norms train at the full-weight rate the adapter's
     is derived from (``lr / LORA_LR_SCALE``), on the same schedule."""
+    lora_train_embedding: bool = False
+    """LoRA only: train the input embedding whole beside the adapter, and with it the output layer where the
+    model ties the two (small models do: the embedded one, SmolLM2, Qwen2.5 up to 3B). The output layer sets
+    every logit, which a low-rank update of the decoder's linear layers reaches only through the last hidden
+    state. The tensor crosses whole at every sync (vocab x hidden: 122K weights on the embedded model, 28M on
+    SmolLM2-135M), so the engines serve the policy merged, as with ``lora_train_norms``, and it trains at the
+    full-weight rate (``lr / LORA_LR_SCALE``), on the same schedule."""
+
+    @property
+    def lora_trains_whole(self) -> bool:
+        """Whether a LoRA adapter also carries tensors trained whole (norms, embedding): vLLM's LoRA slots
+        cannot serve it, the engines merge it."""
+        return self.lora and (self.lora_train_norms or self.lora_train_embedding)
     lr: float = Field(2e-4, gt=0.0)
     """AdamW learning rate. 2e-4 suits LoRA; full fine-tuning wants 1e-6 to 1e-5 (a run config that sets no
     lr gets one: see ``agentrl.config.presets``)."""
@@ -192,9 +205,10 @@ class TrainerSettings(Section):
         if self.frozen_parameters and self.lora:
             raise SettingError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
                                "a LoRA adapter already leaves every base weight frozen")
-        if self.lora_train_norms and not self.lora:
-            raise SettingError("trainer.lora_train_norms adds the norms to a LoRA adapter (trainer.lora = true); "
-                               "full-weight training (trainer.lora = false) trains them already")
+        for name in ("lora_train_norms", "lora_train_embedding"):
+            if getattr(self, name) and not self.lora:
+                raise SettingError(f"trainer.{name} adds tensors trained whole to a LoRA adapter (trainer.lora = "
+                                   "true); full-weight training (trainer.lora = false) trains them already")
         return self
 
 

@@ -50,8 +50,8 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     from agentrl.inference.server import _is_cpu_build
 
     merged = info is not None and cfg.trainer.lora and _is_cpu_build()
-    norms = cfg.trainer.lora and cfg.trainer.lora_train_norms  # vLLM's LoRA slots hold no norms
-    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged or norms else "adapter"})
+    whole = cfg.trainer.lora_trains_whole  # vLLM's LoRA slots hold no norms, no embedding
+    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged or whole else "adapter"})
     if merged:
         log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the engines run without "
                  "LoRA and merge each published adapter into the weights it touches (pipeline.lora_sync = "

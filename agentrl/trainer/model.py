@@ -150,21 +150,45 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
         )
         torch.manual_seed(cfg.seed)
         model = get_peft_model(model, lora_cfg)
+        if cfg.lora_train_embedding:  # the output layer too, where it is tied (one parameter)
+            model.get_input_embeddings().weight.requires_grad_(True)
     else:
         freeze(model, cfg.frozen_parameters)
     return model
 
 
+def trained_whole(model: nn.Module) -> set[str]:
+    """The names of the parameters a LoRA model trains whole beside its adapter: peft's ``modules_to_save``
+    (``trainer.lora_train_norms``) and the input embedding (``trainer.lora_train_embedding``; the output layer
+    with it where the two are tied). Empty for a model without an adapter."""
+    if not hasattr(model, "peft_config"):
+        return set()
+    embedding = model.get_input_embeddings().weight
+    return {n for n, p in model.named_parameters()
+            if p.requires_grad and ("modules_to_save" in n or p is embedding)}
+
+
+def adapter_state(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What a LoRA model's adapter files hold, from its state dict ``sd``: the adapter's tensors and those
+    trained whole beside it, under peft's names (``...q_proj.lora_A.weight``, ``...model.norm.weight``; the
+    embedding as peft saves one, ``...model.embed_tokens.weight``)."""
+    from peft import get_peft_model_state_dict
+
+    embedding = [n for n in trained_whole(model) if "modules_to_save" not in n]
+    return {**get_peft_model_state_dict(model, state_dict=sd), **{n: sd[n] for n in embedding}}
+
+
 def optimizer_groups(model: nn.Module) -> list[dict[str, Any]]:
     """The trainable parameters as optimizer groups, each with its share of the scheduled rate
-    (``lr_scale``): everything at the rate, except tensors trained whole beside a LoRA adapter (peft's
-    ``modules_to_save``: ``trainer.lora_train_norms``), which get the full-weight rate the adapter's is derived
-    from (``1 / LORA_LR_SCALE``)."""
+    (``lr_scale``): everything at the rate, except tensors trained whole beside a LoRA adapter
+    (:func:`trained_whole`), which get the full-weight rate the adapter's is derived from
+    (``1 / LORA_LR_SCALE``)."""
     from agentrl.config.trainer import LORA_LR_SCALE
 
+    names = trained_whole(model)
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    whole = [p for n, p in trainable if "modules_to_save" in n]
-    rest = [p for n, p in trainable if "modules_to_save" not in n]
+    whole = [p for n, p in trainable if n in names]
+    rest = [p for n, p in trainable if n not in names]
     groups: list[dict[str, Any]] = [{"params": rest, "lr_scale": 1.0}]
     if whole:
         groups.append({"params": whole, "lr_scale": 1.0 / LORA_LR_SCALE})
@@ -236,15 +260,14 @@ def gather_trainable(model: nn.Module, cfg: TrainerConfig) -> dict[str, torch.Te
     """Collective: the full trainable state on rank 0's CPU (empty on other ranks).
 
     LoRA: the adapter tensors under peft's file key names (``...q_proj.lora_A.weight``, no adapter
-    name). Full fine-tune: the whole model state dict under the HF key names.
+    name), and the tensors trained whole beside it (``...model.norm.weight``,
+    ``...model.embed_tokens.weight``: peft's names for them). Full fine-tune: the whole model state dict under the HF key names.
     """
     sd = get_model_state_dict(model, options=_state_options(cfg, full=True))
     if dist.get_rank() != 0:
         return {}
     if cfg.lora:
-        from peft import get_peft_model_state_dict
-
-        sd = get_peft_model_state_dict(model, state_dict=sd)
+        sd = adapter_state(model, sd)
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 

@@ -38,7 +38,7 @@ MERGE_BYTES_METHOD = "agentrl_merge_lora_bytes"
 class AdapterDirectory:
     """A saved adapter (``adapter_config.json``, ``adapter_model.safetensors``) standing in for the trainer of a
     :class:`MergedAdapterSync`: how an evaluation serves an adapter that vLLM's LoRA slots cannot hold (one
-    with trained norms, ``trainer.lora_train_norms``)."""
+    with tensors trained whole, ``trainer.lora_train_norms``, ``trainer.lora_train_embedding``)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -56,10 +56,13 @@ class AdapterDirectory:
 
 
 def carries_whole_tensors(adapter: str | Path) -> bool:
-    """Whether a saved adapter also carries modules trained whole (peft's ``modules_to_save``: trained norms),
-    which vLLM's LoRA slots cannot serve: it is served merged."""
+    """Whether a saved adapter also carries tensors trained whole (trained norms, peft's ``modules_to_save``;
+    a trained embedding), which vLLM's LoRA slots cannot serve: it is served merged."""
+    from safetensors import safe_open
+
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    return bool(config.get("modules_to_save"))
+    with safe_open(str(Path(adapter) / "adapter_model.safetensors"), framework="pt") as f:
+        return bool(config.get("modules_to_save")) or any(".lora_" not in k for k in f.keys())
 
 
 class MergedAdapterSync(SharedMemoryAdapterSync):

@@ -169,13 +169,14 @@ def test_bench_loop_adapter_reports_adapter_over_base(engine, tiny_model_dir: Pa
     assert _close(asyncio.run(greedy()), before, tol=1e-5)
 
 
-async def test_an_adapter_with_its_norms_trains_through_the_merge(engine, tiny_model_dir: Path,
-                                                                  tmp_path: Path) -> None:
-    """``trainer.lora_train_norms``: a LoRA run that also trains every norm publishes both, merged by the
-    engine. After each sync the engine scores what the trainer scores, and at the end the engine serves what
-    peft's own merge of the final adapter gives, norms included: the same adapter without its norms would
-    score measurably differently. Last in the module: it leaves trained norms in the engine, which the
-    module's fixture restores."""
+async def test_an_adapter_with_its_norms_and_embedding_trains_through_the_merge(engine, tiny_model_dir: Path,
+                                                                                tmp_path: Path) -> None:
+    """``trainer.lora_train_norms`` and ``trainer.lora_train_embedding``: a LoRA run that also trains every norm
+    and the (tied) embedding publishes all of them, merged by the engine. After each sync the engine scores
+    what the trainer scores, and at the end the engine serves what peft's own merge of the final adapter
+    gives, norms and embedding included: the same adapter without its norms, or without its embedding, would
+    score measurably differently. Last in the module: it leaves trained norms and embedding in the engine,
+    which the module's fixture restores."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -186,12 +187,12 @@ async def test_an_adapter_with_its_norms_trains_through_the_merge(engine, tiny_m
 
     cfg = load_config(None, {
         "env": "calc", "output_dir": str(tmp_path), "model": str(tiny_model_dir), "endpoints": [engine.url],
-        "name": "lora-norms", "steps": 2, "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0,
+        "name": "lora-whole", "steps": 2, "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0,
         "time_limit_min": None, "engine_warmup": False,
-        "trainer": {"lora_train_norms": True, "lr": 5e-2, "lr_schedule": "constant"}})
-    assert cfg.trainer.lora and cfg.trainer.lora_train_norms
+        "trainer": {"lora_train_norms": True, "lora_train_embedding": True, "lr": 5e-2, "lr_schedule": "constant"}})
+    assert cfg.trainer.lora_trains_whole and cfg.pipeline.lora_sync == "auto"
     await TrainingRun(cfg, progress=False).run()
-    run_dir = tmp_path / "lora-norms"
+    run_dir = tmp_path / "lora-whole"
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["version"] for r in train] == [1, 2]
     for r in train:
@@ -205,23 +206,26 @@ async def test_an_adapter_with_its_norms_trains_through_the_merge(engine, tiny_m
             logits = model(torch.tensor([ids])).logits[0, -n - 1:-1].float()
         return logits.log_softmax(-1).gather(-1, torch.tensor(ids[-n:])[:, None])[:, 0].tolist()
 
-    def load(norms: bool) -> Any:
+    def load(base_for: str | None = None) -> Any:
+        """peft's merge of the final adapter; with ``base_for``, the tensors whose names end so left at the
+        base model's."""
         base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
         merged = PeftModel.from_pretrained(base, run_dir / "final_adapter").merge_and_unload()
-        if not norms:  # the same adapter, its norms left at the base model's
+        if base_for:
             fresh = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
             with torch.no_grad():
                 for name, p in merged.named_parameters():
-                    if name.endswith("norm.weight"):
+                    if name.endswith(base_for):
                         p.copy_(fresh[name])
         return merged.eval()
 
     async with InferenceClient([engine.url], timeout_s=120) as client:
         gen = await client.generate(PROMPT, max_tokens=24, temperature=0.0, model="base")
     ids = PROMPT + list(gen.token_ids)
-    with_norms = _mae(gen.logprobs, scored(load(True), ids, len(gen.token_ids)))
-    without = _mae(gen.logprobs, scored(load(False), ids, len(gen.token_ids)))
-    assert with_norms < 1e-3 and without > 10 * max(with_norms, 1e-4), (with_norms, without)
+    whole = _mae(gen.logprobs, scored(load(), ids, len(gen.token_ids)))
+    no_norms = _mae(gen.logprobs, scored(load("norm.weight"), ids, len(gen.token_ids)))
+    no_embedding = _mae(gen.logprobs, scored(load("embed_tokens.weight"), ids, len(gen.token_ids)))
+    assert whole < 1e-3 and min(no_norms, no_embedding) > 10 * max(whole, 1e-4), (whole, no_norms, no_embedding)
 
 
 def _mae(xs: list[float], ys: list[float]) -> float:

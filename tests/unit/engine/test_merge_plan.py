@@ -17,32 +17,39 @@ from agentrl.weight_sync.shm import layout_views, pack_layout
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 
 
-def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None, norms: bool = False):
+def _model(tmp_path: Path, targets: list[str], alpha_pattern: dict | None = None, norms: bool = False,
+           embedding: bool = False):
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import save_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                        tie_word_embeddings=embedding))
     save_file({n: p.detach().clone().contiguous() for n, p in base.named_parameters()}, tmp_path / "model.safetensors")
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets,
                                             alpha_pattern=alpha_pattern or {},
                                             modules_to_save=["norm"] if norms else None))
+    if embedding:  # as trainer.lora_train_embedding does it
+        model.get_input_embeddings().weight.requires_grad_(True)
     with torch.no_grad():  # a non-zero adapter (B starts at zero), trained norms away from one
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
             elif "modules_to_save" in name:
                 p.uniform_(0.5, 1.5)
+            elif "embed_tokens" in name and p.requires_grad:
+                p.add_(torch.randn_like(p))
     return model
 
 
 def _adapter(model) -> tuple[dict, torch.Tensor]:
     """The adapter as the publisher packs it: its layout (the engine's meta) and the packed buffer."""
-    from peft import get_peft_model_state_dict
+    from agentrl.trainer.model import adapter_state
 
-    tensors = {n: t.contiguous() for n, t in get_peft_model_state_dict(model).items()}  # base_model.model.<module>.lora_A.weight
+    # base_model.model.<module>.lora_A.weight, and what trains whole
+    tensors = {n: t.contiguous() for n, t in adapter_state(model, model.state_dict()).items()}
     layout, nbytes = pack_layout(tensors)
     buf = torch.zeros(nbytes, dtype=torch.uint8)
     torch._foreach_copy_(layout_views(buf, layout), [tensors[n] for n, *_ in layout])
@@ -145,3 +152,28 @@ def test_norms_trained_whole_get_the_full_weight_rate(tmp_path: Path) -> None:
     assert adapter["lr_scale"] == 1.0 and norms["lr_scale"] == 1.0 / LORA_LR_SCALE
     assert len(adapter["params"]) == 2 * 2 and len(norms["params"]) == 5  # q's A and B per layer; 5 norms
     assert [g["lr_scale"] for g in optimizer_groups(_model(tmp_path, ["q_proj"]))] == [1.0]
+
+
+def test_an_embedding_trained_beside_the_adapter_replaces_the_served_one_with_its_tied_output(
+        tmp_path: Path) -> None:
+    """``trainer.lora_train_embedding``: the input embedding crosses whole once (the output layer is the same
+    tensor) and is loaded as it is, beside the merged linear layers: what peft's own merge gives. It trains at
+    the full-weight rate, like the norms."""
+    from agentrl.config.trainer import LORA_LR_SCALE
+    from agentrl.trainer.model import optimizer_groups, trained_whole
+
+    model = _model(tmp_path, ["q_proj"], embedding=True)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert trained_whole(model) == {"base_model.model.model.embed_tokens.weight"}
+    _, whole = optimizer_groups(model)
+    assert len(whole["params"]) == 1 and whole["lr_scale"] == 1.0 / LORA_LR_SCALE
+    meta, buf = _adapter(model)
+    assert [n for n, *_ in meta["tensors"] if ".lora_" not in n] == ["base_model.model.model.embed_tokens.weight"]
+    plan = build_merge_plan(meta, buf, PACKED, Checkpoint(str(tmp_path)), {}, torch.float32, _scaling(model))
+    got = {n: t.clone() for n, t in plan.merged()}
+    assert list(plan.whole) == ["model.embed_tokens.weight"]
+    want = dict(model.merge_and_unload().named_parameters())
+    for name, t in got.items():
+        torch.testing.assert_close(t, want[name].detach(), rtol=1e-6, atol=1e-6)
+    base = Checkpoint(str(tmp_path)).read(["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+    assert not torch.allclose(got["model.embed_tokens.weight"], base)

@@ -44,16 +44,18 @@ def test_lora_on_moe_merges_on_the_cpu_build(monkeypatch: pytest.MonkeyPatch) ->
     assert plan_moe(forced, None).pipeline.lora_sync == "merged"  # any engine without LoRA, by choice
 
 
-def test_an_adapter_with_its_norms_is_served_merged() -> None:
-    """``trainer.lora_train_norms``: vLLM's LoRA slots hold no norms, so ``auto`` merges (dense model, any
-    build), ``adapter`` is refused, and full weights have nothing to add."""
-    norms = {"lora_train_norms": True}
-    cfg = plan_moe(_cfg(trainer=norms), None).resolved()
+@pytest.mark.parametrize("whole", ["lora_train_norms", "lora_train_embedding"])
+def test_an_adapter_with_tensors_trained_whole_is_served_merged(whole: str) -> None:
+    """``trainer.lora_train_norms``, ``trainer.lora_train_embedding``: vLLM's LoRA slots hold neither norms nor
+    an embedding, so ``auto`` merges (dense model, any build), ``adapter`` is refused, and full weights have
+    nothing to add."""
+    flag = {whole: True}
+    cfg = plan_moe(_cfg(trainer=flag), None).resolved()
     assert cfg.pipeline.lora_sync == "merged" and not cfg.serves_adapter and not cfg.inference.enable_lora
-    with pytest.raises(ValueError, match="vLLM's LoRA slots hold no norms"):
-        _cfg(trainer=norms, pipeline={"lora_sync": "adapter"})
-    with pytest.raises(ValueError, match=r"full-weight training .* trains them already"):
-        _cfg(trainer={**norms, "lora": False})
+    with pytest.raises(ValueError, match="vLLM's LoRA slots hold none: serve the policy merged"):
+        _cfg(trainer=flag, pipeline={"lora_sync": "adapter"})
+    with pytest.raises(ValueError, match=rf"trainer.{whole} .* full-weight training .* trains them already"):
+        _cfg(trainer={**flag, "lora": False})
 
 
 def test_black_box_agents_of_moe_models_are_refused_while_replay_is_on() -> None:
