@@ -294,3 +294,44 @@ def test_two_nodes_match_one_node_of_the_same_size(runs: dict[str, Any], tiny_mo
                 os.killpg(node1.pid, 9)
                 out, _ = node1.communicate()
         assert node1.returncode == 0, out.decode(errors="replace")[-3000:]
+
+
+async def test_lora_with_norms_and_embedding_trained_whole_saves_and_resumes(tiny_model: Path, tmp_path: Path) -> None:
+    """``trainer.lora_train_norms`` and ``trainer.lora_train_embedding`` on two ranks: the adapter's tensors carry
+    the norms and the tied embedding whole (gathered from their shards), the saved adapter is peft's (its merge
+    scores as the trainer does), and a checkpoint resumes on one rank into the same steps."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    cfg = lora_config(tiny_model).model_copy(update={"lora_train_norms": True, "lora_train_embedding": True})
+    batch = make_batch()
+    with TrainerProcess(cfg, tmp_path / "w2", nproc=2, env=ENV) as tp:
+        await tp.train(batch, policy_version=0)
+        await tp.save_checkpoint(tmp_path / "ckpt")
+        more = [await tp.train(batch, policy_version=v) for v in range(1, 3)]
+        tensors = await tp.get_adapter_tensors()
+        saved = await tp.save_adapter(tmp_path / "adapter")
+        logprobs = await tp.logprobs(batch[:1])
+    whole = sorted(n for n in tensors if ".lora_" not in n)
+    assert whole[0] == "base_model.model.model.embed_tokens.weight" and len(whole) == 1 + 2 * 2 + 1, whole
+    base = _model_tensors(tiny_model)
+    assert not torch.allclose(tensors[whole[0]], base["model.embed_tokens.weight"])
+    model = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32), saved["path"]).merge_and_unload()
+    ids = torch.tensor([batch[0].input_ids])
+    with torch.no_grad():
+        logp = model(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+    torch.testing.assert_close(logp, torch.tensor(logprobs[0][1:]), rtol=0, atol=1e-4)
+    with TrainerProcess(cfg, tmp_path / "w1", nproc=1, env=ENV) as tp:
+        await tp.load_checkpoint(tmp_path / "ckpt")
+        resumed = [await tp.train(batch, policy_version=v) for v in range(1, 3)]
+    for got, want in zip(resumed, more, strict=True):
+        assert got["optimizer_step"] == want["optimizer_step"]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+
+
+def _model_tensors(model: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model / "model.safetensors"))
