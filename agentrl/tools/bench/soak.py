@@ -284,8 +284,8 @@ async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Pat
                   rejoin_wait_s: float, stop: asyncio.Event, all_landed: asyncio.Event | None) -> bool:
     """At ``until_s`` (and, given ``all_landed``, once it is set or ``LANDING_WAIT_S`` later): no new fault;
     once engine B is up and both engines are in rotation again (a step with two live engines recorded after
-    that), one more step, then the run stops. Whether B was back in time (after
-    ``rejoin_wait_s`` without it, the run stops after its next step)."""
+    that), one more step, then the run stops. Whether B was back in time (after ``rejoin_wait_s`` without it,
+    or at once when its restart failed, the run stops after its next step)."""
     await asyncio.sleep(max(0.0, until_s - (time.perf_counter() - t0)))
     if all_landed is not None:
         with contextlib.suppress(TimeoutError):
@@ -295,7 +295,9 @@ async def _finish(run: Any, faults: Faults, schedule: asyncio.Task, metrics: Pat
     # error), while a cancellation of this task still goes through
     await asyncio.wait([t for t in (schedule, faults.restarting) if t is not None])
     seen = len(records_of(metrics, "train"))
-    deadline = time.perf_counter() + rejoin_wait_s
+    restart = faults.restarting
+    failed = restart is not None and (restart.cancelled() or restart.exception() is not None)
+    deadline = time.perf_counter() + (0.0 if failed else rejoin_wait_s)  # a failed restart is not waited for
     while time.perf_counter() < deadline:
         back = [r["step"] for r in records_of(metrics, "train")[seen:] if r.get("engines_live") == 2]
         if back:
