@@ -70,6 +70,41 @@ async def test_the_finish_is_cancelled_while_it_waits_for_a_fault(tmp_path) -> N
     fault.cancel()
 
 
+async def test_a_failed_restart_of_engine_b_is_not_waited_for(tmp_path) -> None:
+    """Engine B's restart failed (a CI run once waited the whole 600 s for it): the finish stops the run after
+    its next step at once; a restart still under way is waited for, and then B's return."""
+    import asyncio
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from agentrl.tools.bench.soak import _finish
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"kind": "train", "step": 3, "engines_live": 1}) + "\n")
+
+    async def failing() -> None:
+        raise RuntimeError("cannot serve on 127.0.0.1:8000")
+
+    async def finish(restart: asyncio.Task) -> tuple[bool, list[int]]:
+        ends: list[int] = []
+        schedule = asyncio.create_task(asyncio.sleep(0))
+        back = await asyncio.wait_for(_finish(SimpleNamespace(stop_after=ends.append), SimpleNamespace(
+            restarting=restart), schedule, metrics, 0.0, time.perf_counter(), 600.0, asyncio.Event(), None), 5)
+        return back, ends
+
+    assert await finish(asyncio.create_task(failing())) == (False, [4])
+
+    async def rejoins() -> None:  # B is up: the run's next step has both engines live
+        await asyncio.sleep(0.3)
+        with metrics.open("a") as f:
+            f.write(json.dumps({"kind": "train", "step": 4, "engines_live": 2}) + "\n")
+
+    later = asyncio.create_task(rejoins())
+    assert await finish(asyncio.create_task(asyncio.sleep(0.1))) == (True, [5])
+    await later
+
+
 async def test_faults_go_on_past_the_minutes_until_each_has_landed_once(tmp_path) -> None:
     """On a loaded machine fewer faults fit into the minutes: with ``every_fault_once`` the schedule is stopped
     only once every fault in the rotation has landed, a failed one (nothing to freeze yet) taking its turn again."""
