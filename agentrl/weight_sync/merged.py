@@ -61,8 +61,11 @@ def carries_whole_tensors(adapter: str | Path) -> bool:
     from safetensors import safe_open
 
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    with safe_open(str(Path(adapter) / "adapter_model.safetensors"), framework="pt") as f:
-        return bool(config.get("modules_to_save")) or any(".lora_" not in k for k in f.keys())
+    weights = Path(adapter) / "adapter_model.safetensors"
+    if config.get("modules_to_save") or not weights.is_file():  # an older peft's .bin: vLLM reads it as it is
+        return bool(config.get("modules_to_save"))
+    with safe_open(str(weights), framework="pt") as f:
+        return any(".lora_" not in k for k in f.keys())
 
 
 class MergedAdapterSync(SharedMemoryAdapterSync):
