@@ -261,7 +261,8 @@ def gather_trainable(model: nn.Module, cfg: TrainerConfig) -> dict[str, torch.Te
 
     LoRA: the adapter tensors under peft's file key names (``...q_proj.lora_A.weight``, no adapter
     name), and the tensors trained whole beside it (``...model.norm.weight``,
-    ``...model.embed_tokens.weight``: peft's names for them). Full fine-tune: the whole model state dict under the HF key names.
+    ``...model.embed_tokens.weight``: peft's names for them). Full fine-tune: the whole model state dict under
+    the HF key names.
     """
     sd = get_model_state_dict(model, options=_state_options(cfg, full=True))
     if dist.get_rank() != 0:
