@@ -387,8 +387,8 @@ class Environment:
         except ValueError as e:
             raise ToolArgumentError(str(e)) from e
         method = getattr(self, spec.attr)
-        spent = ToolTime()  # set by a sync tool's thread; otherwise the wall time since ``t0``
-        t0 = time.perf_counter()
+        spent = ToolTime()  # set by a sync tool's thread; otherwise the time since ``t0`` on this thread
+        t0, waited = time.perf_counter(), cpu_wait_s()
         try:
             if inspect.iscoroutinefunction(method):
                 result = await within(method(**kwargs), self.tool_timeout_s)
@@ -397,6 +397,7 @@ class Environment:
                 if inspect.isawaitable(result):
                     spent.seconds = None  # it goes on on the event loop: measured from the start
                     result = await within(result, self.tool_timeout_s)
-        finally:  # on an error too: the tool's time was spent
-            self.last_tool_s = spent.seconds if spent.seconds is not None else time.perf_counter() - t0
+        finally:  # on an error too: the tool's time was spent; not the time this thread waited for a CPU
+            self.last_tool_s = (spent.seconds if spent.seconds is not None
+                                else max(0.0, time.perf_counter() - t0 - (cpu_wait_s() - waited)))
         return result if isinstance(result, str) else json.dumps(result)

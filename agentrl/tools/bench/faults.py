@@ -14,14 +14,15 @@ async def kill_engine(server: Any, timeout_s: float = 30.0) -> None:
     """SIGKILL to ``server``'s process group (its engine core and workers too), as a crash would; returns once
     none of them is left (a process that is still dying may hold the port)."""
     from agentrl.core.utils.procs import process_table
+    from agentrl.tools.bench.errors import BenchFailed
 
     os.killpg(server.pgid, signal.SIGKILL)
     await asyncio.to_thread(server.proc.wait, timeout_s)
     deadline = time.monotonic() + timeout_s
     while any(pgid == server.pgid for _, pgid, _ in process_table().values()):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"engine {server.url}: processes of group {server.pgid} still alive "
-                               f"{timeout_s:.0f}s after SIGKILL")
+            raise BenchFailed(f"engine {server.url}: processes of group {server.pgid} still alive "
+                              f"{timeout_s:.0f}s after SIGKILL")
         await asyncio.sleep(0.1)
 
 
