@@ -21,7 +21,8 @@ The rules:
 - A turn's tool calls run in order; tool errors, bad arguments, unparsable calls and tool timeouts are
   observations and the episode goes on. A call after ``finish()`` or an environment failure is not run.
 - **The agent is charged only for what it controls**: the time its tool calls run (measured in the
-  worker thread for a sync tool, so waiting for a thread or a busy event loop is not charged) counts
+  worker thread for a sync tool, so waiting for a thread or a busy event loop is not charged; for any tool,
+  less the time its thread waited for a CPU) counts
   against ``Environment.agent_time_limit_s``, checked after each call (one call is bounded by
   ``tool_timeout_s``). Running out ends the episode as ``timeout``, scored 0 and trained on, since the
   agent spent that time. Waiting for the inference engine (queueing, weight updates) and the
