@@ -17,8 +17,8 @@ LORA_LR_SCALE = 5.0
 ``lora_alpha / lora_rank = 2`` (rank 16, alpha 32) and the same schedule. Measured on the embedded calc
 model (full weights best at 4e-4, the adapter at 2e-3; docs/training.md); "LoRA Without Regret" (2025)
 found about 10x on models of 1B parameters and more, with alpha 32 and the rank-independent ``alpha / r``
-convention used here. Tensors trained whole beside the adapter (``lora_train_norms``, ``lora_train_embedding``) get the full-weight
-rate back: ``lr / LORA_LR_SCALE``."""
+convention used here. Tensors trained whole beside the adapter (``lora_train_norms``, ``lora_train_embedding``)
+get the full-weight rate back: ``lr / LORA_LR_SCALE``."""
 
 
 class LossConfig(Section):
