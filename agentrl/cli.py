@@ -130,7 +130,7 @@ def _run(coro: Any) -> Any:
         raise typer.Exit(130) from None
 
 
-EnvOpt = Annotated[str, typer.Option("--env", help=flags.help_text(RunConfig, flags.Flag("env")))]
+EnvOpt = Annotated[str, typer.Option("--env", help=flags.help_text(RunConfig, flags.Flag("env")), show_default=False)]
 ChatTemplateOpt = Annotated[str | None, typer.Option(
     "--chat-template", help=flags.help_text(RunConfig, flags.Flag("chat_template")))]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML run config.")]

@@ -78,3 +78,23 @@ def test_a_config_files_env_is_kept_when_no_flag_names_one(monkeypatch: pytest.M
     r = CliRunner().invoke(cli.app, ["train", "--config", "run.toml", "--print-config"])
     assert r.exit_code == 0, r.output
     assert tomllib.loads(r.output)["env"] == "swe"
+
+
+def _commands(group: typer.core.TyperGroup, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for name, command in group.commands.items():
+        sub = getattr(command, "commands", None)
+        out += _commands(command, (*path, name)) if sub is not None else [(*path, name)]
+    return out
+
+
+def test_no_command_help_states_a_default_twice() -> None:
+    """A derived help text already ends in its default; typer adding its own printed ``[default: calc]  [default:
+    calc]`` (sft's ``--env``)."""
+    commands = _commands(typer.main.get_command(cli.app))
+    assert ("sft",) in commands and ("model", "tiny") in commands
+    for path in commands:
+        r = CliRunner().invoke(cli.app, [*path, "--help"], terminal_width=400)
+        assert r.exit_code == 0, (path, r.output)
+        for line in r.output.splitlines():
+            assert line.count("[default:") <= 1, (path, line)
