@@ -46,7 +46,7 @@ test-unit: install
 	$(PY) -m pytest tests/unit $(XDIST) $(PYTEST_ARGS)
 
 train: install
-	$(VENV)/bin/agentrl train --env calc --full $(TRAIN_ARGS)
+	$(VENV)/bin/agentrl train --env calc $(TRAIN_ARGS)
 
 model: install
 	$(VENV)/bin/agentrl model tiny --out models/tiny

@@ -38,8 +38,8 @@ def model_moe(model: str) -> MoEInfo | None:
 
 def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     """``cfg`` with ``pipeline.lora_sync`` settled: ``merged`` for a LoRA run of a MoE model on an engine build
-    that cannot serve LoRA on MoE layers (vLLM's CPU build), or of an adapter with its norms (vLLM's LoRA
-    slots hold none), else ``adapter``. Logs the path taken. A black-box
+    that cannot serve LoRA on MoE layers (vLLM's CPU build), or of an adapter with tensors trained whole (its
+    norms, the embedding: vLLM's LoRA slots hold none), else ``adapter``. Logs the path taken. A black-box
     agent of a MoE model is refused while replay is on: the policy endpoint's recorded rows carry no routing."""
     if info is not None and cfg.agent.command and cfg.trainer.routing_replay:
         raise ReplayUnsupported("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
@@ -56,6 +56,10 @@ def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
         log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the engines run without "
                  "LoRA and merge each published adapter into the weights it touches (pipeline.lora_sync = "
                  "'merged')")
+    elif whole:
+        log.info("the adapter carries tensors trained whole (trainer.lora_train_norms, trainer.lora_train_embedding), "
+                 "which vLLM's LoRA slots cannot hold: the engines merge each published adapter into their "
+                 "weights (pipeline.lora_sync = 'merged')")
     return cfg
 
 

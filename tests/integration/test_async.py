@@ -75,6 +75,7 @@ async def test_async_training_run(vllm_server, tiny_model_dir: Path, tmp_path: P
         "endpoints": [vllm_server.url], "steps": 4, "tasks_per_step": 4, "group_size": 4, "mode": "async",
         "pipeline": {"max_staleness": 1}, "eval_size": 8, "eval_every": 0, "checkpoint_every": 0,
         "time_limit_min": None, "adapter_name": "async-policy",
+        "trainer": {"lora_train_embedding": False},  # the adapter path: synced in place into the shared engine
     }
     summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     run_dir = tmp_path / "async"

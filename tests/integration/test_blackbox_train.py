@@ -75,6 +75,7 @@ async def test_train_unmodified_agent_programs_of_four_kinds_on_calc(vllm_server
         "eval_every": 0, "checkpoint_every": 0, "engine_warmup": False,
         "agent": {"command": [sys.executable, str(wrapper), str(counters), json.dumps(programs)], "reward": "agent",
                   "timeout_s": 120},
+        "trainer": {"lora_train_embedding": False},  # the adapter path: the engine is shared
     }
     summary = await TrainingRun(load_config(None, overrides), progress=False).run()
     recs = read_jsonl(tmp_path / "blackbox" / "metrics.jsonl")

@@ -40,6 +40,9 @@ eval_every = 0
 checkpoint_every = 0
 engine_warmup = false
 
+[trainer]
+lora_train_embedding = false  # the adapter path, synced in place
+
 [engine_health]
 interval_s = 1.0
 timeout_s = 2.0

@@ -100,6 +100,7 @@ def test_train_one_step_against_a_remote_env(vllm_server, tiny_model_dir: Path, 
     toml.write_text(
         f'output_dir = "{tmp_path}"\ntasks_per_step = 4\ngroup_size = 4\neval_size = 8\n'
         "eval_every = 0\ncheckpoint_every = 0\n"
+        "[trainer]\nlora_train_embedding = false\n"  # the adapter path: the engine is shared
     )
     with ServerProcess(["calc"], log_path=tmp_path / "server.log") as server:
         env = {**os.environ, "AGENTRL_ENV_TOKEN": server.token}

@@ -30,7 +30,8 @@ def _digests(d: Path) -> dict[str, str]:
 async def test_the_same_command_twice_keeps_both_runs_intact(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
     overrides = {"env": "calc", "output_dir": str(tmp_path), "model": str(tiny_model_dir),
                  "endpoints": [vllm_server.url], "steps": 1, "tasks_per_step": 2, "group_size": 2,
-                 "eval_size": 2, "eval_every": 0, "checkpoint_every": 1, "engine_warmup": False}
+                 "eval_size": 2, "eval_every": 0, "checkpoint_every": 1, "engine_warmup": False,
+                 "trainer": {"lora_train_embedding": False}}  # the adapter path: the engine is shared
     first = await TrainingRun(load_config(None, overrides), progress=False).run()
     before = _digests(tmp_path / "calc")
     second = await TrainingRun(load_config(None, overrides), progress=False).run()

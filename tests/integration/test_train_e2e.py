@@ -83,6 +83,7 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
         "eval_size": 8, "eval_every": 0, "checkpoint_every": 1, "time_limit_min": None,
         "tasks": str(train_tasks), "eval_tasks": str(heldout), "task_columns": {"question": "prompt"},
         "tracking": {"report_to": [*TRACKERS, RAISING], "project": "agentrl-e2e", "samples_every": 1},
+        "trainer": {"lora_train_embedding": False},  # the adapter path: synced in place into the shared engine
     }
     with caplog.at_level(logging.WARNING, logger="agentrl.tracking.hub"):
         summary = await TrainingRun(load_config(None, overrides), progress=False).run()

@@ -60,7 +60,8 @@ def test_open_loads_and_claims_once(tmp_path: Path) -> None:
     run = TrainingRun(_cfg(tmp_path, eval_size=3))
     assert run.cfg.name is None and run.cfg.pipeline.lora_sync == "auto"
     assert asyncio.run(run.open()) is run
-    assert run.cfg.name == "calc" and run.cfg.pipeline.lora_sync == "adapter" and run.moe is None
+    # settled by open(): calc's preset trains the embedding beside the adapter, which the engines serve merged
+    assert run.cfg.name == "calc" and run.cfg.pipeline.lora_sync == "merged" and run.moe is None
     assert run.run_dir == tmp_path / "runs" / "calc" and (run.run_dir / "run.json").is_file()
     assert json.loads((run.run_dir / "run.json").read_text())["run_id"] == run.run_id
     assert run.env_cls.__name__ and run.train_tasks and len(run.eval_tasks) == 3
