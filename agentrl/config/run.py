@@ -300,7 +300,8 @@ class RunConfig(Section):
             if self.trainer.lora_trains_whole and self.pipeline.lora_sync == "adapter":
                 raise SettingError("trainer.lora_train_norms and trainer.lora_train_embedding train tensors whole "
                                    "beside the adapter, and vLLM's LoRA slots hold none: serve the policy merged "
-                                   "(pipeline.lora_sync = 'merged', or 'auto', which chooses it)")
+                                   "(pipeline.lora_sync = 'merged', or 'auto', which chooses it), or set them to "
+                                   "false for adapter sync (calc's preset trains the embedding of the embedded model)")
             if self.pipeline.weight_sync == "file" and self.pipeline.lora_sync == "merged":
                 raise SettingError("pipeline.lora_sync = 'merged' sends the adapter to engines that merge it into "
                                    "their weights, through shared memory or the request body; 'file' loads "

@@ -52,7 +52,8 @@ def test_an_adapter_with_tensors_trained_whole_is_served_merged(whole: str) -> N
     flag = {whole: True}
     cfg = plan_moe(_cfg(trainer=flag), None).resolved()
     assert cfg.pipeline.lora_sync == "merged" and not cfg.serves_adapter and not cfg.inference.enable_lora
-    with pytest.raises(ValueError, match="vLLM's LoRA slots hold none: serve the policy merged"):
+    with pytest.raises(ValueError, match=r"vLLM's LoRA slots hold none: serve the policy merged .* or set them to "
+                                         r"false for adapter sync"):
         _cfg(trainer=flag, pipeline={"lora_sync": "adapter"})
     with pytest.raises(ValueError, match=rf"trainer.{whole} .* full-weight training .* trains them already"):
         _cfg(trainer={**flag, "lora": False})
