@@ -45,8 +45,11 @@ def test_a_driver_killed_mid_step_leaves_nothing_and_resumes_into_one_run(vllm_s
                                                                          tmp_path: Path) -> None:
     """The killed run starts its own engine; the resumed one goes on against the session's (one vLLM start
     less than starting its own again)."""
+    # the adapter path: the resumed run syncs into the session's engine, and a merge would change its weights for
+    # the tests after this one
     (tmp_path / "run.toml").write_text("steps = 3\ntasks_per_step = 2\ngroup_size = 2\neval_size = 2\n"
-                                       "eval_every = 0\ncheckpoint_every = 1\nengine_warmup = false\n")
+                                       "eval_every = 0\ncheckpoint_every = 1\nengine_warmup = false\n"
+                                       "[trainer]\nlora_train_embedding = false\n")
     cmd = [AGENTRL, "train", "--env", "calc", "--name", "killed", "--model", str(tiny_model_dir),
            "--config", "run.toml"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
