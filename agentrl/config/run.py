@@ -103,6 +103,11 @@ class PipelineConfig(Section):
     LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``); ``nccl``: full weights
     only, through vLLM's NCCL weight-transfer engine (GPU engines; the trainer needs vLLM importable; never
     measured by this project)."""
+    sync_control: Literal["socket", "http"] = "socket"
+    """How a LoRA sync (in place or merged) reaches an engine on this host: ``socket``, one message on the
+    engine core's local control socket, run between two of its steps with the label and the reset (no HTTP
+    round trip, no pause around it; engines that cannot open one keep HTTP); ``http``: every call through the
+    engine's API server (``POST /collective_rpc``, the label, the reset, the pause and resume)."""
     lora_sync: Literal["auto", "adapter", "merged"] = "auto"
     """How a LoRA run's policy reaches the engines. ``adapter``: the adapter's tensors into the engines' LoRA
     slots (vLLM's LoRA serving: several adapters at once); ``merged``: the adapter's tensors to engines

@@ -13,6 +13,8 @@ runs one of its methods on every worker:
   ``agentrl_load_weights_from_path``, ``agentrl_weight_dtype``);
 - merged adapters (:class:`agentrl.engine.merge.MergeMixin`: ``agentrl_merge_lora``,
   ``agentrl_merge_lora_bytes``): the adapter merged into the base weights, for generation on plain weights;
+- the local control socket (:class:`agentrl.engine.control.ControlMixin`: ``agentrl_open_control``): the
+  hot sync sequence without HTTP, for a publisher on the engine's host;
 - MoE routing capture (:class:`agentrl.engine.routing.RoutingCaptureMixin`: ``agentrl_routing_enable``,
   ``agentrl_routing_take``).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import sys
 
 from agentrl.engine.adapter import AdapterMixin
+from agentrl.engine.control import ControlMixin
 from agentrl.engine.full import FullWeightsMixin
 from agentrl.engine.install import install_in_worker
 from agentrl.engine.merge import MergeMixin
@@ -37,7 +40,7 @@ if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): ho
     install_in_worker()
 
 
-class WorkerExtension(AdapterMixin, FullWeightsMixin, MergeMixin, RoutingCaptureMixin):
+class WorkerExtension(AdapterMixin, ControlMixin, FullWeightsMixin, MergeMixin, RoutingCaptureMixin):
     """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
 
 

@@ -69,6 +69,14 @@ Private-API lookups (nothing patched; called by the extension when it needs them
     the adapter config the publisher sends) and :func:`packed_modules` (the model's ``packed_modules_mapping``:
     which siblings a merged module's layer also needs); the load itself is lookup 6.
 
+13. :func:`hook_core_requests` (a per-instance wrap of the in-process engine core): replaces one
+    ``EngineCoreProc``'s ``_handle_client_request`` so that an item of agentrl's own kind on its
+    ``input_queue`` runs a callable in the busy loop, between two engine steps (as vLLM's utility calls run),
+    and :func:`wake_core` puts such an item there (``queue.Queue.put_nowait`` wakes a loop blocked on an idle
+    queue). The local control socket (:mod:`agentrl.engine.control`) runs the hot weight-sync sequence this
+    way, without the API server and its HTTP round trips; :func:`pause_core` freezes generation where a merge
+    failed half-way.
+
 Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, one worker in the engine core):
 
 12. :func:`patch_cpu_engine_core_fork`: wraps ``CpuPlatform.check_and_update_config``, which sets
@@ -494,6 +502,43 @@ def refresh_tied_embeddings(model: Any) -> int:
     return len(tied)
 
 
+# -- the engine core's request loop (the local control socket) ---------------------------------------------
+
+_CORE = "vllm.v1.engine.core"
+
+
+@_uses("wrap", Target(_CORE, "EngineCoreProc._handle_client_request"), Target(_CORE, "EngineCoreProc._process_input_queue"))
+def hook_core_requests(core: Any, kind: object, run: Callable[[Any], None]) -> None:
+    """Wrap 13 (idempotent per ``kind``): ``core``'s busy loop calls ``run(payload)`` for every ``(kind,
+    payload)`` item of its input queue, between two engine steps; every other item goes to vLLM as before."""
+    original = core._handle_client_request
+    if getattr(original, "agentrl_kind", None) is kind:
+        return
+
+    def handle(request_type: Any, request: Any) -> None:
+        if request_type is kind:
+            run(request)
+            return
+        original(request_type, request)
+
+    handle.agentrl_kind = kind  # type: ignore[attr-defined]
+    core._handle_client_request = handle
+
+
+@_uses("lookup", Target(_CORE, "EngineCoreProc.input_queue", instance=True))
+def wake_core(core: Any, kind: object, payload: Any) -> None:
+    """Put ``(kind, payload)`` on ``core``'s input queue (from any thread): its busy loop wakes, if idle, and
+    hands it to the hook of :func:`hook_core_requests` before its next step."""
+    core.input_queue.put_nowait((kind, payload))
+
+
+@_uses("lookup", Target(_CORE, "EngineCore.pause_scheduler"), Target(_CORE, "EngineCore.collective_rpc"))
+def pause_core(core: Any) -> None:
+    """Freeze generation on ``core`` (vLLM's ``keep`` pause: running requests keep their KV), from its busy
+    loop: a merge that failed half-way must not serve a mix until the publisher takes the engine out."""
+    core.pause_scheduler(mode="keep", clear_cache=False)
+
+
 # -- the API server (agentrl.engine.serve) ---------------------------------------------------------------------
 
 _SERVE = "vllm.entrypoints.launchers.api_server.entry"
@@ -532,8 +577,10 @@ def run_api_server() -> None:
 
 __all__ = [
     "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
-    "finish_weight_load", "install_patches", "load_weight_bucket", "lora_adapter_manager", "model_config",
+    "finish_weight_load", "hook_core_requests", "install_patches", "load_weight_bucket", "lora_adapter_manager",
+    "model_config",
     "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_worker_manager",
-    "patch_moe_reload_prepack", "patch_router_tap", "peft_helper", "refresh_tied_embeddings", "run_api_server",
-    "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wrap_runner_step",
+    "patch_moe_reload_prepack", "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings",
+    "run_api_server",
+    "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core", "wrap_runner_step",
 ]

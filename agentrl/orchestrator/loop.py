@@ -47,7 +47,11 @@ async def live_update(engine: EngineControl, publisher: Publisher, version: int,
                       mode: str = "keep") -> dict[str, Any]:
     """Make ``version`` live in the engines. With ``paused``, generation is paused (``mode`` keep:
     in-flight requests frozen with their KV; wait: drained) around the copy and the version relabel,
-    so no token is produced by a half-updated adapter or tagged with the wrong version."""
+    so no token is produced by a half-updated adapter or tagged with the wrong version. A publisher whose
+    engines apply each update between two of their steps with its label (``atomic``: local control sockets)
+    needs no ``keep`` pause: nothing runs in between."""
+    if paused and mode == "keep" and getattr(publisher, "atomic", False):
+        paused = False
     if paused:
         await engine.pause(mode)
     try:

@@ -374,7 +374,8 @@ class TrainingRun:
         return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.serves_adapter,
                                 name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
                                 merged=cfg.trainer.lora and not cfg.serves_adapter,
-                                nccl_addr=cfg.pipeline.weight_transfer_addr)
+                                nccl_addr=cfg.pipeline.weight_transfer_addr,
+                                control=cfg.pipeline.sync_control == "socket")
 
     async def _republish(self, trainer: RunTrainer, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,

@@ -27,9 +27,10 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import LoadingEngines
 from agentrl.weight_sync.full import abandon, each_endpoint, go_live, live_urls
-from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError, control_stages, worker_failures
 
 MERGE_METHOD = "agentrl_merge_lora"
 MERGE_BYTES_METHOD = "agentrl_merge_lora_bytes"
@@ -104,7 +105,9 @@ class MergedAdapterSync(SharedMemoryAdapterSync):
         return self._merge_meta[1]
 
     async def publish(self, version: int) -> dict[str, float]:
-        """Make ``version`` live in every engine in rotation; returns each stage's time in ms (and ``sync_s``)."""
+        """Make ``version`` live in every engine in rotation; returns each stage's time in ms (and ``sync_s``).
+        Engines with a local control link merge, are labelled and reset in one message between two of their
+        steps (no pause); the others are paused, merged and resumed over HTTP."""
         t0 = time.perf_counter()
         config = await self.peft_config()
         tensors = await self.trainer.get_adapter_tensors()
@@ -112,37 +115,75 @@ class MergedAdapterSync(SharedMemoryAdapterSync):
         nbytes = self.write(tensors)
         meta = self.merge_meta(config)
         t2 = time.perf_counter()
-        engine = self.loading
-        await engine.pause("keep")
-        live = live_urls(engine)
-        t3 = time.perf_counter()
+        live = live_urls(self.loading)
         failed: dict[str, str] = {}
-        try:
-            merged = await self._merge(live, meta, nbytes, failed)
-        except BaseException:
-            await abandon(engine, {u: "the merge was interrupted" for u in live})
-            raise
-        t4 = time.perf_counter()
-        ok = [u for u in live if u not in failed]
-        await abandon(engine, failed)
-        if not ok:
+        linked = [u for u in live if u in self._links()]
+        merged, retry = await self._merge_linked(linked, meta, version, failed) if linked else ([], [])
+        t3 = time.perf_counter()
+        slow = [u for u in live if u not in linked] + retry
+        stages = await self._merge_paused(slow, meta, nbytes, version, failed, merged) if slow else {}
+        if len(failed) == len(live):
             raise SyncError("merging the adapter failed on every engine: " + "; ".join(f"{u}: {w}" for u, w in
                                                                                        failed.items()))
-        live_ms = await go_live(engine, ok, version, set_version=self.set_version)
-        t5 = time.perf_counter()
+        t4 = time.perf_counter()
         return {
             "trainer_gather_ms": (t1 - t0) * 1e3,
             "shm_write_ms": (t2 - t1) * 1e3,
-            "merge_pause_ms": (t3 - t2) * 1e3,
-            "merge_rpc_ms": (t4 - t3) * 1e3,
+            **({"merge_control_ms": (t3 - t2) * 1e3} if linked else {}),
+            **stages,
+            **control_stages(merged),
             "engine_ms": max((float(w["engine_ms"]) for w in merged), default=0.0),
             "merge_plan_ms": max((float(w.get("plan_ms", 0.0)) for w in merged), default=0.0),
-            **live_ms,
-            "total_ms": (t5 - t0) * 1e3,
-            "sync_s": t5 - t0,
+            "total_ms": (t4 - t0) * 1e3,
+            "sync_s": t4 - t0,
             "adapter_bytes": float(nbytes),
             "engines_failed": float(len(failed)),
         }
+
+    def _links(self) -> dict[str, Any]:
+        return getattr(self.engine, "links", {})
+
+    async def _merge_linked(self, urls: list[str], meta: str, version: int,
+                            failed: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """Merge, label and reset on the engines of ``urls`` over their control links, each between two steps;
+        an engine whose merge failed froze its generation there and leaves the rotation now. The records of
+        the workers that merged, and the engines whose link broke (to do the HTTP way)."""
+        assert self.shm is not None
+        label = engine_label(version) if self.set_version else ""
+        results = await self.engine.subset(urls).collective_rpc(
+            MERGE_METHOD, kwargs={"shm_name": self.shm.name, "meta_json": meta, "layout_id": self._layout_id},
+            timeout=self.rpc_timeout_s, version=label, reset="running", pause_on_failure=True)
+        done: list[dict[str, Any]] = []
+        retry: list[str] = []
+        for url, workers in zip(urls, results, strict=True):
+            if any(isinstance(w, dict) and w.get("link_failed") for w in workers):
+                retry.append(url)
+            elif bad := worker_failures(workers) or ([] if workers else ["no worker answered"]):
+                failed[url] = f"{MERGE_METHOD}: " + "; ".join(bad)
+            else:
+                done += [w for w in workers if isinstance(w, dict)]
+        await abandon(self.loading, {u: failed[u] for u in urls if u in failed})
+        return done, retry
+
+    async def _merge_paused(self, urls: list[str], meta: str, nbytes: int, version: int, failed: dict[str, str],
+                            merged: list[dict[str, Any]]) -> dict[str, float]:
+        """The HTTP way on ``urls``: pause (``keep``), merge, then label, reset and resume those that merged; the
+        workers' records are added to ``merged``. The stages' ms."""
+        t0 = time.perf_counter()
+        await self.loading.subset(urls).pause("keep")
+        t1 = time.perf_counter()
+        fresh: dict[str, str] = {}
+        try:
+            merged += await self._merge(urls, meta, nbytes, fresh)
+        except BaseException:
+            await abandon(self.loading, {u: "the merge was interrupted" for u in urls})
+            raise
+        t2 = time.perf_counter()
+        failed.update(fresh)
+        await abandon(self.loading, fresh)
+        ok = [u for u in urls if u not in fresh]
+        live_ms = await go_live(self.loading, ok, version, set_version=self.set_version) if ok else {}
+        return {"merge_pause_ms": (t1 - t0) * 1e3, "merge_rpc_ms": (t2 - t1) * 1e3, **live_ms}
 
     async def _merge(self, urls: list[str], meta: str, nbytes: int, failed: dict[str, str]) -> list[dict[str, Any]]:
         """Every engine of ``urls`` merges the adapter: from the segment (this host) or the call body."""

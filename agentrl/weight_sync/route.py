@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from agentrl.core.errors import ConfigError, EngineError
 from agentrl.weight_sync.base import Engines, Publisher
+from agentrl.weight_sync.control import controlled
 from agentrl.weight_sync.file import FileAdapterSync
 from agentrl.weight_sync.network import NetworkAdapterSync
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync, worker_failures
@@ -73,6 +74,11 @@ class RoutedAdapterSync:
     def __init__(self, groups: list[tuple[str, Publisher, int]]) -> None:
         self.groups = groups
 
+    @property
+    def atomic(self) -> bool:
+        """Whether every group applies a publish between engine steps, labelled (no pause needed)."""
+        return all(getattr(p, "atomic", False) for _, p, _ in self.groups)
+
     async def publish(self, version: int) -> dict[str, float]:
         """Publish ``version`` through every group at once."""
         t0 = time.perf_counter()
@@ -88,10 +94,11 @@ class RoutedAdapterSync:
 
 @contextlib.asynccontextmanager
 async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: Engines,
-                            name: str, adapter_dir: Path) -> AsyncIterator[Publisher]:
+                            name: str, adapter_dir: Path, control: bool = True) -> AsyncIterator[Publisher]:
     """The publisher ``mode`` asks for, over ``client``'s engines (see the module docstring). Its first
     ``publish`` creates the engines' LoRA slots. No prefix-cache resets: rollouts salt the cache with the
-    policy version instead."""
+    policy version instead. ``control``: the engines on this host take each sync over their local control
+    socket (:mod:`agentrl.weight_sync.control`) where they can open one."""
     if mode == "file":
         yield FileAdapterSync(trainer, client, adapter_dir, name)
         return
@@ -103,10 +110,11 @@ async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: An
     here = [u for u, ok in local.items() if ok]
     away = [u for u, ok in local.items() if not ok]
     groups: list[tuple[str, Publisher, int]] = []
-    with contextlib.ExitStack() as stack:
+    async with contextlib.AsyncExitStack() as stack:
         if here:
             sub = client.subset(here)
-            shm = SharedMemoryAdapterSync(trainer, sub, name, reset="",
+            fast = await stack.enter_async_context(controlled(sub, enabled=control))
+            shm = SharedMemoryAdapterSync(trainer, fast, name, reset="",
                                           fallback=FileAdapterSync(trainer, sub, adapter_dir, name))
             groups.append(("shm", stack.enter_context(shm), len(here)))
         if away:
@@ -137,28 +145,33 @@ async def full_weight_publisher(mode: Literal["shm", "network", "file", "nccl"],
 
 @contextlib.asynccontextmanager
 async def merged_adapter_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any,
-                                   client: Any) -> AsyncIterator[Publisher]:
+                                   client: Any, control: bool = True) -> AsyncIterator[Publisher]:
     """The merged-adapter publisher over ``client``'s engines: the adapter through shared memory to the engines
-    on this host, in the call body to the others (``"network"``: to every engine), merged by each engine."""
+    on this host, in the call body to the others (``"network"``: to every engine), merged by each engine
+    (``control``: those on this host over their local control socket where they can open one)."""
     from agentrl.weight_sync.merged import MergedAdapterSync
 
     if mode in ("file", "nccl"):
         raise WeightSyncModeError(f"pipeline.weight_sync = {mode!r} cannot carry a merged adapter "
                                   "(pipeline.lora_sync = 'merged'): use 'shm' or 'network'")
-    with MergedAdapterSync(trainer, client, remote=await call_body_engines(mode, client)) as publisher:
-        yield publisher
+    remote = await call_body_engines(mode, client)
+    here = [u for u in client.endpoints if u not in remote]
+    async with controlled(client, here, enabled=control and bool(here)) as fast:
+        with MergedAdapterSync(trainer, fast, remote=remote) as publisher:
+            yield publisher
 
 
 def weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any, client: Any, *, lora: bool,
-                     name: str, adapter_dir: Path, merged: bool = False,
-                     nccl_addr: str = "127.0.0.1") -> contextlib.AbstractAsyncContextManager[Publisher]:
+                     name: str, adapter_dir: Path, merged: bool = False, nccl_addr: str = "127.0.0.1",
+                     control: bool = True) -> contextlib.AbstractAsyncContextManager[Publisher]:
     """The publisher of a run: LoRA adapters into the engines' LoRA slots (:func:`adapter_publisher`), merged
     by the engines into their weights (``merged``: :func:`merged_adapter_publisher`), or full weights
-    (:func:`full_weight_publisher`)."""
+    (:func:`full_weight_publisher`). ``control``: LoRA syncs to engines on this host over their local control
+    sockets (``pipeline.sync_control``)."""
     if merged:
-        return merged_adapter_publisher(mode, trainer, client)
+        return merged_adapter_publisher(mode, trainer, client, control)
     if lora:
         if mode == "nccl":
             raise WeightSyncModeError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")
-        return adapter_publisher(mode, trainer, client, name, adapter_dir)
+        return adapter_publisher(mode, trainer, client, name, adapter_dir, control)
     return full_weight_publisher(mode, trainer, client, nccl_addr)

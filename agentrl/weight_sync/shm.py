@@ -93,6 +93,17 @@ async def after_copy(engine: EngineRPC, workers: list[dict[str, Any]], version: 
     return reset_ok
 
 
+def control_stages(workers: list[dict[str, Any]]) -> dict[str, float]:
+    """The control-link figures of applied worker records (none when every engine took HTTP):
+    ``control_queue_ms``, the longest wait of a message for the engine's current step to end, and
+    ``engines_control``, how many workers were reached over a link."""
+    over = [w for w in workers if w.get("control_core_ms") is not None]
+    if not over:
+        return {}
+    return {"control_queue_ms": max(float(w.get("control_queue_ms") or 0.0) for w in over),
+            "engines_control": float(len(over))}
+
+
 def _release(shm: shared_memory.SharedMemory) -> None:
     """Close and unlink ``shm`` (idempotent; used by ``close`` and at interpreter exit)."""
     try:
@@ -128,6 +139,13 @@ class SharedMemoryAdapterSync:
         self._layout_id = ""
         self._meta_json = ""
         self._views: list[torch.Tensor] = []
+
+    @property
+    def atomic(self) -> bool:
+        """Whether every engine applies a publish between two of its steps with the new label, so that no pause is
+        needed around it: engines reached over local control links
+        (:class:`agentrl.weight_sync.control.ControlledEngines`)."""
+        return bool(getattr(self.engine, "atomic", False))
 
     @property
     def shm_name(self) -> str | None:
@@ -173,12 +191,20 @@ class SharedMemoryAdapterSync:
             why = "; ".join(bad) or "no worker answered"
             if self.fallback is None:
                 raise SyncError(f"in-place LoRA update refused: {why}")
-            out = await self.fallback.publish(version)
+            if not self.atomic:
+                out = await self.fallback.publish(version)
+            else:  # the caller did not pause (the copy would have been atomic): the file load is not
+                await self.engine.pause("keep")
+                try:
+                    out = await self.fallback.publish(version)
+                finally:
+                    await self.engine.resume()
             return {**out, "fallback": 1.0}
         reset_ok = await after_copy(self.engine, workers, version, set_version=self.set_version, reset=self.reset)
         t4 = time.perf_counter()
         in_engine_reset = max((float(w.get("reset_ms") or 0.0) for w in workers), default=0.0)
         return {
+            **control_stages(workers),
             "trainer_gather_ms": (t1 - t0) * 1e3,
             "shm_write_ms": (t2 - t1) * 1e3,
             "rpc_ms": (t3 - t2) * 1e3,

@@ -144,4 +144,66 @@ async def test_the_probe_routes_a_local_engine_to_shared_memory(vllm_server, tmp
         trainer = _FileTrainer(random_lora(lora_shapes("tiny", 16), seed=4))
         async with adapter_publisher("shm", trainer, client, "probe-policy", tmp_path) as pub:
             assert isinstance(pub, SharedMemoryAdapterSync)
+            assert pub.atomic  # its syncs go over the engine core's control socket
+        async with adapter_publisher("shm", trainer, client, "probe-policy", tmp_path, control=False) as pub:
+            assert isinstance(pub, SharedMemoryAdapterSync) and not pub.atomic
         assert not list(Path("/dev/shm").glob("agentrl_probe_*")), "the probe's segment is unlinked"
+
+
+async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(vllm_server, tmp_path: Path) -> None:
+    """Every linear layer with modules scaled differently, each version one message on the engine core's
+    control socket (copy, label, reset between two steps): a file load of the same tensors serves the same; a
+    generation running across an update is not paused, and its tokens split once between the versions with
+    the prefix kept."""
+    import asyncio
+
+    from agentrl.core.versions import token_versions
+    from agentrl.weight_sync.control import controlled
+    from tests.integration.vllm_metrics import slowed_engine
+
+    alphas = {"down_proj": 8, "q_proj": 64}
+    shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
+    trainer = _Trainer(random_lora(shapes, seed=50))
+    async with InferenceClient([vllm_server.url], timeout_s=300) as client, controlled(client) as fast:
+        assert fast.atomic
+        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, alpha_pattern=alphas)))
+        with SharedMemoryAdapterSync(trainer, fast, NAME) as sync:
+            for version, seed in ((1, 51), (2, 52)):
+                trainer.tensors = random_lora(shapes, seed=seed)
+                m = await sync.publish(version)
+                assert m["engines_control"] == 1 and m["prefix_reset_ok"] == 1.0 and m["engine_ms"] > 0, m
+                inplace = await _greedy(client)
+                assert inplace.weight_versions and inplace.weight_versions[-1][0] == str(version)
+                await client.load_lora_adapter(NAME, str(save_lora(tmp_path / f"f{version}", trainer.tensors,
+                                                                   alpha_pattern=alphas)))
+                assert _close(inplace, await _greedy(client))
+            await sync.publish(3)  # the file load replaced the adapter: a new slot plan, then the in-flight test
+            n = 200
+
+            async def greedy() -> object:
+                return await client.generate(LONG_PROMPT[:32], max_tokens=n, temperature=0.0, ignore_eos=True,
+                                             stop_token_ids=[], model=NAME, on_tokens=on_tokens)
+
+            going = asyncio.Event()
+            seen: list[int] = []
+
+            def on_tokens(ids: list[int]) -> None:
+                seen.extend(ids)
+                if len(seen) >= 8:
+                    going.set()
+
+            ref = await greedy()
+            seen.clear()
+            going.clear()
+            trainer.tensors = random_lora(shapes, seed=53)
+            with slowed_engine():
+                running = asyncio.ensure_future(greedy())
+                await going.wait()
+                await sync.publish(4)
+            gen = await running
+        versions = token_versions(gen, -1)
+        assert 4 in versions, gen.weight_versions
+        k = versions.index(4)
+        assert 8 <= k < n and versions == [3] * k + [4] * (n - k), gen.weight_versions
+        assert gen.token_ids[:k] == ref.token_ids[:k] and gen.token_ids != ref.token_ids
+        await client.unload_lora_adapter(NAME)

@@ -7,6 +7,7 @@ is refused before any weight changes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from agentrl.config.trainer import ALL_LINEAR
 from agentrl.core.versions import token_versions
 from agentrl.inference import InferenceClient
 from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
+from agentrl.weight_sync.control import controlled
 from agentrl.weight_sync.merged import MergedAdapterSync
 from agentrl.weight_sync.shm import SyncError
 from tests.integration.conftest import tiny_model_config
-from tests.integration.vllm_metrics import start_paused_mid_generation
+from tests.integration.vllm_metrics import slowed_engine, start_paused_mid_generation
 
 pytestmark = [pytest.mark.integration]
 
@@ -230,3 +232,61 @@ async def test_an_adapter_with_its_norms_and_embedding_trains_through_the_merge(
 
 def _mae(xs: list[float], ys: list[float]) -> float:
     return sum(abs(a - b) for a, b in zip(xs, ys, strict=True)) / max(len(xs), 1)
+
+
+async def test_over_the_control_socket_a_merge_lands_between_two_steps_without_a_pause(engine) -> None:
+    """The merge, its label and the reset as one message on the engine core's control socket, while a
+    generation runs: no pause, yet its tokens split once between the versions, the prefix is kept, and what
+    follows is what the new weights generate from that prefix (the request recomputed its KV under them)."""
+    shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
+    trainer = _Trainer(random_lora(shapes, seed=40))
+
+    async def greedy(client: InferenceClient, prompt: list[int] = PROMPT, n: int = N_TOKENS, on: Any = None) -> Any:
+        return await client.generate(prompt, max_tokens=n, temperature=0.0, ignore_eos=True, stop_token_ids=[],
+                                     on_tokens=on)
+
+    async with InferenceClient([engine.url], timeout_s=300) as client, controlled(client) as fast:
+        assert fast.atomic, "the session engine runs its worker in its engine core: it must open a control socket"
+        with MergedAdapterSync(trainer, fast) as sync:
+            assert sync.atomic
+            m = await sync.publish(1)
+            assert m["engines_control"] == 1 and "merge_pause_ms" not in m and m["engines_failed"] == 0, m
+            ref = await greedy(client)
+            trainer.tensors = random_lora(shapes, seed=41)
+            going = asyncio.Event()
+            seen: list[int] = []
+
+            def on_tokens(ids: list[int]) -> None:
+                seen.extend(ids)
+                if len(seen) >= 8:
+                    going.set()
+
+            with slowed_engine():
+                running = asyncio.ensure_future(greedy(client, on=on_tokens))
+                await going.wait()
+                m = await sync.publish(2)
+            gen = await running
+            assert m["engines_control"] == 1 and "merge_pause_ms" not in m, m
+            versions = token_versions(gen, -1)
+            assert 2 in versions, f"no token tagged v2: spans {gen.weight_versions}"
+            k = versions.index(2)
+            assert 8 <= k < N_TOKENS and versions == [1] * k + [2] * (N_TOKENS - k), gen.weight_versions
+            assert gen.token_ids[:k] == ref.token_ids[:k], "the prefix generated before the merge must be kept"
+            rest = await greedy(client, PROMPT + gen.token_ids[:k], N_TOKENS - k)
+            assert rest.token_ids == gen.token_ids[k:], "after the merge, the new weights' own continuation"
+
+
+async def test_over_the_control_socket_a_bad_adapter_is_refused_and_the_engine_taken_out(engine) -> None:
+    shapes = lora_shapes(tiny_model_config(), 16, ATTENTION)
+    tensors = random_lora(shapes, seed=31)
+    bad = {n: (t[:, :-1].contiguous() if ".lora_A." in n else t) for n, t in tensors.items()}
+    async with InferenceClient([engine.url], timeout_s=120) as client:
+        before = await _greedy(client)
+        async with controlled(client) as fast:
+            with MergedAdapterSync(_Trainer(bad), fast) as sync:
+                with pytest.raises(SyncError, match="does not fit the base weight"):
+                    await sync.publish(7)
+        assert client.pool.endpoints[0].down
+    async with InferenceClient([engine.url], timeout_s=120) as again:
+        await again.resume()  # the engine core froze it at the failure; the publisher then aborted its requests
+        assert _close(await _greedy(again), before, tol=1e-6)

@@ -84,8 +84,47 @@ def memcpy_ms(nbytes: int, reps: int = 50) -> float:
     return _p(times[3:], 0.5)
 
 
+async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: list[dict[str, torch.Tensor]],
+                     prompt: list[int], first: int, per_stream: int = 4, gap_s: float = 0.02) -> list[float]:
+    """The hot sequence as training runs it (:func:`agentrl.orchestrator.loop.live_update`: a ``keep`` pause
+    around the publish unless the publisher is atomic), under greedy generations in flight: per update, ms from
+    its start to the arrival of the first streamed token that carries its version (``per_stream`` updates,
+    ``gap_s`` apart, into each generation)."""
+    from agentrl.core.versions import engine_label
+    from agentrl.orchestrator.loop import live_update
+
+    out: list[float] = []
+    version = first
+    todo = list(updates)
+    while todo:
+        arrivals: list[float] = []
+        going = asyncio.Event()
+
+        def on_tokens(ids: list[int], arrivals: list[float] = arrivals, going: asyncio.Event = going) -> None:
+            arrivals.extend([time.perf_counter()] * len(ids))
+            if len(arrivals) >= 8:
+                going.set()
+
+        task = asyncio.create_task(client.generate(prompt, max_tokens=400, temperature=0.0, model=NAME,
+                                                   ignore_eos=True, on_tokens=on_tokens))
+        await going.wait()
+        starts: dict[str, float] = {}
+        for _ in range(min(per_stream, len(todo))):
+            trainer.tensors = todo.pop(0)
+            version += 1
+            starts[engine_label(version)] = time.perf_counter()
+            await live_update(client, sync, version, paused=True, mode="keep")
+            await asyncio.sleep(gap_s)
+        gen = await task
+        for label, start, _ in gen.weight_versions or []:
+            if label in starts and start < len(arrivals):
+                out.append((arrivals[start] - starts.pop(label)) * 1e3)
+    return out
+
+
 async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...]) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
+    from agentrl.weight_sync.control import controlled
     from agentrl.weight_sync.network import NetworkAdapterSync
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
@@ -110,6 +149,26 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
                 for k, v in m.items():
                     stages.setdefault(k, []).append(v)
             nbytes = int(m["adapter_bytes"])
+            lone = [random_lora(shapes, seed=2000 + i) for i in range(updates)]
+            inflight_http = await _in_flight(client, sync, trainer, lone, prompt, 2000)
+        async with controlled(client) as fast:
+            if not fast.atomic:
+                raise RuntimeError("the engine opened no control socket: " + ", ".join(fast.endpoints))
+            with SharedMemoryAdapterSync(trainer, fast, NAME) as csync:
+                check_control = await _check(client, csync, trainer, shapes, work, rank, prompt)
+                await csync.publish(3)  # warm, as above
+                ctl: dict[str, list[float]] = {}
+                ctl_e2e: list[float] = []
+                for i in range(updates):
+                    trainer.tensors = random_lora(shapes, seed=100 + i)
+                    t0 = time.perf_counter()
+                    m = await csync.publish(3000 + i)
+                    await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
+                    ctl_e2e.append((time.perf_counter() - t0) * 1e3)
+                    for k, v in m.items():
+                        ctl.setdefault(k, []).append(v)
+                lone = [random_lora(shapes, seed=4000 + i) for i in range(updates)]
+                inflight_control = await _in_flight(client, csync, trainer, lone, prompt, 4000)
         net = NetworkAdapterSync(trainer, client, NAME, work / "network")
         net_stages: dict[str, list[float]] = {}
         net_e2e: list[float] = []
@@ -149,7 +208,18 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         "file_load_ms_p90": _p(load_ms, 0.9), "file_save_ms_p50": _p(save_ms, 0.5),
         "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
         "adapter_bytes": nbytes, "updates": updates, "correctness": check,
+        "in_flight_end_to_end_ms_p50": _p(inflight_http, 0.5), "in_flight_end_to_end_ms_p90": _p(inflight_http, 0.9),
     })
+    out.update({f"control_{k}_p50": _p(v, 0.5) for k, v in ctl.items() if k.endswith("_ms")})
+    out.update({
+        "control_end_to_end_ms_p50": _p(ctl_e2e, 0.5), "control_end_to_end_ms_p90": _p(ctl_e2e, 0.9),
+        "control_in_flight_end_to_end_ms_p50": _p(inflight_control, 0.5),
+        "control_in_flight_end_to_end_ms_p90": _p(inflight_control, 0.9),
+        "in_flight_samples": min(len(inflight_http), len(inflight_control)), "correctness_control": check_control,
+    })
+    out["control_publish_speedup"] = out["total_ms_p50"] / out["control_total_ms_p50"]
+    out["control_in_flight_speedup"] = (out["in_flight_end_to_end_ms_p50"]
+                                        / out["control_in_flight_end_to_end_ms_p50"])
     out["memcpy_ms_p50"] = memcpy_ms(nbytes)
     out["engine_over_memcpy"] = out["engine_ms_p50"] / out["memcpy_ms_p50"]
     out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
@@ -165,6 +235,7 @@ def _table(res: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v:10.3f}" for k, v in rows]
     lines.append(f"{'correctness':<{width}}  {res['correctness']}")
+    lines.append(f"{'correctness_control':<{width}}  {res['correctness_control']}")
     return "\n".join([f"LoRA sync bench: {res['model']}", *lines])
 
 
@@ -223,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(_table(res))
     print(json.dumps(res, default=float))
-    return 0 if res["correctness"]["ok"] else 1
+    return 0 if res["correctness"]["ok"] and res["correctness_control"]["ok"] else 1
 
 
 if __name__ == "__main__":
