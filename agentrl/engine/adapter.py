@@ -22,7 +22,15 @@ from typing import Any
 
 from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
-from agentrl.engine.adapter_plan import AdapterNotLoaded, CopyPlan, UpdateError, build_plan, decode_payload
+from agentrl.engine.adapter_plan import (
+    AdapterNotLoaded,
+    CopyPlan,
+    UpdateError,
+    build_plan,
+    cache_after_update,
+    decode_payload,
+    release_slot,
+)
 from agentrl.engine.install import REGISTRY, STATS, needs_patches
 from agentrl.weight_sync.base import SHM_UNAVAILABLE, WRITE_FAILED
 from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of
@@ -140,8 +148,7 @@ class AdapterMixin:
                 for scale, views in plan.scales.items():
                     torch._foreach_mul_(views, scale)
                 t2 = time.perf_counter()
-                if plan.cache:
-                    torch._foreach_copy_(plan.cache, plan.live)
+                cache_after_update(plan)  # the CPU copy follows when the slot is released
                 for layer, lw in plan.set_lora:
                     layer.set_lora(plan.slot, lw.lora_a, lw.lora_b)
         except UpdateError as exc:
@@ -212,9 +219,11 @@ class AdapterMixin:
         return dict(STATS)
 
     def agentrl_lora_checksum(self, adapter: str) -> dict[str, Any]:
-        """Sums of the adapter's cached (CPU) and live (slot) weights, for tests: they must agree."""
+        """Sums of the adapter's cached (CPU) and live (slot) weights, for tests: they must agree once the cache is
+        brought up to date (as vLLM's release of the slot would)."""
         manager = self._agentrl_manager()
         lora_id, _ = self._agentrl_resolve(adapter)
+        release_slot(manager, lora_id)
         slot = manager.lora_index_to_id.index(lora_id) if lora_id in manager.lora_index_to_id else None
         cached = live = 0.0
         for name, lw in manager.get_adapter(lora_id).loras.items():

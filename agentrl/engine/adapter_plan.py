@@ -8,7 +8,9 @@ How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-
 ``(out, r)``). Packed layers (``qkv_proj``, ``gate_up_proj``) have one slice per sub-projection
 (q=0, k=1, v=2). The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
 folded into B at load (``LoRALayerWeights.optimize``). The CPU-side ``LoRAModel`` cache keeps the same
-(scaled) tensors, from which a slot is refilled after an eviction, so both are updated. The manager's layout
+(scaled) tensors, from which a slot is refilled after an eviction. An update writes the live slot only; the
+cache is brought up to date from the slot when vLLM releases the slot (:func:`release_slot`, called by patch 14
+of :mod:`agentrl.engine.vllm_patches`), or at once where that patch is not installed. The manager's layout
 is vLLM's private state: :func:`agentrl.engine.vllm_patches.lora_adapter_manager` records what is read here.
 
 This module must import without vLLM and torch (imported inside :func:`build_plan`).
@@ -60,9 +62,10 @@ def decode_payload(bufs: dict[str, Any], key: str, payload_b64: str, nbytes: int
 class CopyPlan:
     """Precomputed views for one (adapter object, slot, shm layout): the update is a few foreach ops."""
 
-    def __init__(self, lora_model: Any, slot: int | None) -> None:
+    def __init__(self, lora_model: Any, slot: int | None, key: tuple[int, int] = (0, 0)) -> None:
         self.lora_model = lora_model  # strong ref: `is` check stays valid
         self.slot = slot
+        self.key = key  # (id of the manager, adapter id): where its release is announced
         self.src: list[Any] = []     # shm views
         self.live: list[Any] = []    # slot views in the stacked buffers (or the cache when not active)
         self.cache: list[Any] = []   # LoRAModel tensors (only when a slot is live)
@@ -82,7 +85,7 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
     sub_to_packed = {sub: (packed, i) for packed, subs in manager.packed_modules.items()
                      for i, sub in enumerate(subs)}
     helper = vllm_patches.peft_helper(path) if path is not None else None
-    plan = CopyPlan(lora_model, slot)
+    plan = CopyPlan(lora_model, slot, (id(manager), int(lora_model.id)))
     set_lora: dict[str, tuple[Any, Any]] = {}
     for name, dtype, shape, offset in meta["tensors"]:
         module, is_a = vllm_patches.parse_lora_name(name, mapper)
@@ -122,3 +125,35 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         raise UpdateError("mixed sharded/unsharded layers are not supported")
     plan.set_lora = list(set_lora.values())
     return plan
+
+
+CACHE_BEHIND: dict[tuple[int, int], CopyPlan] = {}
+"""Adapters whose CPU copy is behind their live slot: (id of the manager, adapter id) -> the last update's plan."""
+RELEASE_HOOKED = [False]
+"""Whether patch 14 is installed in this process (set by :mod:`agentrl.engine.install`): only then is the cache
+copy left for the slot's release."""
+
+
+def cache_after_update(plan: CopyPlan) -> None:
+    """After an update of ``plan``'s live slot: mark its CPU copy behind (copied when the slot is released), or
+    copy it now where no release is announced. Call inside ``torch.inference_mode``."""
+    import torch
+
+    if not plan.cache:
+        return
+    if RELEASE_HOOKED[0]:
+        CACHE_BEHIND[plan.key] = plan
+    else:
+        torch._foreach_copy_(plan.cache, plan.live)
+
+
+def release_slot(manager: Any, lora_id: int) -> None:
+    """Before vLLM releases adapter ``lora_id``'s slot in ``manager``: bring its CPU copy up to date from the
+    slot (the copy vLLM refills a slot from), if an update left it behind."""
+    plan = CACHE_BEHIND.pop((id(manager), int(lora_id)), None)
+    if plan is None:
+        return
+    import torch
+
+    with torch.inference_mode():
+        torch._foreach_copy_(plan.cache, plan.live)

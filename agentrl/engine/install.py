@@ -52,9 +52,11 @@ def install_in_worker(outcome: Installed | None = None) -> Installed:
         return outcome
     outcome.attempted = True
     try:
+        from agentrl.engine.adapter_plan import RELEASE_HOOKED, release_slot
         from agentrl.engine.capture import RouterTap
 
-        vllm_patches.install_patches(REGISTRY, STATS, RouterTap.attach)
+        vllm_patches.install_patches(REGISTRY, STATS, RouterTap.attach, [release_slot])
+        RELEASE_HOOKED[0] = True
     except VLLMVersionRefused as exc:
         outcome.refused = exc
         print(f"agentrl.engine: vLLM patches refused: {exc}", file=sys.stderr)

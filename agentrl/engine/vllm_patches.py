@@ -22,6 +22,10 @@ Monkeypatches, installed once per worker process by :func:`install_patches`:
    That costs a file read per step and would overwrite in-place updates with the file's weights. The wrapper
    clears ``load_inplace`` on the requests for adapters already loaded, so per-step activation is a plain
    touch; an explicit ``add_lora`` (the HTTP ``load_lora_adapter`` route) still reloads in place.
+14. :func:`patch_lora_slot_release` (wrapped): ``LoRAModelManager._deactivate_adapter``, through which every
+   release of an adapter's slot goes (an LRU eviction, ``deactivate_adapter``, ``remove_adapter``), first hands
+   the manager and the adapter's id to agentrl: an in-place update writes only the live slot and copies it
+   into the adapter's CPU copy (from which vLLM refills a slot) when the slot is released, not at every update.
 7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
    once the model is loaded and before vLLM compiles it, every MoE router's capture hook
    (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
@@ -145,8 +149,10 @@ def check_vllm_version(running: str | None = None, allow: str | None = None) -> 
 
 
 def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float],
-                    attach_router_tap: Callable[[Any], Any]) -> None:
-    """Install the monkeypatches (1-3, 7, 8; idempotent) in a vLLM worker process, after the version check.
+                    attach_router_tap: Callable[[Any], Any],
+                    release_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
+    """Install the monkeypatches (1-3, 7, 8, 14; idempotent) in a vLLM worker process, after the version check.
+    ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released (patch 14).
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
     ``last_file_load_ms``) are the extension's dicts, filled by the hooks; ``attach_router_tap(runner)`` taps a
@@ -155,11 +161,31 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     (the caller reports both)."""
     check_vllm_version()
     patch_lora_worker_manager(registry, stats)
+    patch_lora_slot_release(release_hooks if release_hooks is not None else [])
     patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------
+
+@_uses("patch", Target("vllm.lora.model_manager", "LoRAModelManager._deactivate_adapter"))
+def patch_lora_slot_release(hooks: list[Callable[[Any, int], None]]) -> None:
+    """Patch 14 (idempotent): every hook of ``hooks`` is called with (manager, adapter id) before vLLM releases
+    that adapter's slot; see the module docstring."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    release = LoRAModelManager._deactivate_adapter
+    if getattr(release, "_agentrl_hook", False):
+        return
+
+    def _deactivate_adapter(self: Any, lora_id: int) -> Any:
+        for hook in hooks:
+            hook(self, lora_id)
+        return release(self, lora_id)
+
+    _deactivate_adapter._agentrl_hook = True  # type: ignore[attr-defined]
+    LoRAModelManager._deactivate_adapter = _deactivate_adapter  # type: ignore[method-assign]
+
 
 @_uses("patch", Target(_WM, "WorkerLoRAManager._load_adapter"), Target(_WM, "WorkerLoRAManager.list_adapters"),
        Target(_WM, "LRUCacheWorkerLoRAManager.add_adapter"), Target(_WM, "LRUCacheWorkerLoRAManager._apply_adapters"),
@@ -579,7 +605,7 @@ __all__ = [
     "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
     "finish_weight_load", "hook_core_requests", "install_patches", "load_weight_bucket", "lora_adapter_manager",
     "model_config",
-    "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_worker_manager",
+    "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_slot_release", "patch_lora_worker_manager",
     "patch_moe_reload_prepack", "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings",
     "run_api_server",
     "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core", "wrap_runner_step",

@@ -47,7 +47,9 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
     os.environ[STEP_DELAY_FLAG_ENV] = str(tmp_path_factory.getbasetemp() / "engine-step-delay")
     cfg = VLLMServerConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, enable_lora=True,
-                           max_lora_rank=16, max_loras=4, startup_timeout_s=300, extra_args=STEP_DELAY_ARGS)
+                           max_lora_rank=16, max_loras=4, startup_timeout_s=300,
+                           # room on the CPU for more adapters than slots: a test pushes one out of its slot only
+                           extra_args=[*STEP_DELAY_ARGS, "--max-cpu-loras", "8"])
     server = VLLMServer(cfg, tmp_path_factory.mktemp("vllm-logs"))
     server.start()
     log.info("vLLM server %s ready in %.1fs", server.url, server.startup_s or -1)

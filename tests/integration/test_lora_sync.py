@@ -155,11 +155,9 @@ async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(v
     control socket (copy, label, reset between two steps): a file load of the same tensors serves the same; a
     generation running across an update is not paused, and its tokens split once between the versions with
     the prefix kept."""
-    import asyncio
-
     from agentrl.core.versions import token_versions
     from agentrl.weight_sync.control import controlled
-    from tests.integration.vllm_metrics import slowed_engine
+    from tests.integration.vllm_metrics import slowed_engine, streaming_past
 
     alphas = {"down_proj": 8, "q_proj": 64}
     shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
@@ -180,25 +178,14 @@ async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(v
             await sync.publish(3)  # the file load replaced the adapter: a new slot plan, then the in-flight test
             n = 200
 
-            async def greedy() -> object:
+            async def greedy(on_tokens: object = None) -> object:
                 return await client.generate(LONG_PROMPT[:32], max_tokens=n, temperature=0.0, ignore_eos=True,
                                              stop_token_ids=[], model=NAME, on_tokens=on_tokens)
 
-            going = asyncio.Event()
-            seen: list[int] = []
-
-            def on_tokens(ids: list[int]) -> None:
-                seen.extend(ids)
-                if len(seen) >= 8:
-                    going.set()
-
             ref = await greedy()
-            seen.clear()
-            going.clear()
             trainer.tensors = random_lora(shapes, seed=53)
             with slowed_engine():
-                running = asyncio.ensure_future(greedy())
-                await going.wait()
+                running = await streaming_past(greedy)
                 await sync.publish(4)
             gen = await running
         versions = token_versions(gen, -1)
@@ -207,3 +194,29 @@ async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(v
         assert 8 <= k < n and versions == [3] * k + [4] * (n - k), gen.weight_versions
         assert gen.token_ids[:k] == ref.token_ids[:k] and gen.token_ids != ref.token_ids
         await client.unload_lora_adapter(NAME)
+
+
+async def test_an_adapter_evicted_from_its_slot_comes_back_with_its_last_update(vllm_server, tmp_path: Path) -> None:
+    """An in-place update writes the live slot only; the adapter's CPU copy (which vLLM refills a slot from)
+    follows when vLLM releases the slot. Updated, then pushed out of the engine's slots by as many other
+    adapters as it has slots, the adapter serves its last update again, not the weights it was loaded with."""
+    shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
+    trainer = _Trainer(random_lora(shapes, seed=60))
+    slots = 4  # the session engine's max_loras (its CPU holds 8 adapters: ours stays there)
+    async with InferenceClient([vllm_server.url], timeout_s=120) as client:
+        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors)))
+        loaded = await _greedy(client)
+        with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
+            trainer.tensors = random_lora(shapes, seed=61)
+            await sync.publish(1)
+            updated = await _greedy(client)
+        assert not _close(updated, loaded, tol=1e-3)
+        others = [f"evictor-{i}" for i in range(slots)]
+        for i, name in enumerate(others):
+            await client.load_lora_adapter(name, str(save_lora(tmp_path / name, random_lora(shapes, seed=70 + i))))
+            await _greedy(client, name)  # takes a slot: the least recently used one goes, ours first
+        try:
+            assert _close(await _greedy(client), updated), "refilled from a CPU copy that missed the update"
+        finally:
+            for name in [*others, NAME]:
+                await client.unload_lora_adapter(name)

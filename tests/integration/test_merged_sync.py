@@ -7,7 +7,6 @@ is refused before any weight changes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from agentrl.weight_sync.control import controlled
 from agentrl.weight_sync.merged import MergedAdapterSync
 from agentrl.weight_sync.shm import SyncError
 from tests.integration.conftest import tiny_model_config
-from tests.integration.vllm_metrics import slowed_engine, start_paused_mid_generation
+from tests.integration.vllm_metrics import slowed_engine, start_paused_mid_generation, streaming_past
 
 pytestmark = [pytest.mark.integration]
 
@@ -253,17 +252,8 @@ async def test_over_the_control_socket_a_merge_lands_between_two_steps_without_a
             assert m["engines_control"] == 1 and "merge_pause_ms" not in m and m["engines_failed"] == 0, m
             ref = await greedy(client)
             trainer.tensors = random_lora(shapes, seed=41)
-            going = asyncio.Event()
-            seen: list[int] = []
-
-            def on_tokens(ids: list[int]) -> None:
-                seen.extend(ids)
-                if len(seen) >= 8:
-                    going.set()
-
             with slowed_engine():
-                running = asyncio.ensure_future(greedy(client, on=on_tokens))
-                await going.wait()
+                running = await streaming_past(lambda on: greedy(client, on=on))
                 m = await sync.publish(2)
             gen = await running
             assert m["engines_control"] == 1 and "merge_pause_ms" not in m, m

@@ -95,3 +95,24 @@ async def start_paused_mid_generation(client: InferenceClient, url: str, request
                 await running
             raise
     return running
+
+
+async def streaming_past(request: Callable[[Callable[[list[int]], None]], Awaitable[Any]], first: int = 8) -> asyncio.Task:
+    """Start ``request(on_tokens)`` (a streamed generation that hands its new ids to ``on_tokens``) and return
+    its task once ``first`` tokens have arrived: a generation provably in flight, not paused. Slow the engine
+    (:func:`slowed_engine`) for the generation to outlast what the caller does next."""
+    seen: list[int] = []
+    going = asyncio.Event()
+
+    def on_tokens(ids: list[int]) -> None:
+        seen.extend(ids)
+        if len(seen) >= first:
+            going.set()
+
+    running = asyncio.ensure_future(request(on_tokens))
+    waiting = asyncio.ensure_future(going.wait())
+    await asyncio.wait({running, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if not going.is_set():
+        raise EngineOutran(f"the generation ended after {len(seen)} tokens, before {first} arrived")
+    return running

@@ -8,7 +8,10 @@ that an in-place update gives the same greedy logprobs as a file load of the sam
 as many in-place updates over the network path (the tensors in the request body, as for an engine on
 another host: ``network_*``), and as many file-based in-place reloads. ``memcpy_ms_p50`` is one in-process
 copy of the adapter's bytes between two buffers, measured in the same run: the floor of the engine's copy
-(``engine_over_memcpy``). Prints a table, then one JSON object as the last line.
+(``engine_over_memcpy``). The shared-memory path runs twice, over HTTP and over the engine core's local
+control socket (``control_*``: :mod:`agentrl.weight_sync.control`), each also timed as training runs it under a
+generation in flight (``in_flight_end_to_end_ms``: the hot sequence, then the first streamed token under the new
+version). Prints a table, then one JSON object as the last line.
 
 ``--full`` runs the full-weight sync benchmark instead (a trainer's whole model into the engine:
 :mod:`agentrl.tools.bench.full_sync`, which takes its own options).
@@ -122,6 +125,27 @@ async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: lis
     return out
 
 
+async def _time_path(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
+                     prompt: list[int], updates: int, first: int) -> tuple[dict, dict[str, list[float]], list[float],
+                                                                           list[float]]:
+    """One sync path: its correctness check, then ``updates`` publishes each followed by a one-token request
+    (its stages, and publish -> that token), then as many under a generation in flight (:func:`_in_flight`)."""
+    check = await _check(client, sync, trainer, shapes, work, rank, prompt)
+    await sync.publish(first)  # warm: plan rebuilt for the adapter object the file load created
+    stages: dict[str, list[float]] = {}
+    e2e: list[float] = []
+    for i in range(updates):
+        trainer.tensors = random_lora(shapes, seed=100 + i)
+        t0 = time.perf_counter()
+        m = await sync.publish(first + 1 + i)
+        await client.generate(prompt[:8], max_tokens=1, temperature=0.0, model=NAME)
+        e2e.append((time.perf_counter() - t0) * 1e3)
+        for k, v in m.items():
+            stages.setdefault(k, []).append(v)
+    lone = [random_lora(shapes, seed=first + 1000 + i) for i in range(updates)]
+    return check, stages, e2e, await _in_flight(client, sync, trainer, lone, prompt, first + 1000)
+
+
 async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...]) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
     from agentrl.weight_sync.control import controlled
@@ -136,39 +160,15 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         trainer = _StubTrainer(random_lora(shapes, seed=0))
         await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
         with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
-            check = await _check(client, sync, trainer, shapes, work, rank, prompt)
-            await sync.publish(2)  # warm: plan rebuilt for the adapter object the file load created
-            stages: dict[str, list[float]] = {}
-            e2e: list[float] = []
-            for i in range(updates):
-                trainer.tensors = random_lora(shapes, seed=100 + i)
-                t0 = time.perf_counter()
-                m = await sync.publish(10 + i)
-                await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
-                e2e.append((time.perf_counter() - t0) * 1e3)
-                for k, v in m.items():
-                    stages.setdefault(k, []).append(v)
-            nbytes = int(m["adapter_bytes"])
-            lone = [random_lora(shapes, seed=2000 + i) for i in range(updates)]
-            inflight_http = await _in_flight(client, sync, trainer, lone, prompt, 2000)
+            check, stages, e2e, inflight_http = await _time_path(client, sync, trainer, shapes, work, rank, prompt,
+                                                                 updates, 10)
+        nbytes = int(stages["adapter_bytes"][0])
         async with controlled(client) as fast:
             if not fast.atomic:
                 raise RuntimeError("the engine opened no control socket: " + ", ".join(fast.endpoints))
             with SharedMemoryAdapterSync(trainer, fast, NAME) as csync:
-                check_control = await _check(client, csync, trainer, shapes, work, rank, prompt)
-                await csync.publish(3)  # warm, as above
-                ctl: dict[str, list[float]] = {}
-                ctl_e2e: list[float] = []
-                for i in range(updates):
-                    trainer.tensors = random_lora(shapes, seed=100 + i)
-                    t0 = time.perf_counter()
-                    m = await csync.publish(3000 + i)
-                    await client.generate(short, max_tokens=1, temperature=0.0, model=NAME)
-                    ctl_e2e.append((time.perf_counter() - t0) * 1e3)
-                    for k, v in m.items():
-                        ctl.setdefault(k, []).append(v)
-                lone = [random_lora(shapes, seed=4000 + i) for i in range(updates)]
-                inflight_control = await _in_flight(client, csync, trainer, lone, prompt, 4000)
+                check_control, ctl, ctl_e2e, inflight_control = await _time_path(
+                    client, csync, trainer, shapes, work, rank, prompt, updates, 3000)
         net = NetworkAdapterSync(trainer, client, NAME, work / "network")
         net_stages: dict[str, list[float]] = {}
         net_e2e: list[float] = []
