@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any
 
+from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
 from agentrl.weight_sync.base import BAD_REQUEST, UPDATE_REFUSED
 from agentrl.weight_sync.worker_io import failure
@@ -43,6 +44,12 @@ ALLOWED = frozenset({"agentrl_update_lora", "agentrl_merge_lora"})
 """The worker methods a control message may run: the two hot syncs (everything else stays on HTTP)."""
 MAX_MESSAGE = 1 << 22
 """Largest message read (4 MiB: an adapter's layout, never its tensors, which stay in shared memory)."""
+
+
+class ControlMessageError(WeightSyncError, ValueError):
+    """A control message that cannot be run: not JSON, or not one of the sync methods with its kwargs."""
+
+    code = BAD_REQUEST
 
 
 class _Kind:
@@ -100,7 +107,7 @@ class ControlServer:
                 try:
                     msg = json.loads(data)
                     if msg.get("method") not in ALLOWED or not isinstance(msg.get("kwargs"), dict):
-                        raise ValueError(f"method must be one of {sorted(ALLOWED)}, with kwargs")
+                        raise ControlMessageError(f"method must be one of {sorted(ALLOWED)}, with kwargs")
                 except (ValueError, AttributeError) as exc:
                     _send(conn, {"id": msg.get("id") if isinstance(msg, dict) else None,
                                  "workers": [failure(BAD_REQUEST, f"unreadable control message: {exc}")]})

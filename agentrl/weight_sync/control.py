@@ -22,6 +22,7 @@ from typing import Any
 
 from agentrl.core.errors import EngineError
 from agentrl.weight_sync.base import UPDATE_REFUSED
+from agentrl.weight_sync.full import live_urls
 from agentrl.weight_sync.shm import worker_failures
 from agentrl.weight_sync.worker_io import failure
 
@@ -128,6 +129,11 @@ async def open_links(engines: Any, urls: list[str], timeout_s: float = 30.0) -> 
     return {u: link for u, link in zip(urls, links, strict=True) if link is not None}
 
 
+def _down(url: str) -> dict[str, Any]:
+    """The record an engine out of rotation holds in a ``collective_rpc`` answer (as the HTTP client's)."""
+    return {"ok": False, "down": True, "error": f"{url} is out of rotation"}
+
+
 class ControlledEngines:
     """An engine client whose ``collective_rpc`` takes the control links it has and HTTP for the rest; every
     other attribute is the HTTP client's (``engine``). Its results are in ``engine.endpoints`` order, one
@@ -160,34 +166,44 @@ class ControlledEngines:
     async def collective_rpc(self, method: str, args: list[str] | None = None, kwargs: dict[str, str] | None = None,
                              timeout: float | None = None, *, version: str = "", reset: str = "",
                              pause_on_failure: bool = False) -> list[list[Any]]:
-        """``method`` on every engine; over a link, ``version`` / ``reset`` / ``pause_on_failure`` are applied in
-        the engine core in the same step gap (over HTTP they are ignored: the caller does them)."""
+        """``method`` on every engine in rotation, as the HTTP client runs it (an engine out of rotation holds a
+        ``down`` marker; none in rotation raises); over a link, ``version`` / ``reset`` / ``pause_on_failure`` are
+        applied in the engine core in the same step gap (over HTTP they are ignored: the caller does them)."""
         urls = self.endpoints
-        linked = [u for u in urls if u in self.links and self.links[u].alive] if not args else []
-        rest = [u for u in urls if u not in linked]
+        up = set(live_urls(self.engine))
+        if not up:  # the HTTP client says why (NoEnginesError)
+            return await self.engine.collective_rpc(method, args=args, kwargs=kwargs, timeout=timeout)
+        ops = bool(version or reset or pause_on_failure)
+        linked = [u for u in urls if u in up and u in self.links and self.links[u].alive] if not args else []
+        by_url: dict[str, list[Any]] = {u: [_down(u)] for u in urls if u not in up}
 
-        async def over_link(url: str) -> list[Any]:
+        async def over_link(url: str) -> list[Any] | None:
             try:
                 out = await self.links[url].call(method, kwargs or {}, version=version, reset=reset,
                                                   pause_on_failure=pause_on_failure, timeout_s=timeout or 30.0)
             except ControlLinkError as exc:
                 log.warning("%s", exc)
                 self.links.pop(url, None)
-                if version or reset or pause_on_failure:
-                    return [failure(UPDATE_REFUSED, str(exc)) | {"link_failed": True}]
-                return (await self.engine.subset([url]).collective_rpc(method, kwargs=kwargs, timeout=timeout))[0]
+                return [failure(UPDATE_REFUSED, str(exc)) | {"link_failed": True}] if ops else None
             # the message's own label and reset (a worker's record may carry its own: the in-place copy's)
             extra = {k: True for k in ("version_set", "prefix_reset") if out.get(k)}
             extra |= {"control_queue_ms": out.get("queue_ms", 0.0), "control_core_ms": out.get("core_ms", 0.0)}
             return [w | extra if isinstance(w, dict) else w for w in out.get("workers") or []]
 
-        async def over_http() -> list[list[Any]]:
-            if not rest:
-                return []
-            return await self.engine.subset(rest).collective_rpc(method, args=args, kwargs=kwargs, timeout=timeout)
-
-        got = await asyncio.gather(over_http(), *(over_link(u) for u in linked))
-        by_url = dict(zip(rest, got[0], strict=True)) | dict(zip(linked, got[1:], strict=True))
+        for url, got in zip(linked, await asyncio.gather(*(over_link(u) for u in linked)), strict=True):
+            if got is not None:
+                by_url[url] = got
+        http = [u for u in urls if u in up and u not in by_url]  # no link, or a broken one (sent again)
+        if http:
+            try:
+                by_url.update(zip(http, await self.engine.subset(http).collective_rpc(
+                    method, args=args, kwargs=kwargs, timeout=timeout), strict=True))
+            except EngineError as exc:
+                if len(http) == len(up):
+                    raise
+                for url in http:  # the others took it over their links: these leave the rotation, as over HTTP
+                    self.engine.take_out(url, f"collective_rpc {method} failed: {exc}")
+                    by_url[url] = [_down(url)]
         return [by_url[u] for u in urls]
 
     def close(self) -> None:

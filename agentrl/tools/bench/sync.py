@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from agentrl.tools.bench.errors import BenchFailed
 from agentrl.tools.bench.models import SIZES, build_random_qwen2, lora_shapes, random_lora, save_lora
 
 NAME = "policy"
@@ -165,7 +166,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         nbytes = int(stages["adapter_bytes"][0])
         async with controlled(client) as fast:
             if not fast.atomic:
-                raise RuntimeError("the engine opened no control socket: " + ", ".join(fast.endpoints))
+                raise BenchFailed("the engine opened no control socket: " + ", ".join(fast.endpoints))
             with SharedMemoryAdapterSync(trainer, fast, NAME) as csync:
                 check_control, ctl, ctl_e2e, inflight_control = await _time_path(
                     client, csync, trainer, shapes, work, rank, prompt, updates, 3000)

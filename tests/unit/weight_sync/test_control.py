@@ -10,7 +10,7 @@ import asyncio
 import queue
 import socket
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -168,3 +168,38 @@ async def test_a_link_to_a_closed_socket_is_refused() -> None:
     link.close()
     with pytest.raises(ControlLinkError, match="closed"):
         await link.call("agentrl_update_lora", {})
+
+
+async def test_an_engine_whose_link_and_http_both_fail_leaves_the_rotation_and_the_others_keep_theirs() -> None:
+    """Engine b was killed: its link breaks and HTTP fails too; a, over its own link, applied the update, so
+    the call answers a's record and a ``down`` marker for b (b leaves the rotation), as the HTTP client would."""
+    from agentrl.core.errors import EngineError
+
+    class DeadB(FakeHttp):
+        taken_out: ClassVar[list[str]] = []
+
+        def subset(self, urls: list[str]) -> DeadB:
+            sub = DeadB(urls, self.address)
+            sub.calls = self.calls
+            return sub
+
+        async def collective_rpc(self, method: str, args: Any = None, kwargs: Any = None, timeout: Any = None) -> list:
+            if method != "agentrl_open_control" and "http://b" in self.endpoints:
+                raise EngineError("http://b: connection refused")
+            return await super().collective_rpc(method, args, kwargs, timeout)
+
+        def take_out(self, url: str, reason: str) -> None:
+            DeadB.taken_out.append(url)
+
+    a, b = ControlServer(FakeCore()), ControlServer(FakeCore())
+    http = DeadB(["http://a", "http://b"], {"http://a": a.address, "http://b": b.address})
+    engines = ControlledEngines(http, await open_links(http, http.endpoints))
+    assert engines.atomic
+    engines.links["http://b"].sock.close()
+    try:
+        out = await engines.collective_rpc("agentrl_update_lora", kwargs={"adapter": "p"})
+    finally:
+        engines.close()
+    assert out[0][0]["ok"] and out[0][0]["engine_ms"] == 0.1
+    assert out[1] == [{"ok": False, "down": True, "error": "http://b is out of rotation"}]
+    assert DeadB.taken_out == ["http://b"]
