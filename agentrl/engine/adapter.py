@@ -39,6 +39,17 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """A file or directory name sent by the publisher: one path segment, no traversal."""
 
 
+def label_and_reset(core: Any, version: str, reset: str) -> dict[str, Any]:
+    """On the in-process engine core ``core``: label the served weights ``version`` (if given) and reset the
+    prefix cache (``reset``: "1", or "running": also preempt running requests; "": no reset). Reports
+    ``version_set``, ``prefix_reset`` (vLLM's success flag) and ``reset_ms``."""
+    t0 = time.perf_counter()
+    if version:
+        core.set_weight_version(version)
+    ok = bool(core.reset_prefix_cache(reset_running_requests=reset == "running")) if reset else False
+    return {"version_set": bool(version), "prefix_reset": ok, "reset_ms": (time.perf_counter() - t0) * 1e3}
+
+
 class AdapterWriteError(WeightSyncError, ValueError):
     """The adapter files sent to the engine cannot be written: a name that is not one path segment.
     ``agentrl_write_adapter`` returns it as a failure record carrying its ``code``."""
@@ -165,13 +176,8 @@ class AdapterMixin:
         """Set the weight version / reset the prefix cache on the engine core when it is in this process
         (in-process executor: a caller of this method, found on the stack; atomic with the copy). Workers in
         processes of their own (tensor parallelism, or the ``mp`` backend) return {} and the caller uses HTTP."""
-        t0, core = time.perf_counter(), self._agentrl_core()
-        if core is None:
-            return {}
-        if version:
-            core.set_weight_version(version)
-        ok = bool(core.reset_prefix_cache(reset_running_requests=reset == "running")) if reset else False
-        return {"version_set": bool(version), "prefix_reset": ok, "reset_ms": (time.perf_counter() - t0) * 1e3}
+        core = self._agentrl_core()
+        return {} if core is None else label_and_reset(core, version, reset)
 
     def _agentrl_core(self) -> Any:
         cached = getattr(self, "_agentrl_core_ref", None)

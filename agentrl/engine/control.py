@@ -37,6 +37,7 @@ from typing import Any
 
 from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
+from agentrl.engine.adapter import label_and_reset
 from agentrl.weight_sync.base import BAD_REQUEST, UPDATE_REFUSED
 from agentrl.weight_sync.worker_io import failure
 
@@ -128,12 +129,8 @@ class ControlServer:
         ok = bool(workers) and all(isinstance(w, dict) and w.get("ok") for w in workers)
         t1 = time.perf_counter()
         if ok:
-            if msg.get("version"):
-                self.core.set_weight_version(str(msg["version"]))
-                out["version_set"] = True
-            if msg.get("reset"):
-                out["prefix_reset"] = bool(self.core.reset_prefix_cache(
-                    reset_running_requests=msg["reset"] == "running"))
+            ops = label_and_reset(self.core, str(msg.get("version") or ""), str(msg.get("reset") or ""))
+            out.update(version_set=ops["version_set"], prefix_reset=ops["prefix_reset"])
         elif msg.get("pause_on_failure"):
             vllm_patches.pause_core(self.core)
             out["paused"] = True
