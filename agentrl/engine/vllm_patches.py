@@ -26,6 +26,14 @@ Monkeypatches, installed once per worker process by :func:`install_patches`:
    release of an adapter's slot goes (an LRU eviction, ``deactivate_adapter``, ``remove_adapter``), first hands
    the manager and the adapter's id to agentrl: an in-place update writes only the live slot and copies it
    into the adapter's CPU copy (from which vLLM refills a slot) when the slot is released, not at every update.
+15. :func:`patch_cpu_seeded_chunks`: vLLM's model runner rewinds the generator of a seeded request whose
+   sampled token it discards (a prefill split between engine steps) with ``gen.set_offset(gen.get_offset() -
+   4)`` in ``_bookkeeping_sync``. That is CUDA's Philox offset; a CPU generator has none and raises
+   ``RuntimeError: CPU Generator does not use offset``, which kills the engine (``EngineDeadError``): one seeded
+   request whose prompt did not fit the step's token budget, or many seeded requests arriving together, took
+   the CPU build down. On ``CPUModelRunner`` only, ``_sample`` keeps those generators' states and puts them back
+   once it has sampled (an exact rewind: the seeded stream does not depend on how the prefill was split), and
+   ``_bookkeeping_sync`` runs without them, so vLLM's offset rewind never sees a CPU generator.
 7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
    once the model is loaded and before vLLM compiles it, every MoE router's capture hook
    (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
@@ -151,7 +159,7 @@ def check_vllm_version(running: str | None = None, allow: str | None = None) -> 
 def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float],
                     attach_router_tap: Callable[[Any], Any],
                     release_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
-    """Install the monkeypatches (1-3, 7, 8, 14; idempotent) in a vLLM worker process, after the version check.
+    """Install the monkeypatches (1-3, 7, 8, 14, 15; idempotent) in a vLLM worker process, after the version check.
     ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released (patch 14).
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
@@ -164,6 +172,7 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     patch_lora_slot_release(release_hooks if release_hooks is not None else [])
     patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
+    patch_cpu_seeded_chunks()
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------
@@ -283,6 +292,62 @@ def patch_moe_reload_prepack() -> None:
 
     _setup_kernel._agentrl_hook = True  # type: ignore[attr-defined]
     UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel  # type: ignore[method-assign]
+
+
+_BATCH = "vllm.v1.worker.gpu_input_batch"
+
+
+@_uses("patch", Target(_GPU, "GPUModelRunner._sample"), Target(_GPU, "GPUModelRunner._bookkeeping_sync"),
+       Target(_GPU, "GPUModelRunner.discard_request_mask", instance=True),
+       Target(_GPU, "GPUModelRunner.input_batch", instance=True),
+       Target(_BATCH, "InputBatch.generators", instance=True), Target(_BATCH, "InputBatch.num_reqs"),
+       Target(_CPU, "CPUModelRunner", optional=True))
+def patch_cpu_seeded_chunks() -> None:
+    """Patch 15 (idempotent; nothing on a build without the CPU runner): seeded sampling that survives a
+    discarded sample on the CPU runner; see the module docstring."""
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # a GPU build
+        return
+    rewind_discarded_draws(CPUModelRunner)
+
+
+def _discarded_cpu_generators(runner: Any) -> dict[int, Any]:
+    """Batch row -> generator of the seeded requests on a CPU generator whose sample this step discards."""
+    batch = runner.input_batch
+    rows = runner.discard_request_mask.np[:batch.num_reqs].nonzero()[0]
+    gens = batch.generators
+    return {int(i): gens[int(i)] for i in rows if int(i) in gens and gens[int(i)].device.type == "cpu"}
+
+
+def rewind_discarded_draws(cls: type) -> None:
+    """Wrap ``cls._sample`` and ``cls._bookkeeping_sync`` (patch 15): the draws of a discarded sample are
+    undone on the generator's state, and vLLM's offset rewind runs without those generators. Idempotent."""
+    sample, bookkeep = cls._sample, cls._bookkeeping_sync  # type: ignore[attr-defined]
+    if getattr(sample, "_agentrl_hook", False):
+        return
+
+    def _sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+        held = {i: gen.get_state() for i, gen in _discarded_cpu_generators(self).items()}
+        try:
+            return sample(self, *args, **kwargs)
+        finally:
+            for i, state in held.items():
+                self.input_batch.generators[i].set_state(state)
+
+    def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hidden = _discarded_cpu_generators(self)
+        gens = self.input_batch.generators
+        for i in hidden:
+            del gens[i]
+        try:
+            return bookkeep(self, *args, **kwargs)
+        finally:
+            gens.update(hidden)
+
+    _sample._agentrl_hook = True  # type: ignore[attr-defined]
+    cls._sample = _sample  # type: ignore[attr-defined]
+    cls._bookkeeping_sync = _bookkeeping_sync  # type: ignore[attr-defined]
 
 
 # -- per-instance wraps and the step layout (routing capture) ----------------------------------------------
