@@ -68,10 +68,14 @@ class BufferCore(Generic[T]):
         self.max_staleness: int = pipe.max_staleness  # type: ignore[assignment]  # resolved: capacity() checked
         """η: a trained group's oldest model token is at most this many versions behind the trainer."""
         self.drop_policy = pipe.drop_policy
-        """``drop_stale``: batches are taken in completion order (FIFO); groups that went stale (completed
-        too late, overtaken by faster ones) are dropped and counted. ``block``: batches are taken in
-        admission-version order, so the trainer waits for straggling groups instead of dropping them; with
-        the admission rule no group then goes stale (a stale one would still be dropped, never returned)."""
+        """``accept``: batches are the B completed groups admitted earliest, taken without waiting for groups
+        still in flight, and nothing is dropped for staleness: η bounds a group's head at admission, and
+        each token's age is capped in the loss (``pipeline.max_token_age``, applied by
+        :func:`agentrl.orchestrator.samples.to_samples`). ``drop_stale``: batches are taken in completion
+        order (FIFO); groups that went stale (completed too late, overtaken by faster ones) are dropped and
+        counted. ``block``: batches are taken in admission-version order, so the trainer waits for
+        straggling groups instead of dropping them; with the admission rule no group then goes stale (a stale
+        one would still be dropped, never returned)."""
         self.start_version = self.policy.value
         """Version when counting began (a resumed run starts above 0); admission counts steps from it."""
         self.in_flight_by_version: Counter[int] = Counter()
@@ -195,13 +199,20 @@ class BufferCore(Generic[T]):
     def try_take(self, trainer_version: int) -> list[T] | None:
         """A batch of B groups with staleness ≤ η for ``trainer_version``, or None if not ready yet.
 
-        Stale groups are dropped on the way; they are never returned.
+        Stale groups are dropped on the way (never returned), except under ``accept``, which returns the B
+        earliest-admitted completed groups whatever their staleness.
         """
-        self.drop_stale(trainer_version)
+        if self.drop_policy != "accept":
+            self.drop_stale(trainer_version)
         b = self.groups_per_step
         if len(self.queue) < b:
             return None
-        if self.drop_policy == "block":
+        if self.drop_policy == "accept":
+            order = sorted(sorted(range(len(self.queue)), key=lambda i: self.queue[i][1])[:b])
+            chosen = set(order)
+            taken = [self.queue[i] for i in order]
+            self.queue = deque(e for i, e in enumerate(self.queue) if i not in chosen)
+        elif self.drop_policy == "block":
             order = self._block_order()
             if order is None:
                 return None

@@ -119,6 +119,8 @@ class Orchestrator:
         part of the run reads (see ``agentrl.core.versions``); trained on, published as ``version + 1``, then
         bumped here, which the buffer sees."""
         self.update_mode = pipeline.update_mode
+        self.max_token_age = pipeline.token_age_cap()
+        """Loss tokens older than this (versions behind the policy trained) are masked out and counted."""
         self.normalize_std = normalize_std
         self.keep_failed = keep_failed
         self.engines_back = engines_back
@@ -214,7 +216,8 @@ class Orchestrator:
         batch = await self.buffer.get_batch(self.version)
         t1 = time.perf_counter()
         self.last_batch = batch
-        samples, stats = to_samples(batch, normalize_std=self.normalize_std, keep_failed=self.keep_failed)
+        samples, stats = to_samples(batch, normalize_std=self.normalize_std, keep_failed=self.keep_failed,
+                                    age_cap=(self.version, self.max_token_age))
         self.training.enter()
         try:
             train_metrics = await self.trainer.train(samples, self.version) if samples else {}

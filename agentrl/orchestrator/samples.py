@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from agentrl.core.errors import AgentRLError
 from agentrl.core.types import TrainSample, Trajectory
+from agentrl.core.versions import staleness
 from agentrl.rollout.stats import BatchStats, episodes_of, rollout_stats
 
 
@@ -52,13 +53,16 @@ def carries_signal(group: list[Trajectory], *, keep_failed: bool = False) -> boo
 
 
 def to_samples(
-    groups: list[list[Trajectory]], *, normalize_std: bool = True, keep_failed: bool = False
+    groups: list[list[Trajectory]], *, normalize_std: bool = True, keep_failed: bool = False,
+    age_cap: tuple[int, int] | None = None,
 ) -> tuple[list[TrainSample], BatchStats]:
     """Trainer samples for a batch of GRPO groups, and the batch's statistics.
 
     Failed episodes (env or inference errors) are left out of the group unless ``keep_failed``.
     Samples whose advantage is 0 (groups where every rollout scored the same) carry no policy gradient
-    and are dropped.
+    and are dropped. ``age_cap``: (the policy version trained, ``pipeline.max_token_age``): loss tokens older
+    than the cap are masked out and counted (``stats.age_capped_tokens``); a sample left with no loss token is
+    dropped.
     """
     flat = [t for g in groups for t in g]
     stats = rollout_stats(flat)
@@ -75,9 +79,25 @@ def to_samples(
             if abs(adv) < 1e-8:
                 stats.num_zero_advantage += 1
                 continue
-            samples.append(sample_of(traj, float(adv)))
+            sample = sample_of(traj, float(adv))
+            if age_cap is not None:
+                stats.age_capped_tokens += cap_token_age(sample, *age_cap)
+                if not any(sample.loss_mask):
+                    continue
+            samples.append(sample)
     stats.num_trained = len(samples)
     return samples, stats
+
+
+def cap_token_age(sample: TrainSample, trainer_version: int, max_age: int) -> int:
+    """Mask ``sample``'s loss tokens generated more than ``max_age`` versions before ``trainer_version`` (their
+    :func:`~agentrl.core.versions.staleness`); returns how many were masked."""
+    masked = 0
+    for i, (v, m) in enumerate(zip(sample.versions, sample.loss_mask, strict=True)):
+        if m and v >= 0 and staleness(trainer_version, v) > max_age:
+            sample.loss_mask[i] = 0
+            masked += 1
+    return masked
 
 
 def sample_of(traj: Trajectory, advantage: float, temperature: float | None = None) -> TrainSample:

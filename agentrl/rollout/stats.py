@@ -23,6 +23,8 @@ class BatchStats:
     """Failed episodes."""
     num_trained: int = 0
     num_zero_advantage: int = 0
+    age_capped_tokens: int = 0
+    """Loss tokens masked out for their age (older than ``pipeline.max_token_age``): generated, not trained."""
     reward_mean: float = 0.0
     success: float = 0.0
     model_tokens: int = 0

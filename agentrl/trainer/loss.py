@@ -151,6 +151,7 @@ def policy_loss(
             "clip_frac": mmean(clipped_loss_B_T > unclipped_loss_B_T),
             "ratio_mean": mmean(ratio_B_T),
             "is_weight_mean": mmean(w_B_T),
+            "is_weight_sq_mean": mmean(w_B_T * w_B_T),
             "is_capped_frac": mmean(over_B_T),
             "kl": mmean(kl_B_T),
             "logp_mean": mmean(logprobs_B_T),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ MEAN_METRICS = (
     "clip_frac",
     "ratio_mean",
     "is_weight_mean",
+    "is_weight_sq_mean",
     "is_capped_frac",
     "kl",
     "logp_mean",
@@ -280,6 +282,8 @@ class TrainStep:
         total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
         n_steps = len(grad_norms)
         out: dict[str, Any] = {k: total[k] / max(total["num_tokens"], 1.0) for k in MEAN_METRICS}
+        # The behaviour weights' effective sample size, as a share of the loss tokens: (Σw)² / (n Σw²).
+        out["is_ess_frac"] = out["is_weight_mean"] ** 2 / out["is_weight_sq_mean"] if out["is_weight_sq_mean"] else 1.0
         out.update(
             loss=total["loss"] / max(n_steps, 1),
             grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
@@ -304,4 +308,6 @@ class TrainStep:
         generated (:func:`agentrl.core.versions.token_staleness`); every epoch and minibatch of one request trains
         the same policy version."""
         lags = [lag for s in samples for lag in token_staleness(version, s.versions, s.loss_mask)]
-        return {k: float(v) for k, v in staleness_stats(lags).items()}
+        hist = Counter(lags)
+        return {**{k: float(v) for k, v in staleness_stats(lags).items()},
+                **{f"token_age_{age}_frac": n / len(lags) for age, n in sorted(hist.items())}}

@@ -2,11 +2,12 @@
 
 The same seeded trace (``agentrl.tools.bench.traces``) is replayed through the discrete-event simulator
 (``agentrl.tools.bench.sim``) twice: synchronously (generate a batch, wait for its slowest group, train,
-sync) and asynchronously (producers gated by ``agentrl.orchestrator.buffer.BufferCore``: staleness ≤ η, bounded
-capacity, partial rollouts across weight updates). Both runs train the same number of steps of
+sync) and asynchronously (producers gated by ``agentrl.orchestrator.buffer.BufferCore``: staleness ≤ η at
+admission, bounded capacity, partial rollouts across weight updates, old tokens masked). With no flags the async
+run uses exactly the buffer rules of ``agentrl train --mode async``, and the output names them. Both runs train the same number of steps of
 ``groups_per_step`` groups; throughput counts trained tokens (dropped stale groups are wasted work).
 
-    python -m agentrl.tools.bench.pipeline --mix tool --eta 2 --steps 30 --out runs/bench
+    agentrl bench pipeline --mix tool --steps 30 --out runs/bench
 
 prints a table and, as its last line, one JSON object. ``--real`` replays the trace on real vLLM and
 torchrun instead (``agentrl.tools.bench.pipeline_real``).
@@ -21,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.config.run import PipelineConfig
+from agentrl.config.run import ASYNC_MAX_STALENESS, PipelineConfig
 from agentrl.tools.bench.sim import PipelineSim, SimParams, SimResult
 from agentrl.tools.bench.traces import MIXES, make_trace, mix_spec
 
@@ -48,8 +49,10 @@ def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, A
         "max_staleness_seen": max(res.staleness_hist, default=0),
         "dropped_stale": res.buffer.get("dropped_stale", 0),
         "dropped_capacity": res.buffer.get("dropped_capacity", 0),
-        "dropped_token_frac": res.dropped_output_tokens
-        / max(res.dropped_output_tokens + res.trained_output_tokens, 1e-9),
+        "dropped_token_frac": (res.dropped_output_tokens + res.capped_output_tokens)
+        / max(res.dropped_output_tokens + res.capped_output_tokens + res.trained_output_tokens, 1e-9),
+        "age_capped_token_frac": res.capped_output_tokens
+        / max(res.dropped_output_tokens + res.capped_output_tokens + res.trained_output_tokens, 1e-9),
         "trained_token_staleness": token_ages,
         "tokens_beyond_eta_frac": round(sum(v for k, v in token_ages.items() if k > (eta or 0)), 4),
         "trace_exhausted": res.trace_exhausted,
@@ -59,14 +62,15 @@ def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, A
 def run_pipeline_bench(
     mix: str = "tool",
     steps: int = 30,
-    eta: int = 1,
+    eta: int | None = None,
     seed: int = 0,
     *,
     groups_per_step: int | None = None,
     group_size: int = 8,
     capacity_groups: int | None = None,
-    drop_policy: Literal["drop_stale", "block"] = "drop_stale",
-    staleness_from: Literal["oldest", "newest"] = "oldest",
+    drop_policy: Literal["accept", "drop_stale", "block"] | None = None,
+    staleness_from: Literal["oldest", "newest"] | None = None,
+    max_token_age: int | None = None,
     params: SimParams | None = None,
     dispatch: Literal["requests", "tokens"] = "requests",
     tail: Literal["lognormal", "pareto"] | None = None,
@@ -75,24 +79,28 @@ def run_pipeline_bench(
 ) -> dict[str, Any]:
     """Replay one trace in sync and async mode; returns both summaries and the headline ratios.
 
-    ``groups_per_step`` defaults to ``slots // group_size`` (a sync batch fills the engine once);
-    ``capacity_groups`` to 4 batches (in-flight plus buffered groups held at once).
+    ``groups_per_step`` defaults to ``slots // group_size`` (a sync batch fills the engine once); the buffer
+    rules left None (η, ``capacity_groups``, ``drop_policy``, ``staleness_from``, ``max_token_age``) to what
+    training uses (:func:`async_pipeline`).
     ``dispatch`` is the inference client's rule for an episode's engine when ``params.engines`` > 1.
     With ``out_dir``, a timeline/utilisation PNG is written there.
     """
     p = params or SimParams()
     spec = mix_spec(mix, tail=tail, sigma=sigma)
     groups_per_step = groups_per_step or max(1, p.slots // group_size)
+    pipe = PipelineConfig.for_async(eta, capacity_groups=capacity_groups, drop_policy=drop_policy,
+                          staleness_from=staleness_from, max_token_age=max_token_age)
+    eta = pipe.max_staleness
+    assert eta is not None
     # async may need groups beyond `steps` batches: replacements for dropped groups, plus the lookahead
     trace = make_trace(spec, 2 * steps + eta + 2, groups_per_step, group_size, seed)
-    pipe = PipelineConfig(max_staleness=eta, capacity_groups=capacity_groups or 4 * groups_per_step,
-                          drop_policy=drop_policy, staleness_from=staleness_from)
     res_sync = PipelineSim(trace, p, "sync", steps, dispatch=dispatch).run()
     res_async = PipelineSim(trace, p, "async", steps, pipe, dispatch=dispatch).run()
     s, a = summarize(res_sync, p.slots, 0), summarize(res_async, p.slots, eta)
     out: dict[str, Any] = {
-        "mix": mix, "seed": seed, "eta": eta, "steps": steps, "drop_policy": drop_policy,
-        "staleness_from": staleness_from, "engines": p.engines, "dispatch": dispatch,
+        "mix": mix, "seed": seed, "eta": eta, "steps": steps, "drop_policy": pipe.drop_policy,
+        "staleness_from": pipe.staleness_from, "max_token_age": pipe.token_age_cap(),
+        "engines": p.engines, "dispatch": dispatch,
         "groups_per_step": groups_per_step, "group_size": group_size,
         "capacity_groups": pipe.capacity(groups_per_step),
         "async_over_sync": a["tokens_per_s"] / max(s["tokens_per_s"], 1e-12),
@@ -100,7 +108,7 @@ def run_pipeline_bench(
         "inference_idle_sync": s["inference_idle"], "inference_idle_async": a["inference_idle"],
         "max_staleness_seen": a["max_staleness_seen"], "staleness_hist": a["staleness_hist"],
         "dropped_groups": a["dropped_stale"] + a["dropped_capacity"],
-        "dropped_token_frac": a["dropped_token_frac"],
+        "dropped_token_frac": a["dropped_token_frac"], "age_capped_token_frac": a["age_capped_token_frac"],
         "trained_token_staleness": a["trained_token_staleness"],
         "tokens_beyond_eta_frac": a["tokens_beyond_eta_frac"],
         "sync": s, "async": a, "params": asdict(p), "trace": asdict(spec),
@@ -110,9 +118,10 @@ def run_pipeline_bench(
     return out
 
 
-def elastic_split(mix: str, total_gpus: int, eta: int, seed: int, *, groups_per_step: int, group_size: int = 8,
-                  drop_policy: Literal["drop_stale", "block"] = "drop_stale",
-                  staleness_from: Literal["oldest", "newest"] = "oldest", probe_steps: int = 10,
+def elastic_split(mix: str, total_gpus: int, eta: int | None, seed: int, *, groups_per_step: int,
+                  group_size: int = 8, drop_policy: Literal["accept", "drop_stale", "block"] | None = None,
+                  staleness_from: Literal["oldest", "newest"] | None = None, max_token_age: int | None = None,
+                  capacity_groups: int | None = None, probe_steps: int = 10,
                   **overrides: Any) -> tuple[int, dict[int, float]]:
     """The inference share of ``total_gpus`` that gives async training the most trained tokens/s.
 
@@ -122,9 +131,9 @@ def elastic_split(mix: str, total_gpus: int, eta: int, seed: int, *, groups_per_
     inference GPU count and the probed tokens/s per count.
     """
     spec = mix_spec(mix)
-    trace = make_trace(spec, 2 * probe_steps + eta + 2, groups_per_step, group_size, seed)
-    pipe = PipelineConfig(max_staleness=eta, capacity_groups=4 * groups_per_step, drop_policy=drop_policy,
-                          staleness_from=staleness_from)
+    pipe = PipelineConfig.for_async(eta, capacity_groups=capacity_groups, drop_policy=drop_policy,
+                          staleness_from=staleness_from, max_token_age=max_token_age)
+    trace = make_trace(spec, 2 * probe_steps + (pipe.max_staleness or 0) + 2, groups_per_step, group_size, seed)
     rates: dict[int, float] = {}
     for n_inf in range(1, total_gpus):
         p = SimParams.for_gpus(n_inf, total_gpus - n_inf, **overrides)
@@ -158,12 +167,14 @@ def plot_timelines(res_sync: SimResult, res_async: SimResult, slots: int, summar
         ax.set_title(f"{res.mode}: {res.steps} steps in {res.total_s:.0f} s, {tps:.0f} trained tok/s")
         ax.legend(loc="lower right", fontsize=8)
     axes[1].set_xlabel("virtual time (s)")
-    hist = summary["staleness_hist"]
-    axes[2].bar([str(k) for k in hist], list(hist.values()), color="tab:purple")
-    axes[2].set_xlabel(f"staleness of trained groups (versions), η={summary['eta']}")
-    axes[2].set_ylabel("groups")
-    fig.suptitle(f"mix={summary['mix']}  async/sync={summary['async_over_sync']:.2f}x  "
-                 f"dropped={summary['dropped_groups']}")
+    ages, cap = summary["trained_token_staleness"], summary["max_token_age"]
+    axes[2].bar([str(k) for k in ages], list(ages.values()),
+                color=["tab:purple" if int(k) <= cap else "tab:gray" for k in ages])
+    axes[2].set_xlabel(f"age of generated tokens when trained (versions), η={summary['eta']}; "
+                       f"gray: past max_token_age={cap}, masked out of the loss")
+    axes[2].set_ylabel("share of tokens")
+    fig.suptitle(f"mix={summary['mix']}  policy={summary['drop_policy']}  "
+                 f"async/sync={summary['async_over_sync']:.2f}x  dropped tokens={summary['dropped_token_frac']:.1%}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -182,8 +193,10 @@ def format_table(r: dict[str, Any]) -> str:
                      str(m["dropped_stale"] + m["dropped_capacity"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    lines.append(f"mix={r['mix']} eta={r['eta']} seed={r['seed']} policy={r['drop_policy']}  "
-                 f"async_over_sync={r['async_over_sync']:.2f}x  staleness={r['staleness_hist']}")
+    lines.append(f"mix={r['mix']} eta={r['eta']} seed={r['seed']} policy={r['drop_policy']} "
+                 f"max_token_age={r['max_token_age']}  async_over_sync={r['async_over_sync']:.2f}x  "
+                 f"dropped_token_frac={r['dropped_token_frac']:.3f}  staleness={r['staleness_hist']}")
+    lines.append("token ages: " + "  ".join(f"{k}: {v:.3f}" for k, v in r["trained_token_staleness"].items()))
     return "\n".join(lines)
 
 
@@ -196,14 +209,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="agentrl bench pipeline", description=__doc__.split("\n")[0])
     ap.add_argument("--mix", choices=sorted(MIXES), default="tool")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--eta", type=int, default=1, help="max staleness η (versions)")
+    ap.add_argument("--eta", type=int, default=None,
+                    help=f"max staleness η (versions; default {ASYNC_MAX_STALENESS}, an async run's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--groups-per-step", type=int, default=None, help="default: slots / group size")
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--capacity", type=int, default=None, help="capacity_groups (default 4 batches)")
-    ap.add_argument("--policy", choices=["drop_stale", "block"], default="drop_stale")
-    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default="oldest",
-                    help="pipeline.staleness_from: measure a group's staleness from its oldest or newest token")
+    ap.add_argument("--capacity", type=int, default=None, help="pipeline.capacity_groups (default: a run's, "
+                    "η + 1 batches)")
+    ap.add_argument("--policy", choices=["accept", "drop_stale", "block"], default=None,
+                    help="pipeline.drop_policy (default: a run's, accept)")
+    ap.add_argument("--max-token-age", type=int, default=None,
+                    help="pipeline.max_token_age: older tokens are masked out of the loss (default: a run's, η + 2)")
+    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default=None,
+                    help="pipeline.staleness_from: measure a group's staleness from its oldest or newest token "
+                         "(default: a run's, oldest)")
     ap.add_argument("--tail", choices=["lognormal", "pareto"], default=None)
     ap.add_argument("--sigma", type=float, default=None, help="lognormal σ of output lengths")
     ap.add_argument("--gpus", default="8:8",
@@ -237,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gps = args.groups_per_step or max(1, 64 * total // 2 // args.group_size)
         n_inf, probe = elastic_split(args.mix, total, args.eta, args.seed, groups_per_step=gps,
                                      group_size=args.group_size, drop_policy=args.policy,
-                                     staleness_from=args.staleness_from, **overrides)
+                                     staleness_from=args.staleness_from, max_token_age=args.max_token_age,
+                                     capacity_groups=args.capacity, **overrides)
         n_train = total - n_inf
         args.groups_per_step = gps
     else:
@@ -245,7 +265,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = SimParams.for_gpus(n_inf, n_train, **overrides)
     r = run_pipeline_bench(args.mix, args.steps, args.eta, args.seed, groups_per_step=args.groups_per_step,
                            group_size=args.group_size, capacity_groups=args.capacity, drop_policy=args.policy,
-                           staleness_from=args.staleness_from, params=params, dispatch=args.dispatch, tail=args.tail,
+                           staleness_from=args.staleness_from, max_token_age=args.max_token_age, params=params,
+                           dispatch=args.dispatch, tail=args.tail,
                            sigma=args.sigma, out_dir=args.out)
     print(format_table(r))
     headline = {k: v for k, v in r.items() if k not in ("sync", "async", "params", "trace")}

@@ -11,7 +11,7 @@ appended. Rewards are seeded coin flips (so every group trains); throughput coun
 Both modes share one machine here: on a CPU box the engine and the trainer compete for the same cores,
 which caps what overlap can win (reported as measured). On a GPU machine they run on separate devices.
 
-    agentrl bench pipeline --real --mix tool --steps 8 --eta 1
+    agentrl bench pipeline --real --mix tool --steps 8
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
     runner = TraceReplayer(client, groups, max_len=args.max_len, token_scale=args.token_scale,
                            time_scale=args.time_scale, vocab=args.vocab, version=version)
     counter = itertools.count()
-    pipe = PipelineConfig(max_staleness=args.eta if mode == "async" else 0, drop_policy=args.policy,
-                          staleness_from=args.staleness_from)
+    pipe = (PipelineConfig.for_async(args.eta, drop_policy=args.policy, staleness_from=args.staleness_from,
+                                     max_token_age=args.max_token_age)
+            if mode == "async" else PipelineConfig(max_staleness=0))
     orch = Orchestrator(runner=runner, trainer=trainer, publisher=publisher, engine=client,
                         sample_task=lambda: {"id": next(counter)}, pipeline=pipe,
                         groups_per_step=args.groups_per_step, group_size=args.group_size, version=version)
@@ -105,8 +106,9 @@ async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, gro
             recs.append(await orch.step())
     wall = time.perf_counter() - t0
     trained_tokens = sum(r["total_tokens"] for r in recs)
-    trained_model_tokens = sum(r["model_tokens"] for r in recs)
-    dropped_model_tokens = recs[-1]["dropped_tokens_total"] if recs else 0
+    capped = sum(r["age_capped_tokens"] for r in recs)  # generated, masked out of the loss for their age
+    trained_model_tokens = sum(r["model_tokens"] for r in recs) - capped
+    dropped_model_tokens = (recs[-1]["dropped_tokens_total"] if recs else 0) + capped
     train_s = sum(r["train_s"] for r in recs)
     hist: dict[str, int] = recs[-1]["staleness_hist"] if recs else {}
     return {
@@ -140,10 +142,14 @@ async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     spec = mix_spec(args.mix)
+    pipe = PipelineConfig.for_async(args.eta, drop_policy=args.policy, staleness_from=args.staleness_from,
+                                    max_token_age=args.max_token_age)
+    args.eta = pipe.max_staleness
     trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=1e-4, cpu_cores=args.trainer_cores), work)
     out: dict[str, Any] = {"mix": args.mix, "eta": args.eta, "steps": args.steps, "seed": args.seed,
-                           "drop_policy": args.policy, "staleness_from": args.staleness_from,
+                           "drop_policy": pipe.drop_policy, "staleness_from": pipe.staleness_from,
+                           "max_token_age": pipe.token_age_cap(),
                            "inference_cores": args.inference_cores, "trainer_cores": args.trainer_cores,
                            "groups_per_step": args.groups_per_step, "group_size": args.group_size,
                            "token_scale": args.token_scale, "time_scale": args.time_scale, "real": True}
@@ -197,14 +203,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--mix", choices=sorted(MIXES), default="tool")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--eta", type=int, default=1)
+    ap.add_argument("--eta", type=int, default=None, help="max staleness η of the async run (default: a run's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--groups-per-step", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--policy", choices=["drop_stale", "block"], default="block",
-                    help="pipeline.drop_policy of the async run (block: nothing is dropped)")
-    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default="oldest",
-                    help="pipeline.staleness_from of the async run")
+    ap.add_argument("--policy", choices=["accept", "drop_stale", "block"], default=None,
+                    help="pipeline.drop_policy of the async run (default: a run's, accept)")
+    ap.add_argument("--max-token-age", type=int, default=None,
+                    help="pipeline.max_token_age of the async run (default: a run's, η + 2)")
+    ap.add_argument("--staleness-from", choices=["oldest", "newest"], default=None,
+                    help="pipeline.staleness_from of the async run (default: a run's, oldest)")
     add_args(ap)
     args = ap.parse_args(argv)
     r = asyncio.run(run_real(args))

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl.config.run import PipelineConfig
+from agentrl.config.run import ASYNC_MAX_STALENESS, PipelineConfig
 from agentrl.core.versions import PolicyVersion, staleness, staleness_version
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.orchestrator.buffer import BufferCore
@@ -156,6 +156,9 @@ class SimResult:
     """Generated (model) tokens of trained groups."""
     dropped_output_tokens: float = 0.0
     """Generated tokens of groups the buffer dropped: decode work never trained."""
+    capped_output_tokens: float = 0.0
+    """Generated tokens of trained groups masked out of the loss for their age (``pipeline.max_token_age``):
+    decode work never trained either (not counted in ``trained_output_tokens`` or ``trained_tokens``)."""
     staleness_hist: Counter[int] = field(default_factory=Counter)
     """Trained groups by the staleness of their oldest token."""
     token_ages: Counter[int] = field(default_factory=Counter)
@@ -185,9 +188,10 @@ class PipelineSim:
         self.policy = PolicyVersion(0)
         """The policy version's one owner: bumped after each sync, read by the buffer core."""
         if mode == "async":
-            pipe = pipeline or PipelineConfig(max_staleness=1, drop_policy="drop_stale")
+            pipe = pipeline or PipelineConfig(max_staleness=ASYNC_MAX_STALENESS)
             self.core: BufferCore[_Group] = BufferCore(pipe, self.B, self.policy)
             self.staleness_from = pipe.staleness_from
+            self.age_cap = pipe.token_age_cap()
             self.core.on_drop = self._dropped
         elif len(self.groups) < steps * self.B:
             raise BenchArgumentError(f"trace has {len(self.groups)} groups, sync needs {steps * self.B}")
@@ -324,17 +328,23 @@ class PipelineSim:
 
     def _train(self, batch: list[_Group]) -> None:
         self.trainer_busy = True
-        self.res.trained_output_tokens += sum(g.generated() for g in batch)
         tokens = sum(g.tokens for g in batch)
         dur = self.p.train_s_per_token * tokens + self.p.train_step_s
+        cap = self.age_cap if self.mode == "async" else 0
+        capped = 0.0
         for g in batch:
             oldest = g.measured()
             self.res.staleness_hist[0 if oldest is None else staleness(self.version, oldest)] += 1
             for m in g.members:
                 for v, n in m.tokens_by_version.items():
-                    self.res.token_ages[staleness(self.version, v)] += n
+                    age = staleness(self.version, v)
+                    self.res.token_ages[age] += n
+                    if age > cap:  # masked out of the loss: generated, never trained
+                        capped += n
+        self.res.capped_output_tokens += capped
+        self.res.trained_output_tokens += sum(g.generated() for g in batch) - capped
         self.res.trained_groups += len(batch)
-        self.res.trained_tokens += tokens
+        self.res.trained_tokens += tokens - round(capped)
         self.res.train_s += dur
         self.res.train_iv.append((self.t, self.t + dur))
         self._at(self.t + dur, self._train_done)

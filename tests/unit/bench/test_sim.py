@@ -254,3 +254,25 @@ def test_cli_engines_dispatch_and_kv_cache(capsys) -> None:
     main(argv)
     pooled = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert pooled["engines"] == 1 and pooled["dispatch"] == "requests"
+
+
+def test_the_bench_runs_what_an_async_run_runs_unless_told_otherwise() -> None:
+    """No buffer flag: the async replay uses the pipeline settings ``agentrl train --mode async`` resolves to,
+    and names them."""
+    from agentrl.config.run import RunConfig
+
+    run = RunConfig(mode="async", tasks_per_step=B).pipeline
+    r = bench("tool", eta=None, steps=4)
+    assert (r["eta"], r["drop_policy"], r["staleness_from"], r["max_token_age"], r["capacity_groups"]) == (
+        run.max_staleness, run.drop_policy, run.staleness_from, run.token_age_cap(), run.capacity(B))
+    assert r["drop_policy"] == "accept" and r["dropped_groups"] == 0
+    told = bench("tool", eta=1, drop_policy="block", max_token_age=9, steps=4)
+    assert (told["eta"], told["drop_policy"], told["max_token_age"]) == (1, "block", 9)
+
+
+def test_tokens_past_the_cap_count_as_dropped_work() -> None:
+    """The same replay with a tighter token-age cap: fewer trained tokens, the difference counted as capped."""
+    loose = bench("tool", eta=2, max_token_age=20, steps=8)
+    tight = bench("tool", eta=2, max_token_age=0, steps=8)
+    assert loose["age_capped_token_frac"] == 0 < tight["age_capped_token_frac"] == tight["dropped_token_frac"]
+    assert tight["async"]["trained_tokens"] < loose["async"]["trained_tokens"]

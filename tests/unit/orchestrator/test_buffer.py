@@ -137,6 +137,25 @@ async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> Non
     assert buf.stats()["dropped_stale"] == 0
 
 
+async def test_accept_policy_trains_what_completed_without_waiting_or_dropping() -> None:
+    version = PolicyVersion()
+    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="accept"), version)
+    slow, fast = await buf.admit(), await buf.admit()
+    buf.put(group("fast", [fast]), fast)
+    assert (await buf.get_batch(0))[0][0].task_id == "fast"
+    version.bump()
+    nxt = await buf.admit()
+    buf.put(group("next", [1]), nxt)
+    assert (await asyncio.wait_for(buf.get_batch(1), 1))[0][0].task_id == "next"  # no wait for "slow"
+    version.bump()
+    newer = await buf.admit()
+    buf.put(group("newer", [2]), newer)
+    buf.put(group("slow", [0, 1]), slow)  # completed last, admitted first: trained first, 2 versions old
+    assert [(await buf.get_batch(2))[0][0].task_id for _ in range(1)] == ["slow"]
+    s = buf.stats()
+    assert (s["dropped_stale"], s["max_staleness_seen"], s["buffered"]) == (0, 2, 1)
+
+
 async def test_fifo_order() -> None:
     version = PolicyVersion()
     buf = RolloutBuffer(*cfg(b=3, eta=1), version)
@@ -176,10 +195,11 @@ async def test_close_unblocks_producers_and_trainer() -> None:
         buf.put(group("x", [0]))
 
 
-@pytest.mark.parametrize("policy", ["drop_stale", "block"])
+@pytest.mark.parametrize("policy", ["drop_stale", "block", "accept"])
 @pytest.mark.parametrize("seed", range(40))
 def test_random_interleavings_never_exceed_eta(policy: str, seed: int) -> None:
-    """Pure core, random admit/complete/release/train order: staleness ≤ η, capacity and bound hold."""
+    """Pure core, random admit/complete/release/train order: capacity and the admission bound hold; staleness
+    ≤ η unless ``accept`` (which drops nothing instead)."""
     rng = random.Random(seed)
     b, eta = rng.randint(1, 4), rng.randint(0, 3)
     cap = rng.randint(b, 4 * b + 4)
@@ -199,12 +219,15 @@ def test_random_interleavings_never_exceed_eta(policy: str, seed: int) -> None:
         else:
             batch = core.try_take(core.version)
             if batch is not None:
-                assert all(core.version - first <= eta for first in batch)
+                assert policy == "accept" or all(core.version - first <= eta for first in batch)
                 version.bump()
         assert core.in_flight + core.buffered <= cap
         assert core.started <= core.admission_limit()
         assert core.in_flight == len(flight)
     s = core.stats()
+    if policy == "accept":
+        assert s["dropped_stale"] == 0 and s["consumed"] + s["buffered"] + s["released"] + s["in_flight"] == s["admitted"]
+        return
     assert s["max_staleness_seen"] <= eta
     assert all(k <= eta for k in s["staleness_hist"])
     if policy == "block":

@@ -227,7 +227,8 @@ async def test_step_record_keys_are_assembled_in_one_place() -> None:
     orch, *_ = make("sync")
     (rec,) = await run_steps(orch, 1)
     assert list(rec) == [
-        "num_episodes", "num_rows", "num_failed", "num_trained", "num_zero_advantage", "reward_mean", "success", "model_tokens",
+        "num_episodes", "num_rows", "num_failed", "num_trained", "num_zero_advantage", "age_capped_tokens", "reward_mean",
+        "success", "model_tokens",
         "total_tokens", "turns_mean", "malformed_tool_calls", "stop_completed", "errors", "train_loss", "engine_ms", "update_s",
         "engines_waited_s_total", "groups_interrupted", "trained_on_version", "wait_s", "gen_s", "train_s", "sync_s", "step_s", "tokens_per_s",
         "trainer_idle_frac", "inference_idle_frac", "staleness_mean", "staleness_max", "mixed_version_episodes",

@@ -64,3 +64,17 @@ def test_a_group_carries_signal_when_its_trained_rewards_differ() -> None:
     # agreement with to_samples: no signal is exactly no trained sample
     for group in ([traj("b", 1.0), traj("b", 1.0)], [traj("c", 0.5), traj("c", 0.0)], mixed_by_failure):
         assert carries_signal(group) == bool(to_samples([group])[0])
+
+
+def test_tokens_past_the_age_cap_are_masked_and_counted_never_trained() -> None:
+    """A partial rollout's tokens from versions 1 and 3, trained at version 5 with the cap at 3: the version-1
+    token (age 4) leaves the loss, and is counted; a row left with no loss token is not sent at all."""
+    old, mixed = traj("a", 1.0), traj("a", 0.0)
+    old.versions, mixed.versions = [1, -1, 1], [1, -1, 3]
+    samples, stats = to_samples([[old, mixed]], normalize_std=False, age_cap=(5, 3))
+    assert [s.loss_mask for s in samples] == [[0, 0, 0, 0, 1]]
+    assert samples[0].versions == [-1, -1, 1, -1, 3]
+    assert stats.age_capped_tokens == 3 and stats.num_trained == 1
+    assert old.loss_mask == [1, 0, 1]  # the trajectory itself keeps its record
+    kept, stats = to_samples([[old, mixed]], normalize_std=False, age_cap=(5, 4))
+    assert stats.age_capped_tokens == 0 and len(kept) == 2
