@@ -14,7 +14,9 @@ Why: batches are consumed B groups at a time, so (FIFO, nothing dropped) the k-t
 least version v (the version at admission), so its staleness ``k // B - v`` is ≤ η iff
 ``k < (v + η + 1) * B``. With η = 0 this is the synchronous loop: only the current step's B groups
 may be started, and the next step's groups wait for the new weights. Groups that complete out of
-order can still overshoot; ``get_batch`` never returns them (see ``drop_policy``).
+order can still overshoot: ``accept`` (the default) trains them anyway, earliest admitted first, and the
+loss masks their tokens past ``pipeline.max_token_age``; ``drop_stale`` and ``block`` never return them (see
+``drop_policy``).
 
 All the bookkeeping lives in ``BufferCore``, a pure class (no asyncio, no clock) that the
 discrete-event simulator in ``agentrl.tools.bench.pipeline`` drives too, so the benchmark exercises the

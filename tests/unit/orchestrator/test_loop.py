@@ -336,3 +336,13 @@ async def test_without_dynamic_sampling_uniform_groups_are_kept() -> None:
     recs = await run_steps(orch, 2)
     assert all(r["skipped_groups"] == 0 for r in recs) and recs[-1]["skipped_groups_total"] == 0
     assert sum(r["num_zero_advantage"] for r in recs) == 8  # 4 of the 8 groups, 2 episodes each
+
+
+async def test_the_step_masks_tokens_older_than_the_cap_and_counts_them() -> None:
+    """The orchestrator hands its version and ``pipeline.max_token_age`` to ``to_samples``: with the cap at 0,
+    every token generated before the version it is trained as leaves the loss and is counted."""
+    orch, *_ = make("async", eta=1)
+    orch.max_token_age = 0
+    recs = await run_steps(orch, 4)
+    assert recs[0]["age_capped_tokens"] == 0  # step 1 trains version-0 tokens as version 0
+    assert sum(r["age_capped_tokens"] for r in recs[1:]) > 0
