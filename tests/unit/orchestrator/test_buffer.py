@@ -120,15 +120,22 @@ async def test_stale_groups_are_dropped_and_counted_fifo_otherwise() -> None:
     assert s["dropped_tokens"] == 2 * 2  # the two model tokens of each of its 2 members, not the tool token
 
 
-async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> None:
+async def straggler_behind(policy: str) -> tuple[RolloutBuffer, PolicyVersion, int]:
+    """η = 1, B = 1: "slow" and "fast" admitted at version 0, "fast" trained, then "next" (admitted at version
+    1) completed while "slow" is still in flight; returns the buffer, its version and "slow"'s admission."""
     version = PolicyVersion()
-    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="block"), version)
+    buf = RolloutBuffer(*cfg(b=1, eta=1, policy=policy), version)
     slow, fast = await buf.admit(), await buf.admit()
     buf.put(group("fast", [fast]), fast)
     assert (await buf.get_batch(0))[0][0].task_id == "fast"
     version.bump()
     nxt = await buf.admit()
     buf.put(group("next", [1]), nxt)
+    return buf, version, slow
+
+
+async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> None:
+    buf, _, slow = await straggler_behind("block")
     trainer = asyncio.create_task(buf.get_batch(1))
     await asyncio.sleep(0.01)
     assert not trainer.done()  # "slow" would be stale after this step: wait for it
@@ -138,20 +145,13 @@ async def test_block_policy_waits_for_the_straggler_instead_of_dropping() -> Non
 
 
 async def test_accept_policy_trains_what_completed_without_waiting_or_dropping() -> None:
-    version = PolicyVersion()
-    buf = RolloutBuffer(*cfg(b=1, eta=1, policy="accept"), version)
-    slow, fast = await buf.admit(), await buf.admit()
-    buf.put(group("fast", [fast]), fast)
-    assert (await buf.get_batch(0))[0][0].task_id == "fast"
-    version.bump()
-    nxt = await buf.admit()
-    buf.put(group("next", [1]), nxt)
+    buf, version, slow = await straggler_behind("accept")
     assert (await asyncio.wait_for(buf.get_batch(1), 1))[0][0].task_id == "next"  # no wait for "slow"
     version.bump()
     newer = await buf.admit()
     buf.put(group("newer", [2]), newer)
     buf.put(group("slow", [0, 1]), slow)  # completed last, admitted first: trained first, 2 versions old
-    assert [(await buf.get_batch(2))[0][0].task_id for _ in range(1)] == ["slow"]
+    assert (await buf.get_batch(2))[0][0].task_id == "slow"
     s = buf.stats()
     assert (s["dropped_stale"], s["max_staleness_seen"], s["buffered"]) == (0, 2, 1)
 
