@@ -7,7 +7,8 @@ How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-
 ``[i, 0, :out, :r]`` (no transposes: peft's ``lora_A.weight`` is ``(r, in)``, ``lora_B.weight`` is
 ``(out, r)``). Packed layers (``qkv_proj``, ``gate_up_proj``) have one slice per sub-projection
 (q=0, k=1, v=2). The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
-folded into B at load (``LoRALayerWeights.optimize``). The CPU-side ``LoRAModel`` cache keeps the same
+folded into B at load (``LoRALayerWeights.optimize``); an update does the same, unless the publisher sent B
+already scaled (``meta["b_scaled"]``, checked against each module's scaling), which leaves one copy. The CPU-side ``LoRAModel`` cache keeps the same
 (scaled) tensors, from which a slot is refilled after an eviction. An update writes the live slot only; the
 cache is brought up to date from the slot when vLLM releases the slot (:func:`release_slot`, called by patch 14
 of :mod:`agentrl.engine.vllm_patches`), or at once where that patch is not installed. The manager's layout
@@ -119,7 +120,12 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
             scale = float(meta["scaling"])
         else:
             raise UpdateError("adapter path unknown on this worker: pass meta['scaling']")
-        if scale != 1.0:
+        if "b_scaled" in meta:  # the publisher scaled B already: it must be this module's scaling
+            sent = float(meta["b_scaled"])
+            if abs(sent - scale) > 1e-6 * max(abs(scale), 1.0):
+                raise UpdateError(f"{name}: B was sent scaled by {sent}, the loaded adapter scales this module by "
+                                  f"{scale}")
+        elif scale != 1.0:
             plan.scales.setdefault(scale, []).append(live)
     if plan.cache and len(plan.cache) != len(plan.live):
         raise UpdateError("mixed sharded/unsharded layers are not supported")

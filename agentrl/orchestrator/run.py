@@ -375,7 +375,8 @@ class TrainingRun:
                                 name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
                                 merged=cfg.trainer.lora and not cfg.serves_adapter,
                                 nccl_addr=cfg.pipeline.weight_transfer_addr,
-                                control=cfg.pipeline.sync_control == "socket")
+                                control=cfg.pipeline.sync_control == "socket",
+                                b_scale=cfg.trainer.lora_alpha / cfg.trainer.lora_rank)
 
     async def _republish(self, trainer: RunTrainer, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,

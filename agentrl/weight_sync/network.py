@@ -25,7 +25,16 @@ import torch
 
 from agentrl.core.versions import engine_label
 from agentrl.weight_sync.base import ADAPTER_NOT_LOADED
-from agentrl.weight_sync.shm import SyncError, after_copy, applied, layout_views, pack_layout, worker_failures
+from agentrl.weight_sync.shm import (
+    SyncError,
+    after_copy,
+    applied,
+    fill,
+    layout_meta,
+    layout_views,
+    pack_layout,
+    worker_failures,
+)
 
 UPDATE_BYTES_METHOD = "agentrl_update_lora_bytes"
 WRITE_METHOD = "agentrl_write_adapter"
@@ -40,8 +49,10 @@ class NetworkAdapterSync:
     """
 
     def __init__(self, trainer: Any, engine: Any, name: str, work_dir: Path, *, set_version: bool = True,
-                 reset: str = "1", rpc_timeout_s: float = 120.0) -> None:
+                 reset: str = "1", rpc_timeout_s: float = 120.0, b_scale: float | None = None) -> None:
         self.trainer = trainer
+        self.b_scale = b_scale
+        """The adapter's scaling, when known: B goes pre-scaled (as :class:`SharedMemoryAdapterSync` sends it)."""
         self.engine = engine
         self.name = name
         self.work_dir = Path(work_dir)
@@ -63,10 +74,10 @@ class NetworkAdapterSync:
             self._buf = torch.zeros(max(nbytes, 1), dtype=torch.uint8)
             self._views = layout_views(self._buf, layout)
             self._layout = layout
-            self._meta_json = json.dumps({"nbytes": nbytes, "tensors": layout}, separators=(",", ":"))
+            self._meta_json = layout_meta(layout, nbytes, self.b_scale)
             self._nbytes = nbytes
             self._layout_id = f"{self._run}-{secrets.token_hex(4)}"
-        torch._foreach_copy_(self._views, [tensors[n] for n, *_ in layout])
+        fill(self._views, layout, tensors, self.b_scale)
         return base64.b64encode(self._buf[:nbytes].numpy().tobytes()).decode("ascii")
 
     async def publish(self, version: int) -> dict[str, float]:

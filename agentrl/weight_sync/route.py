@@ -94,17 +94,19 @@ class RoutedAdapterSync:
 
 @contextlib.asynccontextmanager
 async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: Any, client: Engines,
-                            name: str, adapter_dir: Path, control: bool = True) -> AsyncIterator[Publisher]:
+                            name: str, adapter_dir: Path, control: bool = True,
+                            b_scale: float | None = None) -> AsyncIterator[Publisher]:
     """The publisher ``mode`` asks for, over ``client``'s engines (see the module docstring). Its first
     ``publish`` creates the engines' LoRA slots. No prefix-cache resets: rollouts salt the cache with the
     policy version instead. ``control``: the engines on this host take each sync over their local control
-    socket (:mod:`agentrl.weight_sync.control`) where they can open one."""
+    socket (:mod:`agentrl.weight_sync.control`) where they can open one. ``b_scale``: the adapter's scaling
+    (``lora_alpha / r``), with which the in-place paths send B pre-scaled."""
     if mode == "file":
         yield FileAdapterSync(trainer, client, adapter_dir, name)
         return
     net_dir = adapter_dir / "network"
     if mode == "network":
-        yield NetworkAdapterSync(trainer, client, name, net_dir, reset="")
+        yield NetworkAdapterSync(trainer, client, name, net_dir, reset="", b_scale=b_scale)
         return
     local = await engines_on_this_host(client)
     here = [u for u, ok in local.items() if ok]
@@ -114,12 +116,12 @@ async def adapter_publisher(mode: Literal["shm", "network", "file"], trainer: An
         if here:
             sub = client.subset(here)
             fast = await stack.enter_async_context(controlled(sub, enabled=control))
-            shm = SharedMemoryAdapterSync(trainer, fast, name, reset="",
+            shm = SharedMemoryAdapterSync(trainer, fast, name, reset="", b_scale=b_scale,
                                           fallback=FileAdapterSync(trainer, sub, adapter_dir, name))
             groups.append(("shm", stack.enter_context(shm), len(here)))
         if away:
-            groups.append(("network", NetworkAdapterSync(trainer, client.subset(away), name, net_dir, reset=""),
-                           len(away)))
+            groups.append(("network", NetworkAdapterSync(trainer, client.subset(away), name, net_dir, reset="",
+                                                         b_scale=b_scale), len(away)))
         yield groups[0][1] if len(groups) == 1 else RoutedAdapterSync(groups)
 
 
@@ -163,15 +165,16 @@ async def merged_adapter_publisher(mode: Literal["shm", "network", "file", "nccl
 
 def weight_publisher(mode: Literal["shm", "network", "file", "nccl"], trainer: Any, client: Any, *, lora: bool,
                      name: str, adapter_dir: Path, merged: bool = False, nccl_addr: str = "127.0.0.1",
-                     control: bool = True) -> contextlib.AbstractAsyncContextManager[Publisher]:
+                     control: bool = True, b_scale: float | None = None,
+                     ) -> contextlib.AbstractAsyncContextManager[Publisher]:
     """The publisher of a run: LoRA adapters into the engines' LoRA slots (:func:`adapter_publisher`), merged
     by the engines into their weights (``merged``: :func:`merged_adapter_publisher`), or full weights
     (:func:`full_weight_publisher`). ``control``: LoRA syncs to engines on this host over their local control
-    sockets (``pipeline.sync_control``)."""
+    sockets (``pipeline.sync_control``); ``b_scale``: the adapter's scaling, B sent pre-scaled (LoRA slots)."""
     if merged:
         return merged_adapter_publisher(mode, trainer, client, control)
     if lora:
         if mode == "nccl":
             raise WeightSyncModeError("weight sync 'nccl' carries full weights; a LoRA adapter uses 'shm', 'network' or 'file'")
-        return adapter_publisher(mode, trainer, client, name, adapter_dir, control)
+        return adapter_publisher(mode, trainer, client, name, adapter_dir, control, b_scale)
     return full_weight_publisher(mode, trainer, client, nccl_addr)

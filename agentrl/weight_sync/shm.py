@@ -63,6 +63,24 @@ def layout_views(buf: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     return views
 
 
+def layout_meta(layout: Layout, nbytes: int, b_scale: float | None) -> str:
+    """The engines' description of a packed buffer: its layout, and ``b_scaled`` when the B tensors in it are
+    already multiplied by the adapter's scaling (the engine then checks that scaling against its own, per
+    module, instead of scaling each update again)."""
+    meta: dict[str, Any] = {"nbytes": nbytes, "tensors": layout}
+    if b_scale is not None:
+        meta["b_scaled"] = b_scale
+    return json.dumps(meta, separators=(",", ":"))
+
+
+def fill(views: list[torch.Tensor], layout: Layout, tensors: dict[str, torch.Tensor], b_scale: float | None) -> None:
+    """Copy ``tensors`` into their ``views`` of a packed buffer, the B tensors (``lora_B``) multiplied by
+    ``b_scale`` when given: done here, on the publisher's side, the engine's update is one copy."""
+    torch._foreach_copy_(views, [tensors[n] for n, *_ in layout])
+    if b_scale is not None and b_scale != 1.0:
+        torch._foreach_mul_([v for v, (n, *_) in zip(views, layout, strict=True) if ".lora_B." in n], b_scale)
+
+
 def worker_failures(workers: list[Any]) -> list[str]:
     """Why each worker that did not apply the update refused it (empty: every worker applied it). An
     endpoint out of rotation (a ``down`` record of ``collective_rpc``) is not a refusal: it rejoins later
@@ -121,12 +139,16 @@ class SharedMemoryAdapterSync:
 
     ``reset``: "1" drops the prefix cache when no request is running (vLLM refuses otherwise; reported as
     ``prefix_reset_ok`` = 0), "running" also preempts running requests so none continues on KV computed
-    with the old weights.
+    with the old weights. ``b_scale``: the adapter's scaling (``lora_alpha / r``), when the publisher knows it:
+    the B tensors are written pre-scaled, so the engine's update is a copy and nothing more (an engine whose
+    adapter scales a module otherwise refuses the update, which then goes through ``fallback``).
     """
 
     def __init__(self, trainer: AdapterSource, engine: EngineRPC, name: str, *, fallback: Publisher | None = None,
-                 set_version: bool = True, reset: str = "1", rpc_timeout_s: float = 30.0) -> None:
+                 set_version: bool = True, reset: str = "1", rpc_timeout_s: float = 30.0,
+                 b_scale: float | None = None) -> None:
         self.trainer = trainer
+        self.b_scale = b_scale
         self.engine = engine
         self.name = name
         self.fallback = fallback
@@ -157,7 +179,7 @@ class SharedMemoryAdapterSync:
         layout, offset = pack_layout(tensors)
         if layout != self._layout or self.shm is None or self.shm.size < offset:
             self._allocate(layout, max(offset, 1))
-        torch._foreach_copy_(self._views, [tensors[n] for n, *_ in layout])
+        fill(self._views, layout, tensors, self.b_scale)
         return offset
 
     def _allocate(self, layout: Layout, nbytes: int) -> None:
@@ -168,7 +190,7 @@ class SharedMemoryAdapterSync:
             self._finalizer = weakref.finalize(self, _release, self.shm)
         self._views = layout_views(torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes), layout)
         self._layout = layout
-        self._meta_json = json.dumps({"nbytes": nbytes, "tensors": layout}, separators=(",", ":"))
+        self._meta_json = layout_meta(layout, nbytes, self.b_scale)
         self._layout_id = hashlib.sha1(f"{self.shm.name}:{self._meta_json}".encode()).hexdigest()[:16]
 
     async def publish(self, version: int) -> dict[str, float]:

@@ -50,20 +50,22 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
     assert old[old.index("--worker-extension-cls") + 1] == old_name
 
 
-@pytest.mark.parametrize(("targets", "alphas"), [(ATTENTION, None), (tuple(ALL_LINEAR), None),
-                                                 (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64})],
-                         ids=["attention", "every-linear", "per-module-alpha"])
+@pytest.mark.parametrize(("targets", "alphas", "b_scale"),
+                         [(ATTENTION, None, None), (tuple(ALL_LINEAR), None, None),
+                          (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64}, None), (tuple(ALL_LINEAR), None, 2.0)],
+                         ids=["attention", "every-linear", "per-module-alpha", "b-sent-scaled"])
 async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, targets: tuple[str, ...],
-                                                alphas: dict[str, float] | None) -> None:
+                                                alphas: dict[str, float] | None, b_scale: float | None) -> None:
     """Every module kind the adapter can touch, the engine's packed ones included (q/k/v into qkv_proj, gate/up
-    into gate_up_proj, and the MLP's down_proj), and modules scaled differently (peft's ``alpha_pattern``): the
-    in-place copy serves what a file load of the same tensors serves."""
+    into gate_up_proj, and the MLP's down_proj), modules scaled differently (peft's ``alpha_pattern``), and B
+    sent already scaled (a run's publisher, ``b_scale`` = alpha / r = 32 / 16): the in-place copy serves what a
+    file load of the same tensors serves."""
     shapes = lora_shapes(tiny_model_config(), 16, targets)
     trainer = _Trainer(random_lora(shapes, seed=0))
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
         await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, alpha_pattern=alphas)))
         v0 = await _greedy(client)  # fills the prefix cache with KV computed under v0
-        with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
+        with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=b_scale) as sync:
             for version, seed in ((1, 1), (2, 2)):
                 trainer.tensors = random_lora(shapes, seed=seed)
                 m = await sync.publish(version)
@@ -80,6 +82,23 @@ async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, tar
             shm_path = Path("/dev/shm") / str(sync.shm_name)
             assert shm_path.exists()
         assert not shm_path.exists()  # unlinked on close
+        await client.unload_lora_adapter(NAME)
+
+
+async def test_b_sent_scaled_otherwise_than_a_module_is_refused(vllm_server, tmp_path: Path) -> None:
+    """An adapter that scales its modules differently (``alpha_pattern``) cannot take B pre-scaled by one
+    factor: the engine names the module and keeps its weights; the update goes through the fallback."""
+    shapes = lora_shapes(tiny_model_config(), 16, tuple(ALL_LINEAR))
+    trainer = _Trainer(random_lora(shapes, seed=4))
+    async with InferenceClient([vllm_server.url], timeout_s=120) as client:
+        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors,
+                                                           alpha_pattern={"down_proj": 8})))
+        before = await _greedy(client)
+        trainer.tensors = random_lora(shapes, seed=5)
+        with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=2.0) as sync:
+            with pytest.raises(SyncError, match=r"down_proj.*scaled by 2\.0.*scales this module by 0\.5"):
+                await sync.publish(1)
+        assert _close(await _greedy(client), before)  # nothing was half-written
         await client.unload_lora_adapter(NAME)
 
 

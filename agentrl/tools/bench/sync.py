@@ -160,17 +160,18 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
     async with InferenceClient([url], model=NAME, timeout_s=300) as client:
         trainer = _StubTrainer(random_lora(shapes, seed=0))
         await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
-        with SharedMemoryAdapterSync(trainer, client, NAME) as sync:
+        # B goes pre-scaled, as a run sends it (the adapters here are saved with alpha = 2 r: scaling 2)
+        with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=2.0) as sync:
             check, stages, e2e, inflight_http = await _time_path(client, sync, trainer, shapes, work, rank, prompt,
                                                                  updates, 10)
         nbytes = int(stages["adapter_bytes"][0])
         async with controlled(client) as fast:
             if not fast.atomic:
                 raise BenchFailed("the engine opened no control socket: " + ", ".join(fast.endpoints))
-            with SharedMemoryAdapterSync(trainer, fast, NAME) as csync:
+            with SharedMemoryAdapterSync(trainer, fast, NAME, b_scale=2.0) as csync:
                 check_control, ctl, ctl_e2e, inflight_control = await _time_path(
                     client, csync, trainer, shapes, work, rank, prompt, updates, 3000)
-        net = NetworkAdapterSync(trainer, client, NAME, work / "network")
+        net = NetworkAdapterSync(trainer, client, NAME, work / "network", b_scale=2.0)
         net_stages: dict[str, list[float]] = {}
         net_e2e: list[float] = []
         for i in range(updates + 1):
