@@ -189,8 +189,6 @@ TRAIN = (
     Flag("time_limit_min"),
     Flag("mode"),
     Flag("pipeline.max_staleness"),
-    Flag("pipeline.drop_policy"),
-    Flag("pipeline.max_token_age"),
     Flag("sampling.temperature"),
     Flag("seed"),
     Flag("trainer.lr"),
