@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from agentrl.core.errors import AgentRLError
 from agentrl.core.types import TrainSample, Trajectory
-from agentrl.core.versions import staleness
+from agentrl.core.versions import past_age_cap
 from agentrl.rollout.stats import BatchStats, episodes_of, rollout_stats
 
 
@@ -90,11 +90,11 @@ def to_samples(
 
 
 def cap_token_age(sample: TrainSample, trainer_version: int, max_age: int) -> int:
-    """Mask ``sample``'s loss tokens generated more than ``max_age`` versions before ``trainer_version`` (their
-    :func:`~agentrl.core.versions.staleness`); returns how many were masked."""
+    """Mask ``sample``'s loss tokens generated more than ``max_age`` versions before ``trainer_version``
+    (:func:`~agentrl.core.versions.past_age_cap`); returns how many were masked."""
     masked = 0
     for i, (v, m) in enumerate(zip(sample.versions, sample.loss_mask, strict=True)):
-        if m and v >= 0 and staleness(trainer_version, v) > max_age:
+        if m and v >= 0 and past_age_cap(trainer_version, v, max_age):
             sample.loss_mask[i] = 0
             masked += 1
     return masked

@@ -33,6 +33,7 @@ def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, A
     aged = sum(res.token_ages.values())
     token_ages = {k: round(v / aged, 4) for k, v in sorted(res.token_ages.items())} if aged else {}
     step_s = [b - a for a, b in zip([0.0, *res.step_ends_s], res.step_ends_s, strict=False)]
+    generated = max(res.dropped_output_tokens + res.capped_output_tokens + res.trained_output_tokens, 1e-9)
     return {
         "total_s": round(res.total_s, 3),
         "steps": res.steps,
@@ -49,10 +50,8 @@ def summarize(res: SimResult, slots: int, eta: int | None = None) -> dict[str, A
         "max_staleness_seen": max(res.staleness_hist, default=0),
         "dropped_stale": res.buffer.get("dropped_stale", 0),
         "dropped_capacity": res.buffer.get("dropped_capacity", 0),
-        "dropped_token_frac": (res.dropped_output_tokens + res.capped_output_tokens)
-        / max(res.dropped_output_tokens + res.capped_output_tokens + res.trained_output_tokens, 1e-9),
-        "age_capped_token_frac": res.capped_output_tokens
-        / max(res.dropped_output_tokens + res.capped_output_tokens + res.trained_output_tokens, 1e-9),
+        "dropped_token_frac": (res.dropped_output_tokens + res.capped_output_tokens) / generated,
+        "age_capped_token_frac": res.capped_output_tokens / generated,
         "trained_token_staleness": token_ages,
         "tokens_beyond_eta_frac": round(sum(v for k, v in token_ages.items() if k > (eta or 0)), 4),
         "trace_exhausted": res.trace_exhausted,
@@ -81,7 +80,7 @@ def run_pipeline_bench(
 
     ``groups_per_step`` defaults to ``slots // group_size`` (a sync batch fills the engine once); the buffer
     rules left None (η, ``capacity_groups``, ``drop_policy``, ``staleness_from``, ``max_token_age``) to what
-    training uses (:func:`async_pipeline`).
+    training uses (:meth:`PipelineConfig.for_async`).
     ``dispatch`` is the inference client's rule for an episode's engine when ``params.engines`` > 1.
     With ``out_dir``, a timeline/utilisation PNG is written there.
     """
@@ -89,7 +88,7 @@ def run_pipeline_bench(
     spec = mix_spec(mix, tail=tail, sigma=sigma)
     groups_per_step = groups_per_step or max(1, p.slots // group_size)
     pipe = PipelineConfig.for_async(eta, capacity_groups=capacity_groups, drop_policy=drop_policy,
-                          staleness_from=staleness_from, max_token_age=max_token_age)
+                                    staleness_from=staleness_from, max_token_age=max_token_age)
     eta = pipe.max_staleness
     assert eta is not None
     # async may need groups beyond `steps` batches: replacements for dropped groups, plus the lookahead
@@ -132,7 +131,7 @@ def elastic_split(mix: str, total_gpus: int, eta: int | None, seed: int, *, grou
     """
     spec = mix_spec(mix)
     pipe = PipelineConfig.for_async(eta, capacity_groups=capacity_groups, drop_policy=drop_policy,
-                          staleness_from=staleness_from, max_token_age=max_token_age)
+                                    staleness_from=staleness_from, max_token_age=max_token_age)
     trace = make_trace(spec, 2 * probe_steps + (pipe.max_staleness or 0) + 2, groups_per_step, group_size, seed)
     rates: dict[int, float] = {}
     for n_inf in range(1, total_gpus):

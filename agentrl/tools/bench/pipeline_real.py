@@ -87,15 +87,12 @@ class TraceReplayer:
         return traj
 
 
-async def _run_mode(mode: str, *, client: Any, trainer: Any, publisher: Any, groups: list[list[Episode]],
-                    args: argparse.Namespace, version0: int) -> dict[str, Any]:
+async def _run_mode(pipe: PipelineConfig, *, client: Any, trainer: Any, publisher: Any,
+                    groups: list[list[Episode]], args: argparse.Namespace, version0: int) -> dict[str, Any]:
     version = PolicyVersion(version0)  # the one source: the runner reads what the orchestrator bumps
     runner = TraceReplayer(client, groups, max_len=args.max_len, token_scale=args.token_scale,
                            time_scale=args.time_scale, vocab=args.vocab, version=version)
     counter = itertools.count()
-    pipe = (PipelineConfig.for_async(args.eta, drop_policy=args.policy, staleness_from=args.staleness_from,
-                                     max_token_age=args.max_token_age)
-            if mode == "async" else PipelineConfig(max_staleness=0))
     orch = Orchestrator(runner=runner, trainer=trainer, publisher=publisher, engine=client,
                         sample_task=lambda: {"id": next(counter)}, pipeline=pipe,
                         groups_per_step=args.groups_per_step, group_size=args.group_size, version=version)
@@ -144,10 +141,11 @@ async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict
     spec = mix_spec(args.mix)
     pipe = PipelineConfig.for_async(args.eta, drop_policy=args.policy, staleness_from=args.staleness_from,
                                     max_token_age=args.max_token_age)
-    args.eta = pipe.max_staleness
-    trace = make_trace(spec, 2 * args.steps + args.eta + 4, args.groups_per_step, args.group_size, args.seed)
+    sync_pipe = PipelineConfig(max_staleness=0)
+    eta = pipe.max_staleness or 0
+    trace = make_trace(spec, 2 * args.steps + eta + 4, args.groups_per_step, args.group_size, args.seed)
     trainer = TrainerProcess(TrainerConfig(model_path=model, lr=1e-4, cpu_cores=args.trainer_cores), work)
-    out: dict[str, Any] = {"mix": args.mix, "eta": args.eta, "steps": args.steps, "seed": args.seed,
+    out: dict[str, Any] = {"mix": args.mix, "eta": eta, "steps": args.steps, "seed": args.seed,
                            "drop_policy": pipe.drop_policy, "staleness_from": pipe.staleness_from,
                            "max_token_age": pipe.token_age_cap(),
                            "inference_cores": args.inference_cores, "trainer_cores": args.trainer_cores,
@@ -162,12 +160,12 @@ async def _run_real_in(args: argparse.Namespace, model: str, work: Path) -> dict
                 await file_sync.publish(0)
                 with SharedMemoryAdapterSync(trainer, client, ADAPTER, fallback=file_sync, reset="") as shm:
                     # warm-up: compile paths, fill caches, so neither mode pays first-call costs
-                    await _run_mode("sync", client=client, trainer=trainer, publisher=shm,
+                    await _run_mode(sync_pipe, client=client, trainer=trainer, publisher=shm,
                                     groups=trace.groups[-4:],
                                     args=argparse.Namespace(**{**vars(args), "steps": 1}), version0=0)
-                    res_sync = await _run_mode("sync", client=client, trainer=trainer, publisher=shm,
+                    res_sync = await _run_mode(sync_pipe, client=client, trainer=trainer, publisher=shm,
                                                groups=trace.groups, args=args, version0=1)
-                    res_async = await _run_mode("async", client=client, trainer=trainer, publisher=shm,
+                    res_async = await _run_mode(pipe, client=client, trainer=trainer, publisher=shm,
                                                 groups=trace.groups, args=args, version0=res_sync["version_end"])
         finally:
             await asyncio.to_thread(trainer.close)

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentrl.config.run import ASYNC_MAX_STALENESS, PipelineConfig
-from agentrl.core.versions import PolicyVersion, staleness, staleness_version
+from agentrl.config.run import PipelineConfig
+from agentrl.core.versions import PolicyVersion, past_age_cap, staleness, staleness_version
 from agentrl.inference.routing import Endpoint, EndpointPool
 from agentrl.orchestrator.buffer import BufferCore
 from agentrl.tools.bench.errors import BenchArgumentError, BenchFailed
@@ -188,7 +188,7 @@ class PipelineSim:
         self.policy = PolicyVersion(0)
         """The policy version's one owner: bumped after each sync, read by the buffer core."""
         if mode == "async":
-            pipe = pipeline or PipelineConfig(max_staleness=ASYNC_MAX_STALENESS)
+            pipe = pipeline or PipelineConfig.for_async()
             self.core: BufferCore[_Group] = BufferCore(pipe, self.B, self.policy)
             self.staleness_from = pipe.staleness_from
             self.age_cap = pipe.token_age_cap()
@@ -337,9 +337,8 @@ class PipelineSim:
             self.res.staleness_hist[0 if oldest is None else staleness(self.version, oldest)] += 1
             for m in g.members:
                 for v, n in m.tokens_by_version.items():
-                    age = staleness(self.version, v)
-                    self.res.token_ages[age] += n
-                    if age > cap:  # masked out of the loss: generated, never trained
+                    self.res.token_ages[staleness(self.version, v)] += n
+                    if past_age_cap(self.version, v, cap):  # masked out of the loss: generated, never trained
                         capped += n
         self.res.capped_output_tokens += capped
         self.res.trained_output_tokens += sum(g.generated() for g in batch) - capped
