@@ -47,28 +47,32 @@ class SamplingConfig(Section):
     """Sampling temperature. The engine reports logprobs at this temperature and the trainer scales its
     logits by it (each trajectory carries the temperature it was sampled at). Training needs T > 0."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass. The trainer does not reproduce truncation: training refuses top_p < 1
-    (evaluation may use it)."""
+    """Nucleus sampling mass: sample among the most likely tokens whose probabilities add up to it. Below 1
+    the engine records the kept set of every sampled token and the trainer renormalises over it
+    (:mod:`agentrl.core.masks`)."""
     top_k: int = Field(0, ge=0)
-    """Sample among the k most likely tokens; 0 disables. Training refuses top_k > 0, as for top_p."""
+    """Sample among the k most likely tokens; 0 disables. Recorded and replayed as for ``top_p``."""
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 disables. Recorded and replayed as
+    for ``top_p``."""
     max_context_tokens: int = Field(2048, ge=16)
     """Prompt plus completion may not exceed this many tokens (the engine's max_model_len)."""
     max_parse_errors: int = Field(3, ge=1)
     """Consecutive turns with only malformed tool calls before the episode stops (parse_error)."""
 
+    @property
+    def truncates(self) -> bool:
+        """Whether sampling cuts the distribution (top-k, top-p or min-p): the engine must record the sets."""
+        return self.top_p < 1 or self.top_k > 0 or self.min_p > 0
+
     def training_problems(self) -> list[str]:
         """Why this sampling cannot be trained on (empty: it can): the trainer computes logprobs of
-        ``softmax(logits / temperature)`` and nothing else."""
+        ``softmax(logits / temperature)``, renormalised over the engine's recorded kept set where sampling
+        truncated."""
         out = []
         if self.temperature <= 0:
             out.append(f"sampling.temperature = {self.temperature}: greedy decoding has no sampling "
                        "distribution to train; use a temperature > 0")
-        if self.top_p < 1:
-            out.append(f"sampling.top_p = {self.top_p}: the trainer does not reproduce nucleus truncation, so "
-                       "its logprobs would not match the sampled distribution; use top_p = 1 for training")
-        if self.top_k > 0:
-            out.append(f"sampling.top_k = {self.top_k}: the trainer does not reproduce top-k truncation; use "
-                       "top_k = 0 for training")
         return out
 
 
@@ -437,12 +441,27 @@ class RunConfig(Section):
             out.append(f"sampling.max_context_tokens = {context} is more than trainer.micro_batch_tokens = "
                        f"{self.trainer.micro_batch_tokens}: an episode of that length would not fit one "
                        "forward/backward's token budget; lower the context or raise the budget")
+        if self.sampling.truncates:
+            out += self._truncation_problems()
         if self.endpoints == [] and self.inference.logprobs_mode != "processed_logprobs" and (
                 self.sampling.temperature != 1.0):
             out.append(f"inference.logprobs_mode = {self.inference.logprobs_mode!r} reports logprobs at "
                        f"temperature 1 while rollouts sample at {self.sampling.temperature}; use "
                        "'processed_logprobs'")
         return out
+
+    def _truncation_problems(self) -> list[str]:
+        """Why a run with truncated sampling cannot record and replay its sampling masks (empty: it can)."""
+        what = (f"sampling top_p = {self.sampling.top_p}, top_k = {self.sampling.top_k}, min_p = "
+                f"{self.sampling.min_p}")
+        if self.agent.command:
+            return [f"{what} with a black-box agent (--agent): the policy endpoint's recorded rows carry no "
+                    "sampling masks yet, so the trainer could not score the truncated distribution; use top_p = 1, "
+                    "top_k = 0 and min_p = 0"]
+        if self.inference.logprobs_mode != "processed_logprobs":
+            return [f"{what} needs inference.logprobs_mode = 'processed_logprobs': the engine records each kept "
+                    "set from the processed distribution"]
+        return []
 
     def check_trainable(self) -> None:
         """Raise :class:`~agentrl.config.errors.SettingError` (a ``ValueError``) listing

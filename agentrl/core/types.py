@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.core.errors import AgentRLError
+from agentrl.core.masks import SamplingMask
 
 
 class StopReason(str, enum.Enum):
@@ -218,6 +219,9 @@ class Trajectory(BaseModel):
     routing: Routing | None = None
     """MoE expert routing of the episode's positions (:class:`Routing`), for replay in the trainer; None
     for dense models or when capture is off."""
+    sampling_mask: SamplingMask | None = None
+    """The tokens the engine's truncated distribution (top-k, top-p, min-p) kept at each completion token
+    (:class:`~agentrl.core.masks.SamplingMask`); None when sampling cut nothing."""
 
     @property
     def failed(self) -> bool:
@@ -237,6 +241,8 @@ class Trajectory(BaseModel):
                 raise TokenDataError(f"trajectory {self.task_id}: len({name})={len(getattr(self, name))} != {n}")
         if self.routing is not None:
             self.routing.check(len(self.prompt_ids) + n)
+        if self.sampling_mask is not None:
+            self.sampling_mask.check(n)
 
 
 @dataclass
@@ -262,6 +268,9 @@ class TrainSample:
     routing: Routing | None = None
     """MoE expert routing of positions ``0 .. routing.n - 1`` as the engine computed them (replayed in the
     trainer's forward pass); None: the model routes by itself."""
+    sampling_mask: SamplingMask | None = None
+    """The engine's kept token set at each position of ``input_ids`` (count 0 where nothing was cut): the
+    trainer renormalises its distribution over it; None: sampling cut nothing."""
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -277,6 +286,8 @@ class TrainSample:
             raise TokenDataError("TrainSample.loss_mask[0] must be 0: the first token has no context")
         if self.routing is not None:
             self.routing.check(n)
+        if self.sampling_mask is not None:
+            self.sampling_mask.check(n)
 
     @property
     def num_loss_tokens(self) -> int:

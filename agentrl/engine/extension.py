@@ -16,7 +16,9 @@ runs one of its methods on every worker:
 - the local control socket (:class:`agentrl.engine.control.ControlMixin`: ``agentrl_open_control``): the
   hot sync sequence without HTTP, for a publisher on the engine's host;
 - MoE routing capture (:class:`agentrl.engine.routing.RoutingCaptureMixin`: ``agentrl_routing_enable``,
-  ``agentrl_routing_take``).
+  ``agentrl_routing_take``);
+- sampling-mask capture (:class:`agentrl.engine.masks.SamplingMaskMixin`: ``agentrl_masks_enable``,
+  ``agentrl_masks_take``).
 
 Importing this module inside a vLLM worker (vLLM imports it there, before any adapter or model loads)
 installs the vLLM patches (:mod:`agentrl.engine.vllm_patches`) once, after the version check
@@ -33,6 +35,7 @@ from agentrl.engine.adapter import AdapterMixin
 from agentrl.engine.control import ControlMixin
 from agentrl.engine.full import FullWeightsMixin
 from agentrl.engine.install import install_in_worker
+from agentrl.engine.masks import SamplingMaskMixin
 from agentrl.engine.merge import MergeMixin
 from agentrl.engine.routing import RoutingCaptureMixin
 
@@ -40,7 +43,8 @@ if "vllm" in sys.modules:  # inside a vLLM worker (vLLM imports this module): ho
     install_in_worker()
 
 
-class WorkerExtension(AdapterMixin, ControlMixin, FullWeightsMixin, MergeMixin, RoutingCaptureMixin):
+class WorkerExtension(AdapterMixin, ControlMixin, FullWeightsMixin, MergeMixin, RoutingCaptureMixin,
+                      SamplingMaskMixin):
     """Mixed into vLLM's worker class; methods are called through ``collective_rpc`` (string args only)."""
 
 

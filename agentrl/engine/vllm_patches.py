@@ -54,6 +54,9 @@ Per-instance wraps (when routing capture is enabled, :mod:`agentrl.engine.captur
 9. :func:`wrap_runner_step`: replaces one model runner's private ``_prepare_inputs`` and its ``execute_model``
    to learn each step's token layout (:func:`step_layout` reads ``input_batch.block_table`` and ``positions``)
    and to hand the step's routing out once the forward pass has run.
+16. :func:`wrap_sampler` (when sampling-mask capture is enabled, :mod:`agentrl.engine.masks`): replaces one
+   model runner's ``sampler.sample`` to see the processed logprobs of every row it sampled, read with
+   :func:`sampled_rows` (``input_batch.req_ids`` and ``discard_request_mask``) and :func:`logprobs_mode`.
 
 Private-API lookups (nothing patched; called by the extension when it needs them):
 
@@ -295,6 +298,7 @@ def patch_moe_reload_prepack() -> None:
 
 
 _BATCH = "vllm.v1.worker.gpu_input_batch"
+_SAMPLER = "vllm.v1.sample.sampler"
 
 
 @_uses("patch", Target(_GPU, "GPUModelRunner._sample"), Target(_GPU, "GPUModelRunner._bookkeeping_sync"),
@@ -372,6 +376,40 @@ def wrap_runner_step(runner: Any, after_prepare: Callable[[Any], None],
         return out
 
     runner._prepare_inputs, runner.execute_model = _prepare_inputs, execute_model
+
+
+@_uses("wrap", Target(_GPU, "GPUModelRunner.sampler", instance=True), Target(_SAMPLER, "Sampler.sample"),
+       Target(_SAMPLER, "Sampler.forward"))
+def wrap_sampler(runner: Any, after_sample: Callable[[Any], None]) -> None:
+    """Wrap 16: replace ``runner.sampler``'s ``sample`` (which ``Sampler.forward`` calls as ``self.sample``)
+    on this instance, handing the processed logprobs it returns (``[rows, vocab]``, or None) to
+    ``after_sample`` before returning them. Idempotent per hook."""
+    sampler = runner.sampler
+    sample = sampler.sample
+
+    def wrapped(logits: Any, sampling_metadata: Any, *a: Any, **kw: Any) -> Any:
+        sampled, processed = sample(logits, sampling_metadata, *a, **kw)
+        after_sample(processed)
+        return sampled, processed
+
+    sampler.sample = wrapped
+
+
+@_uses("lookup", Target(_GPU, "GPUModelRunner.input_batch", instance=True),
+       Target(_GPU, "GPUModelRunner.discard_request_mask", instance=True),
+       Target(_BATCH, "InputBatch.req_ids"), Target(_BATCH, "InputBatch.num_reqs"))
+def sampled_rows(runner: Any) -> tuple[list[str | None], list[bool]]:
+    """The request id of each row the sampler sampled this step, and whether vLLM discards that row's sample
+    (a prefill split between steps)."""
+    batch = runner.input_batch
+    n = batch.num_reqs
+    return list(batch.req_ids[:n]), [bool(x) for x in runner.discard_request_mask.np[:n]]
+
+
+@_uses("lookup", Target(_SAMPLER, "Sampler.logprobs_mode", instance=True))
+def logprobs_mode(runner: Any) -> str:
+    """Which logprobs ``runner``'s sampler computes (``processed_logprobs``, ``raw_logprobs``, ...)."""
+    return str(runner.sampler.logprobs_mode)
 
 
 @_uses("lookup", Target(_GPU, "GPUModelRunner.input_batch", instance=True),

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from agentrl.core.masks import SamplingMask
 from agentrl.core.utils.race import unless_set
 from agentrl.core.utils.retry import RetriesExhausted, Retry, RetryPolicy
 from agentrl.core.utils.tls import tls_context
@@ -41,6 +42,7 @@ from agentrl.inference.wire import (
     parse_generate,
     parse_json,
     routing_rows,
+    sampling_mask_of,
 )
 
 __all__ = ["ContextLengthError", "EndpointPool", "EngineRefused", "Generation", "InferenceClient", "InferenceError",
@@ -120,6 +122,7 @@ class InferenceClient:
                        top_k: int = 0, stop_token_ids: list[int] | None = None, model: str | None = None,
                        key: str | None = None, seed: int | None = None, cache_salt: str | None = None,
                        ignore_eos: bool = False, routing_from: int | None = None, top_logprobs: int = 0,
+                       min_p: float = 0.0, sampling_mask: bool = False,
                        on_tokens: OnTokens | None = None) -> Generation:
         """Sample one completion of ``prompt_ids``; ``model`` is the base name or a LoRA adapter's name.
 
@@ -138,6 +141,10 @@ class InferenceClient:
         ``top_logprobs``: also return each sampled token's ``top_logprobs`` most likely alternatives
         (``Generation.top_logprobs``).
 
+        ``sampling_mask``: also return, per sampled token, the set the truncated distribution (``min_p``,
+        ``top_k``, ``top_p``) kept (``Generation.sampling_mask``), from the worker extension's capture
+        (:mod:`agentrl.engine.masks`, enabled with :meth:`enable_mask_capture`); the token route only.
+
         ``on_tokens``: stream the generation, handing each run of new ids to ``on_tokens`` as the engine sends
         them (the whole output at once on the completions fallback, or with ``routing_from``). Once ids have
         been handed on, a failure is not retried on another engine (it would sample other ids): it raises.
@@ -145,7 +152,7 @@ class InferenceClient:
         if not prompt_ids:
             raise InvalidArgument("prompt_ids must not be empty")
         sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                              "top_k": top_k if top_k > 0 else -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                              "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "repetition_penalty": 1.0,
                               "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
                               "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
         if seed is not None:
@@ -170,18 +177,22 @@ class InferenceClient:
             delivered += len(ids)
             on_tokens(ids)  # type: ignore[misc]
 
+        taken = routing_from is not None or sampling_mask  # per-request records taken from the workers after
+
         async def attempt(_: int) -> Generation:
             ep = self.pool.pick(key, avoid=tried)  # NoEnginesError when every endpoint is out of rotation
             ep.begin(cost)
-            if routing_from is not None:
-                gen_body["request_id"] = uuid.uuid4().hex  # names the request whose routing is taken
+            if taken:
+                gen_body["request_id"] = uuid.uuid4().hex  # names the request whose records are taken
             try:
                 gen = await self._unless_it_leaves(ep, self._generate_on(
-                    ep, gen_body, cmpl_body, stream=forward if on_tokens and routing_from is None else None))
+                    ep, gen_body, cmpl_body, stream=forward if on_tokens and not taken else None))
                 if routing_from is not None:
                     gen.routing = await self._routing_of(ep, gen, gen_body["request_id"], routing_from)
-                    if on_tokens:
-                        forward(list(gen.token_ids))
+                if sampling_mask:
+                    gen.sampling_mask = await self._mask_of(ep, gen, gen_body["request_id"])
+                if taken and on_tokens:
+                    forward(list(gen.token_ids))
             except TransientError as e:
                 tried.append(ep.url)
                 if delivered:
@@ -225,6 +236,31 @@ class InferenceClient:
         results = await self.collective_rpc("agentrl_routing_enable")
         return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
                 for url, r in zip(self.endpoints, results, strict=True)}
+
+    async def enable_mask_capture(self) -> dict[str, dict[str, Any]]:
+        """Start sampling-mask capture on every endpoint's workers (idempotent); per endpoint, the first
+        worker's record: ``{"ok": True, ...}``, or ``{"ok": False, "code", "error"}`` where it cannot."""
+        results = await self.collective_rpc("agentrl_masks_enable")
+        return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
+                for url, r in zip(self.endpoints, results, strict=True)}
+
+    async def _mask_of(self, ep: Endpoint, gen: Generation, request_id: str) -> SamplingMask | None:
+        """The sampling masks of one finished request (None when it sampled nothing; an
+        :class:`InferenceError` when the engine holds none or they do not cover the completion: a truncated
+        sample must never be scored as untruncated)."""
+        if not gen.token_ids:
+            return None
+        if ep.mode == "completions":
+            raise InferenceError(f"{ep.url} does not serve the token route: sampling masks cannot be returned "
+                                 "on /v1/completions", endpoint=ep.url)
+        body = {"method": "agentrl_masks_take", "args": [request_id], "kwargs": {}}
+        r = await self._call(ep, "POST", "/collective_rpc", json=body)
+        results = list(r.json().get("results") or [])
+        rec = results[0] if results else {"ok": False, "error": "no worker answered"}
+        if not rec.get("ok"):
+            raise InferenceError(f"{ep.url}: no sampling masks for request {request_id}: {rec.get('error')}",
+                                 endpoint=ep.url)
+        return sampling_mask_of(rec, len(gen.token_ids), ep.url)
 
     async def _routing_of(self, ep: Endpoint, gen: Generation, request_id: str, start: int) -> RoutingRows | None:
         """The routing of one finished request from ``start`` on: the engine's own, or the worker capture's;

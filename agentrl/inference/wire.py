@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from agentrl.core.errors import EngineError
+from agentrl.core.masks import SamplingMask
 
 _CONTEXT_RE = re.compile(r"maximum (model|context) length", re.IGNORECASE)
 """vLLM's text for a prompt longer than ``max_model_len``: vLLM gives it no code of its own (the error type
@@ -100,6 +101,9 @@ class Generation:
     """MoE routing of the request's positions (when asked for with ``routing_from``), else None."""
     top_logprobs: list[dict[int, float]] | None = None
     """Per sampled token, the most likely ids and their logprobs (when asked for with ``top_logprobs``)."""
+    sampling_mask: SamplingMask | None = None
+    """Per sampled token, the set the engine's truncated distribution kept (when asked for with
+    ``sampling_mask``), else None."""
 
 
 @dataclass
@@ -120,6 +124,21 @@ def routing_rows(rec: dict[str, Any]) -> RoutingRows:
 
     rows = np.frombuffer(base64.b64decode(rec["data"]), dtype=rec["dtype"]).reshape(rec["shape"])
     return RoutingRows(int(rec["start"]), rows)
+
+
+def sampling_mask_of(rec: dict[str, Any], n: int, url: str) -> SamplingMask:
+    """A worker's ``agentrl_masks_take`` record (:mod:`agentrl.engine.masks`) for a completion of ``n``
+    tokens (an :class:`InferenceError` when it does not cover them)."""
+    import base64
+
+    mask = SamplingMask(vocab=int(rec["vocab"]))
+    try:
+        mask.extend([int(c) for c in rec["counts"]], base64.b64decode(rec["data"]))
+        mask.check(n)
+    except ValueError as e:
+        raise InferenceError(f"{url}: the engine's sampling masks do not fit the completion: {e}",
+                             endpoint=url) from None
+    return mask
 
 
 def native_routing(b64: str) -> RoutingRows:

@@ -26,6 +26,12 @@ class EndpointsUnhealthy(EngineError, RuntimeError):
     code = "inference.endpoints_unhealthy"
 
 
+class MaskCaptureUnavailable(EngineError, RuntimeError):
+    """Sampling truncates (top-k, top-p, min-p) but an engine cannot record the kept sets the trainer replays."""
+
+    code = "inference.mask_capture"
+
+
 class LogprobsModeMismatch(ConfigError, ValueError):
     """An endpoint reports logprobs of the raw distribution while rollouts sample at another temperature."""
 
@@ -112,8 +118,8 @@ async def check_sampling_logprobs(stack: InferenceStack, cfg: RunConfig) -> None
     """Refuse to train at a temperature other than 1 on an engine whose logprobs are not of the sampled
     distribution (vLLM's default ``--logprobs-mode raw_logprobs``): the trainer would compare the wrong
     distribution. Servers agentrl starts report the sampled distribution; ``--endpoint`` servers are probed."""
-    if cfg.sampling.temperature == 1.0:
-        return  # at temperature 1 (top_p 1, top_k 0) raw and processed logprobs are the same
+    if cfg.sampling.temperature == 1.0 and not cfg.sampling.truncates:
+        return  # at temperature 1 (top_p 1, top_k 0, min_p 0) raw and processed logprobs are the same
     prompt = stack.chat.prompt_ids([{"role": "user", "content": "Hello"}], None)
     found = await stack.client.reports_sampling_logprobs(prompt, model=cfg.inference.served_model_name)
     raw = [url for url, ok in found.items() if not ok]
@@ -122,3 +128,23 @@ async def check_sampling_logprobs(stack: InferenceStack, cfg: RunConfig) -> None
             f"inference endpoint(s) {', '.join(raw)} report logprobs at temperature 1, but rollouts sample "
             f"at temperature {cfg.sampling.temperature}: the importance weights would be wrong. Start vLLM "
             "with --logprobs-mode processed_logprobs (or train at temperature 1)")
+
+
+async def enable_sampling_masks(stack: InferenceStack, cfg: RunConfig, vocab: int | None) -> None:
+    """Where sampling truncates, turn on every engine's sampling-mask capture (:mod:`agentrl.engine.masks`) or
+    stop the run: a truncated sample is never scored as an untruncated one. ``vocab``: the model's vocabulary
+    size, where known (a ``top_k`` at or above it cuts nothing and is refused as a mistake)."""
+    s = cfg.sampling
+    if not s.truncates:
+        return
+    if vocab is not None and s.top_k >= vocab:
+        raise MaskCaptureUnavailable(f"sampling.top_k = {s.top_k} is not below the model's vocabulary of {vocab} "
+                                     "tokens: it keeps every token; set top_k = 0 to disable it")
+    recs = await stack.client.enable_mask_capture()
+    bad = {url: rec.get("error") for url, rec in recs.items() if not rec.get("ok")}
+    if bad:
+        raise MaskCaptureUnavailable(
+            f"sampling truncates (top_p {s.top_p}, top_k {s.top_k}, min_p {s.min_p}) but engine(s) cannot record "
+            f"the kept sets the trainer replays: {'; '.join(f'{u}: {e}' for u, e in bad.items())}")
+    log.info("sampling-mask capture on (top_p %s, top_k %s, min_p %s): the trainer renormalises over each "
+             "sampled token's kept set", s.top_p, s.top_k, s.min_p)

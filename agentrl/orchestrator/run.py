@@ -35,7 +35,13 @@ from agentrl.inference.client import NoEnginesError
 from agentrl.inference.watch import EnginesLost, EngineWatch
 from agentrl.launch.doctor import check_model
 from agentrl.launch.placement import Plan, plan_run
-from agentrl.launch.stack import InferenceStack, check_sampling_logprobs, ensure_model, inference_stack
+from agentrl.launch.stack import (
+    InferenceStack,
+    check_sampling_logprobs,
+    enable_sampling_masks,
+    ensure_model,
+    inference_stack,
+)
 from agentrl.moe.families import MoEInfo
 from agentrl.orchestrator.evaluate import evaluate
 from agentrl.orchestrator.loop import Orchestrator
@@ -249,6 +255,7 @@ class TrainingRun:
         async with run_scope(self.env_cls, cfg.name), inference_stack(cfg, self.run_dir, self.plan) as stack, \
                 contextlib.AsyncExitStack() as stack_ctx:
             await check_sampling_logprobs(stack, cfg)
+            await enable_sampling_masks(stack, cfg, len(stack.chat.tokenizer))
             routing = await routing_template(stack.client, self.moe, cfg.trainer.routing_replay)
             placed = self.plan.trainer
             trainer = TrainerProcess(cfg.trainer_config(), self.run_dir, nproc=placed.nproc, env=placed.env)

@@ -113,4 +113,5 @@ def sample_of(traj: Trajectory, advantage: float, temperature: float | None = No
         versions=[-1] * p + traj.versions,
         temperature=traj.temperature if temperature is None else temperature,
         routing=traj.routing,
+        sampling_mask=None if traj.sampling_mask is None else traj.sampling_mask.shifted(p),
     )

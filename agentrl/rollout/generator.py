@@ -27,5 +27,7 @@ class Generator(Protocol):
         seed: int | None = None,
         cache_salt: str | None = None,
         top_logprobs: int = 0,
+        min_p: float = 0.0,
+        sampling_mask: bool = False,
         on_tokens: Callable[[list[int]], None] | None = None,
     ) -> Generation: ...

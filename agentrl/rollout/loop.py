@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 
 from agentrl.config.run import SamplingConfig
+from agentrl.core.masks import SamplingMask
 from agentrl.core.types import Routing, StopReason, Trajectory
 from agentrl.core.versions import VersionLabelError, token_versions
 from agentrl.environment.base import Environment, Task
@@ -29,8 +30,16 @@ __all__ = ["Generator", "SamplingConfig", "run_episode"]
 
 
 def _append(traj: Trajectory, ids: list[int], *, model: bool, logprobs: list[float] | None = None,
-            versions: list[int] | None = None) -> None:
-    """Extend the trajectory's per-token fields in step."""
+            versions: list[int] | None = None, mask: SamplingMask | None = None) -> None:
+    """Extend the trajectory's per-token fields in step (``mask``: the engine's kept sets of model tokens;
+    the trajectory's masks start at the first one, behind count-0 rows for the tokens before it)."""
+    if mask is not None and traj.sampling_mask is None:
+        traj.sampling_mask = SamplingMask(vocab=mask.vocab, counts=[0] * len(traj.completion_ids))
+    if traj.sampling_mask is not None:
+        if mask is None:
+            traj.sampling_mask.pad(len(ids))
+        else:
+            traj.sampling_mask.extend(mask.counts, mask.data)
     traj.completion_ids.extend(ids)
     traj.loss_mask.extend([1 if model else 0] * len(ids))
     traj.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
@@ -147,6 +156,7 @@ async def _loop(
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
                     top_k=sampling.top_k,
+                    **({"min_p": sampling.min_p, "sampling_mask": True} if sampling.truncates else {}),
                     stop_token_ids=list(chat.stop_token_ids),
                     model=model,
                     key=key,
@@ -160,7 +170,8 @@ async def _loop(
                 traj.timings.generate_s += time.perf_counter() - t_gen
             versions = token_versions(gen, sent)
             prompt_len = used
-            _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions)
+            _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions,
+                    mask=gen.sampling_mask)
             if traj.routing is not None and gen.routing is not None:
                 _extend_routing(traj, gen.routing, prompt_len, versions, sent)
             parsed = chat.parse(chat.decode(gen.token_ids), tools)

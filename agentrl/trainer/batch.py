@@ -9,13 +9,14 @@ from torch import Tensor
 
 from agentrl.core.types import TrainSample
 from agentrl.trainer.errors import BatchError
+from agentrl.trainer.kept import collate_kept
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
     """Right-pad samples into ``input_ids_B_T``, ``attention_mask_B_T``, ``loss_mask_B_T``,
     ``behav_logprobs_B_T`` (float32), ``versions_B_T``, ``advantages_B`` and ``temperatures_B`` (float32);
     with ``routing_B_T_L_K`` (long, -1 where a position has no recorded routing) when any sample has MoE
-    routing."""
+    routing, and ``kept_row_B_T`` / ``kept_M_V`` when any has sampling masks (:mod:`agentrl.trainer.kept`)."""
     if not samples:
         raise BatchError("collate() needs at least one sample")
     B = len(samples)
@@ -53,6 +54,7 @@ def collate(samples: Sequence[TrainSample], pad_id: int) -> dict[str, Tensor]:
             if s.routing is not None and s.routing.n:
                 routing[b, : s.routing.n] = torch.from_numpy(s.routing.array().astype("int64"))
         out["routing_B_T_L_K"] = routing
+    out.update(collate_kept(samples, T))
     return out
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from agentrl.trainer.kept import mask_logits
+
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 """Config fields of models whose forward transforms the logits after the output layer."""
 
@@ -36,23 +38,25 @@ class ChunkedLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
-                chunk: int) -> Tensor:
+                chunk: int, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None) -> Tensor:
         N = hidden_N_H.shape[0]
         out_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
         lse_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
         for lo in range(0, N, chunk):
             hi = min(lo + chunk, N)
             logits = (hidden_N_H[lo:hi] @ weight_V_H.T).float() * inv_temp_N[lo:hi, None]
+            logits = mask_logits(logits, _rows(kept_row_N, lo, hi), kept_M_V)
             lse = torch.logsumexp(logits, dim=-1)
             out_N[lo:hi] = logits.gather(-1, target_N[lo:hi, None]).squeeze(-1) - lse
             lse_N[lo:hi] = lse
         ctx.save_for_backward(hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.kept = chunk, (kept_row_N, kept_M_V)
         return out_N
 
     @staticmethod
-    def backward(ctx: Any, grad_N: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad_N: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
         hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N = ctx.saved_tensors
+        kept_row_N, kept_M_V = ctx.kept
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden_N_H) if want_h else None
         grad_w = torch.zeros(weight_V_H.shape, dtype=torch.float32, device=weight_V_H.device) if want_w else None
@@ -62,7 +66,8 @@ class ChunkedLogprob(torch.autograd.Function):
             hi = min(lo + chunk, N)
             h = hidden_N_H[lo:hi]
             inv_t = inv_temp_N[lo:hi, None]
-            probs = torch.exp((h @ weight_V_H.T).float() * inv_t - lse_N[lo:hi, None])
+            logits = mask_logits((h @ weight_V_H.T).float() * inv_t, _rows(kept_row_N, lo, hi), kept_M_V)
+            probs = torch.exp(logits - lse_N[lo:hi, None])  # 0 outside a recorded kept set
             g = probs.mul_(-grad_N[lo:hi, None])
             g.scatter_add_(-1, target_N[lo:hi, None], grad_N[lo:hi, None])
             g = (g * inv_t).to(weight_V_H.dtype)  # d/d(raw logits) = d/d(tempered logits) / T
@@ -70,31 +75,39 @@ class ChunkedLogprob(torch.autograd.Function):
                 grad_h[lo:hi] = g @ weight_V_H
             if grad_w is not None:
                 grad_w += (g.T @ h).float()
-        return grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None, None, None
+
+
+def _rows(kept_row_N: Tensor | None, lo: int, hi: int) -> Tensor | None:
+    return None if kept_row_N is None else kept_row_N[lo:hi]
 
 
 def chunked_logprobs(hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
-                     chunk: int = 1024) -> Tensor:
+                     chunk: int = 1024, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None) -> Tensor:
     """Each row's ``log p(target)`` under ``softmax(hidden @ weight.T * inv_temp)``, float32 (see
-    :class:`ChunkedLogprob`)."""
-    return ChunkedLogprob.apply(hidden_N_H, weight_V_H, target_N, inv_temp_N.float(), chunk)
+    :class:`ChunkedLogprob`), renormalised over the recorded kept set of the rows that have one
+    (``kept_row_N``, ``kept_M_V``: :mod:`agentrl.trainer.kept`)."""
+    return ChunkedLogprob.apply(hidden_N_H, weight_V_H, target_N, inv_temp_N.float(), chunk, kept_row_N, kept_M_V)
 
 
 class LogprobHead(nn.Module):
     """An output layer that returns, at each position, the log-probability of the token that follows it
     (``B x T x 1``), at the row's temperature, instead of the logits; it wraps the model's own layer."""
 
-    def __init__(self, head: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int) -> None:
+    def __init__(self, head: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int,
+                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None) -> None:
         super().__init__()
         self.head = head
         self.next_B_T = next_B_T
         self.inv_temp_B_T = inv_temp_B_T
         self.chunk = chunk
+        self.next_kept_B_T, self.kept_M_V = next_kept_B_T, kept_M_V
 
     def forward(self, hidden_B_T_H: Tensor) -> Tensor:
         B, T, H = hidden_B_T_H.shape
         lp = chunked_logprobs(hidden_B_T_H.reshape(B * T, H), self.head.weight, self.next_B_T.reshape(-1),
-                              self.inv_temp_B_T.reshape(-1), self.chunk)
+                              self.inv_temp_B_T.reshape(-1), self.chunk,
+                              None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1), self.kept_M_V)
         return lp.view(B, T, 1).clone()  # not a view: FSDP2 hooks the output for its backward
 
 
@@ -112,12 +125,14 @@ def fusable(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def logprob_head(model: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int) -> Iterator[None]:
+def logprob_head(model: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int,
+                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None) -> Iterator[None]:
     """Within the block, ``model``'s forward returns next-token log-probabilities as its ``logits``
-    (``B x T x 1``): position ``t`` holds ``log p(next_B_T[b, t] | tokens up to t)``."""
+    (``B x T x 1``): position ``t`` holds ``log p(next_B_T[b, t] | tokens up to t)``, renormalised over the
+    kept set ``kept_M_V[next_kept_B_T[b, t]]`` where that index is not -1."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings()
-    base.set_output_embeddings(LogprobHead(head, next_B_T, inv_temp_B_T, chunk))
+    base.set_output_embeddings(LogprobHead(head, next_B_T, inv_temp_B_T, chunk, next_kept_B_T, kept_M_V))
     try:
         yield
     finally:

@@ -36,11 +36,15 @@ import torch
 from torch import Tensor
 
 from agentrl.config.trainer import LossConfig
+from agentrl.trainer.kept import mask_logits
 
 
-def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor, temperatures_B: Tensor | None = None) -> Tensor:
+def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor, temperatures_B: Tensor | None = None,
+                   kept_row_B_T: Tensor | None = None, kept_M_V: Tensor | None = None) -> Tensor:
     """Per-position log-likelihood of the input tokens under ``softmax(logits / temperature)``; position 0
     (no context) gets 0. ``temperatures_B``: each sequence's sampling temperature (default 1).
+    ``kept_row_B_T`` / ``kept_M_V``: the engine's recorded kept sets (:mod:`agentrl.trainer.kept`), over
+    which a position's distribution is renormalised.
 
     The engine samples from the temperature-scaled distribution and reports its logprobs, so the ratios
     and importance weights compare the same distribution on both sides. Computed as
@@ -56,6 +60,8 @@ def token_logprobs(logits_B_T_V: Tensor, input_ids_B_T: Tensor, temperatures_B: 
         logits_T_V = logits_B_T_V[b, :-1].float()
         if temperatures_B is not None:
             logits_T_V = logits_T_V / temperatures_B[b].to(logits_T_V)
+        if kept_row_B_T is not None:
+            logits_T_V = mask_logits(logits_T_V, kept_row_B_T[b, 1:], kept_M_V)
         target_T = input_ids_B_T[b, 1:].unsqueeze(-1)
         picked_T = logits_T_V.gather(-1, target_T).squeeze(-1)
         rows.append(picked_T - torch.logsumexp(logits_T_V, dim=-1))

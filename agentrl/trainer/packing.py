@@ -30,6 +30,7 @@ from agentrl.core.errors import ConfigError
 from agentrl.core.types import TrainSample
 from agentrl.trainer.batch import collate
 from agentrl.trainer.errors import BatchError
+from agentrl.trainer.kept import mask_logits, pack_kept
 
 
 class TooLongForBudget(ConfigError, ValueError):
@@ -222,6 +223,7 @@ def collate_packed(samples: Sequence[TrainSample], pad_id: int, share: bool = Fa
     routing = out.pop("routing_B_T_L_K", None)
     if routing is not None:
         out["routing_1_P_L_K"] = torch.cat([routing[b, :n] for b, n in enumerate(lengths)])[None]
+    pack_kept(out)
     return out
 
 
@@ -268,11 +270,13 @@ def _collate_shared(samples: Sequence[TrainSample], pad_id: int, fams: list[list
             row[q] = first_suffix[family_of[b][0]]
         unpack[b] = torch.where(out["attention_mask_B_T"][b].bool(), row, torch.zeros_like(row))
     out["unpack_B_T"] = unpack
+    pack_kept(out)
     return out
 
 
 def packed_token_logprobs(logits_P_V: Tensor, ids_P: Tensor, temperatures_P: Tensor, starts_S: Tensor,
-                          chunk: int = 1024) -> Tensor:
+                          chunk: int = 1024, kept_row_P: Tensor | None = None,
+                          kept_M_V: Tensor | None = None) -> Tensor:
     """:func:`agentrl.trainer.loss.token_logprobs` for a packed row: position ``p`` holds
     ``log p(ids[p] | its sample's tokens before p)`` at its sample's temperature, and each sample's first
     position holds 0. Float32, ``chunk`` positions at a time, so no ``P x V`` float32 copy is made at once."""
@@ -282,6 +286,8 @@ def packed_token_logprobs(logits_P_V: Tensor, ids_P: Tensor, temperatures_P: Ten
     for lo in range(1, P, chunk):
         hi = min(lo + chunk, P)
         logits = logits_P_V[lo - 1 : hi - 1].float() / temperatures_P[lo:hi, None].to(logits_P_V.device)
+        if kept_row_P is not None:
+            logits = mask_logits(logits, kept_row_P[lo:hi], kept_M_V)
         picked = logits.gather(-1, ids_P[lo:hi, None]).squeeze(-1)
         parts.append(picked - torch.logsumexp(logits, dim=-1))
     if parts:

@@ -139,11 +139,16 @@ class TrainStep:
             self.replay.set(batch.get("routing_1_P_L_K" if packed else "routing_B_T_L_K"))
         ids = batch["input_ids_1_P"] if packed else batch["input_ids_B_T"]
         temps = batch["temperatures_P"][None] if packed else batch["temperatures_B"][:, None].expand_as(ids)
+        kept_M_V = batch.get("kept_M_V")  # the engine's kept sets where sampling was truncated
+        kept_rows = batch.get("kept_row_P")[None] if packed and kept_M_V is not None else batch.get("kept_row_B_T")
         fused = contextlib.nullcontext()
         if self.fused_head:  # the model returns log p(next token) per position, never the logits
             next_ids = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
             next_temps = torch.cat([temps[:, 1:], torch.ones_like(temps[:, :1])], dim=1)
-            fused = logprob_head(self.model, next_ids, 1.0 / next_temps, self.cfg.logprob_chunk_tokens)
+            next_kept = None if kept_rows is None else torch.cat(
+                [kept_rows[:, 1:], torch.full_like(kept_rows[:, :1], -1)], dim=1)
+            fused = logprob_head(self.model, next_ids, 1.0 / next_temps, self.cfg.logprob_chunk_tokens,
+                                 next_kept, kept_M_V)
         with ctx, fused:
             if packed:  # no attention mask: restarting position ids make it block-diagonal
                 cu = batch["cu_seq_lens_S1"]
@@ -160,9 +165,10 @@ class TrainStep:
                 return logp * batch["attention_mask_B_T"]
             logp_P = logp[0].index_fill(0, batch["starts_S"], 0.0)  # each sample's first token
         elif not packed:
-            return token_logprobs(out.logits, ids, batch["temperatures_B"])
+            return token_logprobs(out.logits, ids, batch["temperatures_B"], kept_rows, kept_M_V)
         else:
-            logp_P = packed_token_logprobs(out.logits[0], ids[0], batch["temperatures_P"], batch["starts_S"])
+            logp_P = packed_token_logprobs(out.logits[0], ids[0], batch["temperatures_P"], batch["starts_S"],
+                                           kept_row_P=None if kept_rows is None else kept_rows[0], kept_M_V=kept_M_V)
         return logp_P[batch["unpack_B_T"]] * batch["attention_mask_B_T"]
 
     @torch.no_grad()

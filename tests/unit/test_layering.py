@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # bottom first; a package may import any package of a lower line, none of its own line or above
 LAYERS: list[set[str]] = [
     {"core", "core.errors", "tools", "http", "tools.install"},  # (``core`` and ``tools`` hold only a docstring)
+    {"core.masks"},  # the sampling-mask encoding, which the trajectory types carry
     {"core.types", "core.utils", "core.shape", "config", "http.base", "moe"},  # the contracts, pure config, small helpers
     {"core.versions", "sandbox"},
     {"environment", "weight_sync", "tracking"},

@@ -24,7 +24,8 @@ from agentrl.engine.version_gate import (
 
 GATED = {"agentrl_update_lora", "agentrl_update_lora_bytes", "agentrl_begin_weights", "agentrl_load_weights",
          "agentrl_load_weights_bytes", "agentrl_finish_weights", "agentrl_load_weights_from_path",
-         "agentrl_merge_lora", "agentrl_merge_lora_bytes", "agentrl_routing_enable", "agentrl_routing_take"}
+         "agentrl_merge_lora", "agentrl_merge_lora_bytes", "agentrl_routing_enable", "agentrl_routing_take",
+         "agentrl_masks_enable", "agentrl_masks_take"}
 
 
 @pytest.fixture(autouse=True)
@@ -93,7 +94,8 @@ def test_an_overridden_install_installs(monkeypatch: pytest.MonkeyPatch) -> None
 def _call(worker: Any, method: str) -> Any:
     args = {"agentrl_update_lora": ("a", "seg", "{}"), "agentrl_update_lora_bytes": ("a", "", "{}"),
             "agentrl_load_weights": ("seg", "8", "0", "{}"), "agentrl_load_weights_bytes": ("", "{}"),
-            "agentrl_load_weights_from_path": ("/nowhere",), "agentrl_routing_take": ("r",)}
+            "agentrl_load_weights_from_path": ("/nowhere",), "agentrl_routing_take": ("r",),
+            "agentrl_masks_take": ("r",)}
     return getattr(worker, method)(*args.get(method, ()))
 
 

@@ -98,13 +98,24 @@ def test_sync_is_eta_zero_and_conflicts_are_errors() -> None:
 
 def test_training_refuses_what_the_trainer_cannot_reproduce() -> None:
     assert RunConfig(sampling={"temperature": 0.7}).training_problems() == []
-    for sampling, what in (({"top_p": 0.9}, "top_p"), ({"top_k": 20}, "top_k"), ({"temperature": 0.0}, "greedy")):
-        problems = RunConfig(sampling=sampling).training_problems()
-        assert len(problems) == 1 and what in problems[0], problems
-        with pytest.raises(ValueError, match="cannot train correctly"):
-            RunConfig(sampling=sampling).check_trainable()
+    greedy = RunConfig(sampling={"temperature": 0.0})
+    assert len(greedy.training_problems()) == 1 and "greedy" in greedy.training_problems()[0]
+    with pytest.raises(ValueError, match="cannot train correctly"):
+        greedy.check_trainable()
     raw = RunConfig(sampling={"temperature": 0.7}, inference={"logprobs_mode": "raw_logprobs"})
     assert "processed_logprobs" in raw.training_problems()[0]
+
+
+@pytest.mark.parametrize("sampling", [{"top_p": 0.9}, {"top_k": 20}, {"min_p": 0.05},
+                                      {"top_p": 0.9, "top_k": 20, "min_p": 0.05, "temperature": 0.7}])
+def test_truncated_sampling_trains_with_masks_and_is_refused_where_none_are_recorded(sampling: dict) -> None:
+    cfg = RunConfig(sampling=sampling)
+    assert cfg.sampling.truncates and cfg.training_problems() == []
+    agent = RunConfig(sampling=sampling, agent={"command": ["my-agent"]}).training_problems()
+    assert len(agent) == 1 and "policy endpoint" in agent[0] and "sampling masks" in agent[0]
+    raw = RunConfig(sampling=sampling, inference={"logprobs_mode": "raw_logprobs"}).training_problems()
+    assert raw and all("processed_logprobs" in p for p in raw)
+    assert not RunConfig().sampling.truncates
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path: Path) -> None:
