@@ -62,11 +62,13 @@ class MaskCapture:
         self.vocab = 0
         self.rows_seen = 0
         self.rows_cut = 0
+        self.active = True
+        """Off: the wrap stays and records nothing (``bench logprobs`` measures the capture's cost this way)."""
         self._steps = 0
 
     def on_sample(self, runner: Any, processed_logprobs: Any) -> None:
         """After the sampler ran: record each kept row's set (``processed_logprobs``: ``[rows, vocab]``)."""
-        if processed_logprobs is None:
+        if processed_logprobs is None or not self.active:
             return
         import torch
 
@@ -115,8 +117,9 @@ class SamplingMaskMixin:
     record, not an exception, answers every call)."""
 
     @needs_patches
-    def agentrl_masks_enable(self) -> dict[str, Any]:
-        """Start capturing sampling masks (once): ``{"ok", "new"}``, or ``{"ok": False, "code", "error"}``."""
+    def agentrl_masks_enable(self, active: str = "1") -> dict[str, Any]:
+        """Start capturing sampling masks (installed once; ``active = "0"`` pauses the recording): ``{"ok",
+        "new", "rows_seen", "rows_cut"}``, or ``{"ok": False, "code", "error"}``."""
         cap = self.__dict__.get("_agentrl_masks")
         new = cap is None
         if cap is None:
@@ -125,6 +128,7 @@ class SamplingMaskMixin:
             except (ValueError, AttributeError, ImportError) as exc:
                 return {"ok": False, "code": MASKS_UNAVAILABLE, "error": f"{type(exc).__name__}: {exc}"}
             self.__dict__["_agentrl_masks"] = cap
+        cap.active = active != "0"
         return {"ok": True, "new": new, "rows_seen": cap.rows_seen, "rows_cut": cap.rows_cut}
 
     @needs_patches

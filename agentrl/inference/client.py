@@ -237,10 +237,11 @@ class InferenceClient:
         return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
                 for url, r in zip(self.endpoints, results, strict=True)}
 
-    async def enable_mask_capture(self) -> dict[str, dict[str, Any]]:
-        """Start sampling-mask capture on every endpoint's workers (idempotent); per endpoint, the first
-        worker's record: ``{"ok": True, ...}``, or ``{"ok": False, "code", "error"}`` where it cannot."""
-        results = await self.collective_rpc("agentrl_masks_enable")
+    async def enable_mask_capture(self, active: bool = True) -> dict[str, dict[str, Any]]:
+        """Start sampling-mask capture on every endpoint's workers (idempotent; ``active=False`` pauses it);
+        per endpoint, the first worker's record: ``{"ok": True, ...}``, or ``{"ok": False, "code", "error"}``
+        where it cannot."""
+        results = await self.collective_rpc("agentrl_masks_enable", args=["1" if active else "0"])
         return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
                 for url, r in zip(self.endpoints, results, strict=True)}
 

@@ -277,6 +277,7 @@ class TrainingRun:
                     self.env_cls, stack.client, stack.chat, cfg.sampling,
                     max_concurrency=cfg.max_concurrency, model=cfg.policy_model,
                     policy_version=self.policy_version, routing=routing,
+                    sampling_masks=cfg.sampling.truncates,
                 )
                 if cfg.agent.command:  # black-box training: the agent program drives the episodes
                     from agentrl.http.policy.blackbox import blackbox_runner

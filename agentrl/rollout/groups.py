@@ -32,10 +32,13 @@ class RolloutWorkers:
         model: str | None = None,
         policy_version: Callable[[], int] = lambda: 0,
         routing: Routing | None = None,
+        sampling_masks: bool = False,
     ) -> None:
         self.env_cls = env_cls
         self.routing = routing
         """MoE models: the empty routing every episode starts from (routing capture on), else None."""
+        self.sampling_masks = sampling_masks
+        """Record each sampled token's kept set where sampling truncates (the engines' capture on)."""
         self.client = client
         self.chat = chat
         self.sampling = sampling
@@ -57,7 +60,7 @@ class RolloutWorkers:
             return await run_episode(
                 self.env_cls, task, self.client, self.chat, self.sampling,
                 model=self.model, group_id=group_id, policy_version=self.policy_version,
-                routing=self.routing,
+                routing=self.routing, sampling_masks=self.sampling_masks,
             )
 
     async def run_group(self, task: Task, group_size: int) -> list[Trajectory]:

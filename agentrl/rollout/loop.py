@@ -72,6 +72,7 @@ async def run_episode(
     policy_version: Callable[[], int] = lambda: 0,
     limits: EpisodeLimits | None = None,
     routing: Routing | None = None,
+    sampling_masks: bool = False,
 ) -> Trajectory:
     """Run one episode of ``env_cls`` on ``task`` and return its trajectory (never raises for
     environment or inference failures; those are recorded in the trajectory).
@@ -81,6 +82,10 @@ async def run_episode(
 
     ``routing``: for a MoE model, an empty :class:`~agentrl.core.types.Routing` of the engine's shape; each turn
     then asks the engine for the routing of the positions the trajectory does not hold yet.
+
+    ``sampling_masks``: where ``sampling`` truncates (top-k, top-p, min-p), ask the engine for each sampled
+    token's kept set (its capture must be on: :meth:`agentrl.inference.InferenceClient.enable_mask_capture`)
+    and record them in ``trajectory.sampling_mask``.
     """
     t0 = time.perf_counter()
     traj = Trajectory(task_id=str(task.get("id", "")), env=env_cls.name or env_cls.__name__, group_id=group_id,
@@ -88,7 +93,8 @@ async def run_episode(
                       routing=routing.model_copy(deep=True) if routing is not None else None)
     episode = Episode(env_cls, task, limits, traces=True)
     try:
-        await asyncio.wait_for(_loop(episode, traj, client, chat, sampling, model, policy_version),
+        await asyncio.wait_for(_loop(episode, traj, client, chat, sampling, model, policy_version,
+                                     sampling_masks and sampling.truncates),
                                timeout=env_cls.wall_time_limit_s)
     except asyncio.TimeoutError:
         episode.end(StopReason.WALL_TIMEOUT,
@@ -133,6 +139,7 @@ async def _loop(
     sampling: SamplingConfig,
     model: str | None,
     policy_version: Callable[[], int],
+    masks: bool,
 ) -> None:
     messages = await episode.open()
     env = episode.env
@@ -156,7 +163,8 @@ async def _loop(
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
                     top_k=sampling.top_k,
-                    **({"min_p": sampling.min_p, "sampling_mask": True} if sampling.truncates else {}),
+                    **({"min_p": sampling.min_p} if sampling.min_p else {}),
+                    **({"sampling_mask": True} if masks else {}),
                     stop_token_ids=list(chat.stop_token_ids),
                     model=model,
                     key=key,

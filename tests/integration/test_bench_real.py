@@ -51,3 +51,25 @@ def test_bench_logprobs_engine_and_trainer_agree(vllm_server, tiny_model_dir: Pa
     assert abs(r["is_weight_mean"] - 1.0) <= 0.03 and abs(r["t1"]["is_weight_mean"] - 1.0) <= 0.03
     assert r["logprob_mae"] < 1e-3 and r["mae_ratio_vs_t1"] <= 1.5 and r["targets_met"] is True
     assert r["untempered"]["logprob_mae"] > 10 * r["logprob_mae"], "the check must see a missing temperature"
+
+
+def test_bench_logprobs_truncation_matrix_scores_with_masks(vllm_server, tiny_model_dir: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench logprobs --matrix`` with top-p, top-k and min-p: each alone and together, at T = 1 and
+    0.7, the trainer renormalised over the engine's recorded sets scores what the engine sampled (float noise),
+    and a trainer that ignores the masks does not; the masks' bytes and the capture's cost are reported."""
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.tools.bench.logprobs import main
+
+    assert main(["--temperature", "0.7", "--episodes", "8", "--json", "--model", str(tiny_model_dir),
+                 "--endpoint", vllm_server.url, "--top-p", "0.8", "--top-k", "5", "--min-p", "0.1", "--matrix"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(r["cases"]) == ["all", "min_p", "top_k", "top_p"]
+    for name, case in r["cases"].items():
+        for res in (case, case["t1"]):
+            assert res["failed_episodes"] == 0 and res["tokens"] > 20, name
+            assert res["logprob_mae"] <= 1e-4 and abs(res["is_weight_mean"] - 1.0) <= 0.02, (name, res)
+            assert res["unmasked"]["logprob_mae"] > 10 * max(res["logprob_mae"], 1e-6), (name, res)
+        assert case["targets_met"] is True and case["mask_bytes_per_token"] > 0
+        assert case["capture"]["tokens_per_s_capture"] > 0 and case["capture"]["tokens_per_s_no_capture"] > 0
+    assert r["truncation"] == {"top_p": 0.8, "top_k": 5, "min_p": 0.1} and r["targets_met"] is True

@@ -100,3 +100,31 @@ async def test_a_mask_the_engine_does_not_hold_is_an_error(vllm_server) -> None:
         ep = client.pool.endpoints[0]
         with pytest.raises(InferenceError, match="no sampling masks"):
             await client._mask_of(ep, gen, "no-such-request")  # taken already, or never made
+
+
+def test_env_server_rollouts_return_sampling_masks(vllm_server, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``POST /v1/rollouts`` with truncated sampling and ``return_sampling_mask``: the trajectory carries one
+    kept set per completion token (count 0 on the tool observations), the contract of agentrl's own loop; left
+    out, the same rollout records none."""
+    import httpx
+
+    from agentrl.core.types import Trajectory
+    from agentrl.tools.bench.env_server import ServerProcess
+
+    with ServerProcess(["calc"], extra=["--tokenizer", str(tiny_model_dir)], log_path=tmp_path / "s.log") as server:
+        headers = {"Authorization": f"Bearer {server.token}"}
+        body = {"env": "calc", "task_id": "calc-test-0", "base_url": vllm_server.url, "model": "base",
+                "sampling": {"temperature": 1.0, "top_k": 5, "min_p": 0.05, "max_context_tokens": 512},
+                "return_sampling_mask": True}
+        r = httpx.post(server.url + "/v1/rollouts", json=body, headers=headers, timeout=300)
+        assert r.status_code == 200, r.text
+        traj = Trajectory.model_validate(r.json()["trajectory"])
+        traj.check()
+        assert not traj.failed, traj.error
+        mask = traj.sampling_mask
+        assert mask is not None and mask.n == len(traj.completion_ids) and mask.masked > 0
+        for t, (tok, m) in enumerate(zip(traj.completion_ids, traj.loss_mask, strict=True)):
+            assert (0 < mask.counts[t] <= 5 and mask.row(t)[tok]) if m else mask.counts[t] == 0
+        r = httpx.post(server.url + "/v1/rollouts", json={**body, "return_sampling_mask": False}, headers=headers,
+                       timeout=300)
+        assert r.status_code == 200 and Trajectory.model_validate(r.json()["trajectory"]).sampling_mask is None

@@ -388,6 +388,10 @@ class RolloutSampling(Wire):
     """Sampling temperature."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0, le=1_000_000)
+    """Sample among the k most likely tokens; 0 disables."""
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    """Drop tokens less likely than ``min_p`` times the most likely one; 0 disables."""
     max_context_tokens: int = Field(2048, ge=16, le=1_048_576)
     """Prompt plus completion may not exceed this many tokens (the engine's max_model_len)."""
 
@@ -431,6 +435,11 @@ class RolloutRequest(Wire):
     for routing replay in the caller's trainer). The inference server must capture routing: an agentrl-started
     vLLM (its worker extension) or a vLLM that returns ``routed_experts`` itself; otherwise the request is
     refused (422) rather than answered without routing."""
+    return_sampling_mask: bool = False
+    """Truncated sampling (``top_p < 1``, ``top_k > 0``, ``min_p > 0``): also record the set of tokens the
+    engine's distribution kept at every sampled token (``trajectory.sampling_mask``), so the caller's trainer
+    can score the distribution that was sampled. The inference server must capture them (an agentrl-started
+    vLLM); otherwise the request is refused (422). Untruncated sampling records nothing."""
     sampling: RolloutSampling = Field(default_factory=RolloutSampling)
     """Sampling parameters."""
     group_id: str = Field("", max_length=MAX_ID)

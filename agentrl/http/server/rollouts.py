@@ -119,8 +119,12 @@ class RolloutService:
             try:
                 sampling = SamplingConfig(**req.sampling.model_dump())
                 routing = await self._routing(client, req.base_url) if req.return_routing else None
+                masks = req.return_sampling_mask and sampling.truncates
+                if masks:
+                    await self._masks(client, req.base_url)
                 traj = await run_episode(cls, task, client, chat, sampling, model=req.model,
-                                         group_id=req.group_id, limits=limits_of(self.config), routing=routing)
+                                         group_id=req.group_id, limits=limits_of(self.config), routing=routing,
+                                         sampling_masks=masks)
             finally:
                 await client.aclose()
         finally:
@@ -132,6 +136,14 @@ class RolloutService:
             stop_reason=traj.stop_reason.value,
         )
         return RolloutResult(trajectory=finite(traj))
+
+    @staticmethod
+    async def _masks(client: Any, base_url: str) -> None:
+        """Turn on ``base_url``'s sampling-mask capture (:class:`ApiError` 422 when it cannot capture)."""
+        rec = (await client.enable_mask_capture()).get(base_url) or {}
+        if not rec.get("ok"):
+            raise ApiError(422, f"return_sampling_mask: the inference server {base_url} cannot record sampling "
+                                f"masks: {rec.get('error')}")
 
     async def _routing(self, client: Any, base_url: str) -> Any:
         """The empty routing of an episode on ``base_url``'s MoE model, capture turned on there first

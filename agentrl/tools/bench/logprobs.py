@@ -17,7 +17,17 @@ The last line is one JSON object: the T figures at top level (``temperature``, `
 ``is_weight_mean``), the T = 1 figures under ``t1``, and ``mae_ratio_vs_t1``. Targets: at T = 0.7
 ``is_weight_mean`` within 1 ± 0.03 and ``logprob_mae`` at most 1.5x the T = 1 figure.
 
+**Truncated sampling** (``--top-p``, ``--top-k``, ``--min-p``): the episodes sample with that truncation, the
+engine records each token's kept set (:mod:`agentrl.engine.masks`) and the trainer renormalises over it. Each
+temperature's figures then also carry ``unmasked``: the same tokens scored by a trainer that ignores the masks,
+the control that shows what the masks fix; and the run reports ``mask_bytes_per_token`` (stored mask bytes over
+the episodes' tokens, counts included) and the capture's cost to generation (``capture``: fixed-length bursts
+with the capture on and paused, alternated, tokens/s each). Targets: ``logprob_mae`` at most 1e-4 and
+``is_weight_mean`` within 1 ± 0.02 at every temperature. ``--matrix`` runs each truncation alone and all three
+together (``cases``, one entry each; the top level is the combined case).
+
     agentrl bench logprobs --temperature 0.7 --json
+    agentrl bench logprobs --top-p 0.9 --top-k 20 --min-p 0.05 --matrix
 """
 
 from __future__ import annotations
@@ -55,20 +65,76 @@ def compare(samples: list[Any], trainer_logprobs: list[list[float]]) -> dict[str
             "max_abs_diff": max(abs(d) for d in diffs), "tokens": float(n)}
 
 
+def truncations(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The sampling cases to run, by name: one (``none`` or ``given``) without ``--matrix``; each given
+    truncation alone and all together with it."""
+    given = {k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k), ("min_p", args.min_p)) if v}
+    if not args.matrix or len(given) < 2:
+        return {"given" if given else "none": given}
+    return {**{k: {k: v} for k, v in given.items()}, "all": given}
+
+
+def _unmasked(samples: list[Any]) -> list[Any]:
+    import dataclasses
+
+    return [dataclasses.replace(s, sampling_mask=None) for s in samples]
+
+
+def _mask_bytes_per_token(trajs: list[Any]) -> float:
+    tokens = sum(len(t.completion_ids) for t in trajs)
+    stored = sum(4 * t.sampling_mask.n + len(t.sampling_mask.data) for t in trajs if t.sampling_mask is not None)
+    return stored / max(1, tokens)
+
+
+def _summarise(case: dict[str, Any]) -> dict[str, Any]:
+    """A case's T figures at its top level, ``mae_ratio_vs_t1`` and whether its targets are met."""
+    out = dict(case)
+    out.update(out.pop("tT", out["t1"]))
+    out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
+    if out.get("truncation"):
+        out["targets_met"] = all(r["logprob_mae"] <= 1e-4 and abs(r["is_weight_mean"] - 1.0) <= 0.02
+                                 for r in (out, out["t1"]))
+    else:
+        out["targets_met"] = bool(abs(out["is_weight_mean"] - 1.0) <= 0.03 and out["mae_ratio_vs_t1"] <= 1.5)
+    return out
+
+
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.tools.bench.engine import bench_model, scratch_dir
 
     model = await bench_model(args.model)
     with scratch_dir("agentrl-bench-logprobs-") as work:
-        out = await _measure_in(args, model, work)
-    t_res = out.pop("tT", out["t1"])
-    out.update(t_res)
-    out["mae_ratio_vs_t1"] = out["logprob_mae"] / max(out["t1"]["logprob_mae"], 1e-12)
-    out["targets_met"] = bool(abs(out["is_weight_mean"] - 1.0) <= 0.03 and out["mae_ratio_vs_t1"] <= 1.5)
+        runs = await _measure_in(args, model, work, truncations(args))
+    cases = {name: _summarise(res) for name, res in runs.pop("cases").items()}
+    out = {**runs, **cases[list(cases)[-1]]}
+    if len(cases) > 1:
+        out["cases"] = cases
+        out["targets_met"] = all(c["targets_met"] for c in cases.values())
     return out
 
 
-async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[str, Any]:
+async def capture_cost(client: Any, model: str, sampling: dict[str, Any], rounds: int = 3, n: int = 32,
+                       tokens: int = 64) -> dict[str, float]:
+    """Generation tokens/s with the mask capture on and paused, in alternating fixed-length bursts of ``n``
+    requests of ``tokens`` tokens (the same prompts), and their ratio."""
+    import time
+
+    prompts = [[(i * 17 + j * 7) % 200 + 5 for i in range(40)] for j in range(n)]
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for on in (True, False):
+            await client.enable_mask_capture(active=on)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client.generate(p, max_tokens=tokens, ignore_eos=True, model=model,
+                                                   sampling_mask=on, **sampling) for p in prompts))
+            rates[on].append(n * tokens / (time.perf_counter() - t0))
+    await client.enable_mask_capture(active=True)
+    on, off = (sorted(rates[k])[len(rates[k]) // 2] for k in (True, False))
+    return {"tokens_per_s_capture": on, "tokens_per_s_no_capture": off, "capture_over_none": on / off}
+
+
+async def _measure_in(args: argparse.Namespace, model: str, work: Path,
+                      cases: dict[str, dict[str, Any]]) -> dict[str, Any]:
     from agentrl.config.run import SamplingConfig
     from agentrl.config.trainer import TrainerConfig
     from agentrl.envs.calc import CalcEnv
@@ -92,11 +158,17 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                 sync = FileAdapterSync(trainer, client, work / "adapters", ADAPTER)
                 await sync.publish(0)
 
-                async def episodes(temperature: float, version: int) -> list[Any]:
-                    sampling = SamplingConfig(temperature=temperature, max_context_tokens=args.max_context_tokens)
+                if any(cases.values()):
+                    recs = await client.enable_mask_capture()
+                    if not all(r.get("ok") for r in recs.values()):
+                        raise BenchFailed(f"the engine cannot record sampling masks: {recs}")
+
+                async def episodes(temperature: float, version: int, **truncation: Any) -> list[Any]:
+                    sampling = SamplingConfig(temperature=temperature, max_context_tokens=args.max_context_tokens,
+                                              **truncation)
                     workers = RolloutWorkers(CalcEnv, client, chat, sampling,
                                              max_concurrency=args.episodes, model=ADAPTER,
-                                             policy_version=lambda: version)
+                                             policy_version=lambda: version, sampling_masks=bool(truncation))
                     groups = await workers.run_groups(tasks, 1)
                     return [t for g in groups for t in g]
 
@@ -109,19 +181,50 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path) -> dict[
                 await trainer.train(samples, policy_version=0)
                 with SharedMemoryAdapterSync(trainer, client, ADAPTER) as inplace:
                     await inplace.publish(1)
-                out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model}
-                for temperature in dict.fromkeys((1.0, args.temperature)):  # once when --temperature is 1
-                    trajs = await episodes(temperature, 1)
-                    tempered = _samples(trajs)
-                    res = compare(tempered, await trainer.logprobs(tempered))
-                    if temperature != 1.0:
-                        plain = _samples(trajs, temperature=1.0)
-                        res["untempered"] = compare(tempered, await trainer.logprobs(plain))
-                    res["failed_episodes"] = float(sum(t.failed for t in trajs))
-                    out["t1" if temperature == 1.0 else "tT"] = res
+                out: dict[str, Any] = {"temperature": args.temperature, "episodes": len(tasks), "model": model,
+                                       "cases": {}}
+                for name, truncation in cases.items():
+                    case: dict[str, Any] = {"truncation": truncation}
+                    trajs_all: list[Any] = []
+                    for temperature in dict.fromkeys((1.0, args.temperature)):  # once when --temperature is 1
+                        trajs = await episodes(temperature, 1, **truncation)
+                        trajs_all += trajs
+                        tempered = _samples(trajs)
+                        res = compare(tempered, await trainer.logprobs(tempered))
+                        if temperature != 1.0:
+                            plain = _samples(trajs, temperature=1.0)
+                            res["untempered"] = compare(tempered, await trainer.logprobs(plain))
+                        if truncation:  # the control: the same tokens scored over the whole vocabulary
+                            res["unmasked"] = compare(tempered, await trainer.logprobs(_unmasked(tempered)))
+                        res["failed_episodes"] = float(sum(t.failed for t in trajs))
+                        case["t1" if temperature == 1.0 else "tT"] = res
+                    if truncation:
+                        case["mask_bytes_per_token"] = _mask_bytes_per_token(trajs_all)
+                        case["capture"] = await capture_cost(client, ADAPTER, truncation)
+                    out["cases"][name] = case
         finally:
             await asyncio.to_thread(trainer.close)
     return out
+
+
+def _print_case(name: str, res: dict[str, Any]) -> None:
+    if name:
+        print(f"{name}: {res['truncation']}")
+    for label, r in (("T = 1.0", res["t1"]), (f"T = {res['temperature']}", res)):
+        line = f"{label}: logprob MAE {r['logprob_mae']:.2e}, IS weight mean {r['is_weight_mean']:.4f} " \
+               f"({r['tokens']:.0f} tokens)"
+        if "unmasked" in r:
+            u = r["unmasked"]
+            line += f"; masks ignored: MAE {u['logprob_mae']:.3f}, IS weight mean {u['is_weight_mean']:.3f}"
+        if "untempered" in r:
+            u = r["untempered"]
+            line += f"; T ignored: MAE {u['logprob_mae']:.3f}, IS weight mean {u['is_weight_mean']:.3f}"
+        print(line)
+    if "capture" in res:
+        c = res["capture"]
+        print(f"masks: {res['mask_bytes_per_token']:.1f} bytes/token; generation {c['tokens_per_s_capture']:.0f} "
+              f"tokens/s with capture vs {c['tokens_per_s_no_capture']:.0f} without ({c['capture_over_none']:.2f}x)")
+    print(f"MAE ratio vs T = 1: {res['mae_ratio_vs_t1']:.2f}; targets met: {res['targets_met']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=64, help="calc episodes per temperature")
     parser.add_argument("--max-context-tokens", type=int, default=1024,
                         help="an episode's prompt plus completion stops at this many tokens (at most 1024)")
+    parser.add_argument("--top-p", type=float, default=None, help="sample with this nucleus mass (< 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among this many most likely tokens")
+    parser.add_argument("--min-p", type=float, default=None, help="drop tokens under this share of the most likely")
+    parser.add_argument("--matrix", action="store_true",
+                        help="run each given truncation alone and all of them together")
     add_engine_args(parser, needs="LoRA enabled, --logprobs-mode processed_logprobs")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
@@ -137,17 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-context-tokens must be in 16..1024 (the engine's context)")
     if not args.temperature > 0:
         parser.error("--temperature must be > 0 (greedy decoding has no sampling distribution to compare)")
+    if args.top_p is not None and not 0 < args.top_p < 1:
+        parser.error("--top-p must be in (0, 1)")
+    if args.top_k is not None and args.top_k < 1:
+        parser.error("--top-k must be >= 1")
+    if args.min_p is not None and not 0 < args.min_p < 1:
+        parser.error("--min-p must be in (0, 1)")
     res = asyncio.run(_measure(args))
     if not args.json:
-        t1 = res["t1"]
-        print(f"T = 1.0: logprob MAE {t1['logprob_mae']:.2e}, IS weight mean {t1['is_weight_mean']:.4f} "
-              f"({t1['tokens']:.0f} tokens)")
-        if "untempered" in res:
-            u = res["untempered"]
-            print(f"T = {res['temperature']}: logprob MAE {res['logprob_mae']:.2e}, IS weight mean "
-                  f"{res['is_weight_mean']:.4f} ({res['tokens']:.0f} tokens); a trainer ignoring T: MAE "
-                  f"{u['logprob_mae']:.3f}, IS weight mean {u['is_weight_mean']:.3f}")
-        print(f"MAE ratio vs T = 1: {res['mae_ratio_vs_t1']:.2f}; targets met: {res['targets_met']}")
+        for name, case in (res.get("cases") or {"": res}).items():
+            _print_case(name, case)
     print(json.dumps(res))
     return 0
 

@@ -84,7 +84,7 @@ class MaskingEngine:
 async def test_an_episode_lays_each_turns_masks_over_its_tokens(chat: ChatFormat) -> None:
     engine = MaskingEngine(chat, [call("add", a=3, b=4), "The answer is 7."])
     sampling = SamplingConfig(top_k=3, top_p=0.9, min_p=0.05)
-    traj = await run_episode(Adder, {"id": "t"}, engine, chat, sampling)
+    traj = await run_episode(Adder, {"id": "t"}, engine, chat, sampling, sampling_masks=True)
     assert traj.stop_reason == StopReason.COMPLETED and traj.num_turns == 2
     traj.check()
     assert all(kw["sampling_mask"] and (kw["top_k"], kw["top_p"], kw["min_p"]) == (3, 0.9, 0.05)
@@ -104,7 +104,10 @@ async def test_an_episode_lays_each_turns_masks_over_its_tokens(chat: ChatFormat
     assert again.sampling_mask == mask
 
 
-async def test_untruncated_sampling_asks_for_no_mask(chat: ChatFormat) -> None:
+@pytest.mark.parametrize(("sampling", "asked"), [(SamplingConfig(), True), (SamplingConfig(top_k=3), False)],
+                         ids=["untruncated", "not-asked"])
+async def test_no_mask_is_asked_for_without_truncation_or_without_the_flag(chat: ChatFormat, sampling: SamplingConfig,
+                                                                          asked: bool) -> None:
     engine = MaskingEngine(chat, ["The answer is 7."])
-    traj = await run_episode(Adder, {"id": "t"}, engine, chat, SamplingConfig())
+    traj = await run_episode(Adder, {"id": "t"}, engine, chat, sampling, sampling_masks=asked)
     assert traj.sampling_mask is None and all("sampling_mask" not in kw for kw in engine.kwargs)
