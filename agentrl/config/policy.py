@@ -38,6 +38,16 @@ class PolicyConfig(Section):
     temperature: float | None = Field(None, ge=0.0)
     """Sample at this temperature whatever the request says (training sets the run's); None: the request's
     (default 1)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """With ``temperature`` pinned (training): the nucleus mass every call samples with, whatever the request
+    says; else the request's applies."""
+    top_k: int = Field(0, ge=0)
+    """With ``temperature`` pinned: the top-k every call samples with (0: none)."""
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    """With ``temperature`` pinned: the min-p every call samples with (0: none)."""
+    sampling_masks: bool = False
+    """Record the engine's kept set of every sampled token in the rows where sampling truncates (training
+    sets it when the run truncates; the engines' capture must be on)."""
     max_stored_responses: int = Field(10_000, ge=1, le=10_000_000)
     """Responses API answers kept for ``previous_response_id`` (the oldest are forgotten first; a chain costs
     each answer's own messages once)."""

@@ -454,10 +454,6 @@ class RunConfig(Section):
         """Why a run with truncated sampling cannot record and replay its sampling masks (empty: it can)."""
         what = (f"sampling top_p = {self.sampling.top_p}, top_k = {self.sampling.top_k}, min_p = "
                 f"{self.sampling.min_p}")
-        if self.agent.command:
-            return [f"{what} with a black-box agent (--agent): the policy endpoint's recorded rows carry no "
-                    "sampling masks yet, so the trainer could not score the truncated distribution; use top_p = 1, "
-                    "top_k = 0 and min_p = 0"]
         if self.inference.logprobs_mode != "processed_logprobs":
             return [f"{what} needs inference.logprobs_mode = 'processed_logprobs': the engine records each kept "
                     "set from the processed distribution"]

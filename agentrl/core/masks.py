@@ -156,6 +156,11 @@ class SamplingMask(BaseModel):
         """Append ``k`` positions that were not sampled (count 0)."""
         self.counts = [*self.counts, *([0] * k)]
 
+    def head(self, k: int) -> SamplingMask:
+        """The masks of the first ``k`` positions (a completion cut after a stop sequence)."""
+        end = int(self.offsets()[min(k, self.n)])
+        return SamplingMask(vocab=self.vocab, counts=self.counts[:k], data=self.data[:end])
+
     def shifted(self, k: int) -> SamplingMask:
         """The same masks behind ``k`` unsampled positions (a trajectory's masks laid over its prompt and
         completion)."""

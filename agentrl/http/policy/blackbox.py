@@ -242,6 +242,7 @@ class BlackBoxRunner:
                            group_id=group_id, episode_id=ep.id, prompt_ids=row.prompt_ids,
                            completion_ids=row.completion_ids, loss_mask=row.loss_mask, logprobs=row.logprobs,
                            versions=row.versions, temperature=row.temperature, reward=reward, metrics=dict(metrics),
+                           sampling_mask=row.mask,
                            messages=[Message.model_validate(_plain(m)) for m in row.messages],
                            stop_reason=StopReason.MAX_TOKENS if row.last_token is not None and not
                            self.service.chat.ends_turn([row.last_token]) else StopReason.COMPLETED,
@@ -268,8 +269,10 @@ async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Call
     from agentrl.http.auth import generate_token
     from agentrl.http.policy.thread import EndpointThread, LoopGenerator
 
-    pcfg = PolicyConfig(port=0, max_context_tokens=cfg.sampling.max_context_tokens,
-                        temperature=cfg.sampling.temperature, episode_ttl_s=cfg.agent.timeout_s + 60)
+    s = cfg.sampling
+    pcfg = PolicyConfig(port=0, max_context_tokens=s.max_context_tokens, temperature=s.temperature,
+                        top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, sampling_masks=s.truncates,
+                        episode_ttl_s=cfg.agent.timeout_s + 60)
     service = PolicyService(pcfg, LoopGenerator(client, asyncio.get_running_loop()), chat, model=cfg.policy_model,
                             policy_version=policy_version)
     endpoint = EndpointThread(service)

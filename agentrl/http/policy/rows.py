@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agentrl.core.errors import AgentRLError
+from agentrl.core.masks import SamplingMask
 from agentrl.core.types import TokenDataError
 
 
@@ -52,6 +53,8 @@ class Row:
     last_token: int | None = None
     """The last id the engine sampled (closes the turn or not: see ``ChatFormat.observation_text``)."""
     calls: int = 0
+    mask: SamplingMask | None = None
+    """The engine's kept sets over ``completion_ids`` where sampling truncated (count 0 elsewhere), else None."""
 
     @property
     def ids(self) -> list[int]:
@@ -59,9 +62,12 @@ class Row:
         return self.prompt_ids + self.completion_ids
 
     def as_dict(self) -> dict[str, Any]:
-        return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "loss_mask": self.loss_mask,
-                "logprobs": self.logprobs, "versions": self.versions, "temperature": self.temperature,
-                "calls": self.calls}
+        out = {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "loss_mask": self.loss_mask,
+               "logprobs": self.logprobs, "versions": self.versions, "temperature": self.temperature,
+               "calls": self.calls}
+        if self.mask is not None:
+            out["sampling_mask"] = self.mask.model_dump(mode="json")
+        return out
 
 
 @dataclass
@@ -111,8 +117,9 @@ def fork(plan: Plan) -> Plan:
 
 
 def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
-           answer: dict[str, Any]) -> Row:
-    """Record a sampled call: extend its row (or start one) and remember the conversation with ``answer``."""
+           answer: dict[str, Any], mask: SamplingMask | None = None) -> Row:
+    """Record a sampled call: extend its row (or start one) and remember the conversation with ``answer``
+    (``mask``: the sampled ids' kept sets, where sampling truncated)."""
     if len(logprobs) != len(token_ids) or len(versions) != len(token_ids):
         raise TokenDataError(f"{len(token_ids)} sampled ids with {len(logprobs)} logprobs and {len(versions)} versions")
     row = plan.row
@@ -121,6 +128,16 @@ def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[flo
         rows.append(row)
     elif row.ids + plan.delta != plan.prompt_ids:
         raise RowChangedError("the row changed while its call was in flight (calls of one episode are serialised)")
+    if mask is not None and row.mask is None:
+        row.mask = SamplingMask(vocab=mask.vocab, counts=[0] * len(row.completion_ids))
+    if row.mask is not None:
+        row.mask.pad(len(plan.delta))
+        if mask is None:
+            row.mask.pad(len(token_ids))
+        else:
+            if mask.n != len(token_ids):
+                raise TokenDataError(f"{len(token_ids)} sampled ids with {mask.n} sampling masks")
+            row.mask.extend(mask.counts, mask.data)
     row.completion_ids += plan.delta + list(token_ids)
     row.loss_mask += [0] * len(plan.delta) + [1] * len(token_ids)
     row.logprobs += [0.0] * len(plan.delta) + list(logprobs)

@@ -154,7 +154,8 @@ class PolicyService:
         for i, (gen, gen_versions) in enumerate(zip(gens, versions, strict=True)):
             ids, logprobs, kept_versions, answer, finish = self._turn(gen, gen_versions, tools, req, opening)
             if episode is not None:  # the first choice extends the row; each other one starts its own
-                commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer)
+                mask = gen.sampling_mask.head(len(ids)) if gen.sampling_mask is not None else None
+                commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer, mask)
             choices.append({"index": i, "message": _openai_message(answer), "finish_reason": finish,
                             "logprobs": self._logprobs(gen, len(ids), req.top_logprobs or 0) if req.logprobs else None})
             n_out += len(ids)
@@ -183,9 +184,14 @@ class PolicyService:
                       episode: PolicyEpisode | None, sent: int, on_tokens: OnTokens | None = None) -> list[Generation]:
         """``req.n`` generations of one prompt, at once (choice ``i`` seeded ``seed + i`` when seeded); the
         others are cancelled if one fails. ``on_tokens``: the first choice's ids as they are sampled."""
-        top_p = 1.0 if self.config.temperature is not None else (req.top_p or 1.0)
+        c = self.config
+        pinned = c.temperature is not None  # training: the run's sampling, whatever the request says
+        top_p = c.top_p if pinned else (req.top_p or 1.0)
+        cut = {"top_k": c.top_k, "min_p": c.min_p} if pinned and (c.top_k or c.min_p) else {}
+        masks = c.sampling_masks and episode is not None and (top_p < 1 or bool(cut))
         tasks = [asyncio.ensure_future(self.client.generate(
-            prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p,
+            prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p, **cut,
+            **({"sampling_mask": True} if masks else {}),
             stop_token_ids=list(self.chat.stop_token_ids), model=self.model, key=episode.id if episode else None,
             **({"seed": req.seed + i} if req.seed is not None else {}),
             **({"top_logprobs": req.top_logprobs} if req.logprobs and req.top_logprobs else {}),

@@ -111,8 +111,7 @@ def test_training_refuses_what_the_trainer_cannot_reproduce() -> None:
 def test_truncated_sampling_trains_with_masks_and_is_refused_where_none_are_recorded(sampling: dict) -> None:
     cfg = RunConfig(sampling=sampling)
     assert cfg.sampling.truncates and cfg.training_problems() == []
-    agent = RunConfig(sampling=sampling, agent={"command": ["my-agent"]}).training_problems()
-    assert len(agent) == 1 and "policy endpoint" in agent[0] and "sampling masks" in agent[0]
+    assert RunConfig(sampling=sampling, agent={"command": ["my-agent"]}).training_problems() == []
     raw = RunConfig(sampling=sampling, inference={"logprobs_mode": "raw_logprobs"}).training_problems()
     assert raw and all("processed_logprobs" in p for p in raw)
     assert not RunConfig().sampling.truncates

@@ -6,9 +6,11 @@ import asyncio
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 
 from agentrl.config.policy import PolicyConfig
+from agentrl.core.masks import SamplingMask, encode_row
 from agentrl.http.policy.app import create_app
 from agentrl.http.policy.service import PolicyService
 from agentrl.inference.client import Generation
@@ -50,8 +52,16 @@ class Scripted:
             await asyncio.sleep(0)
         top = kw.get("top_logprobs", 0)  # the sampled id first, then made-up alternatives
         tops = [{t: -0.5, **{(t + k) % 400: -0.5 - k for k in range(1, top)}} for t in ids] if top else None
+        mask = None
+        if kw.get("sampling_mask"):  # top-k 3 as an engine records it: the sampled id and the next two
+            mask = SamplingMask(vocab=400)
+            for t in ids:
+                kept = np.zeros(400, dtype=bool)
+                kept[[t, (t + 1) % 400, (t + 2) % 400]] = True
+                count, data = encode_row(kept, 400)
+                mask.extend([count], data)
         return Generation(ids, [-0.5] * len(ids), "stop", [("3", 0, len(ids))], endpoint="scripted",
-                          top_logprobs=tops)
+                          top_logprobs=tops, sampling_mask=mask)
 
 
 def service_of(chat: ChatFormat, texts: list[str], **cfg: Any) -> tuple[PolicyService, Scripted]:

@@ -281,3 +281,34 @@ async def test_top_logprobs_name_the_alternatives_of_each_kept_token(chat: ChatF
     for t, token_id in zip(content, engine.outputs[0], strict=True):
         assert t.top_logprobs[0].token == t.token == chat.decode([token_id]) and t.top_logprobs[0].logprob == -0.5
         assert [a.logprob for a in t.top_logprobs] == [-0.5, -1.5, -2.5]
+
+
+async def test_truncated_sampling_records_a_kept_set_per_sampled_token_in_the_row(chat: ChatFormat) -> None:
+    """Training pins the run's sampling: every call samples at top-k 3 whatever the request says, the engine's
+    kept sets are recorded over the row's sampled ids (count 0 on the template's delta), and the recorded
+    trajectory carries them."""
+    from agentrl.core.masks import SamplingMask
+
+    service, engine = service_of(chat, [CALL, "The answer is 5."], temperature=1.0, top_k=3, sampling_masks=True)
+    async with http_of(service) as http:
+        ep = await new_episode(http)
+        sdk = sdk_of(service, ep)
+        messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+        r = await sdk.chat.completions.create(model="any", messages=messages, tools=TOOLS, top_p=0.5)
+        call = r.choices[0].message.tool_calls[0]
+        messages += [r.choices[0].message.model_dump(exclude_none=False),
+                     {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        await sdk.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+        traj = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()
+    assert all(kw["top_k"] == 3 and kw["top_p"] == 1.0 and kw["sampling_mask"] for kw in engine.kwargs)
+    (row,) = traj["rows"]
+    mask = SamplingMask.model_validate(row["sampling_mask"])
+    assert mask.n == len(row["completion_ids"])
+    for t, (tok, m) in enumerate(zip(row["completion_ids"], row["loss_mask"], strict=True)):
+        assert (mask.counts[t] == 3 and mask.row(t)[tok]) if m else mask.counts[t] == 0
+    plain, engine = service_of(chat, [CALL])  # an endpoint that does not pin sampling records none
+    async with http_of(plain) as http:
+        ep = await new_episode(http)
+        await sdk_of(plain, ep).chat.completions.create(model="any", messages=messages[:1], tools=TOOLS, top_p=0.5)
+        (row,) = (await http.get(f"/v1/episodes/{ep['episode_id']}/trajectory")).json()["rows"]
+    assert "sampling_mask" not in row and engine.kwargs[0]["top_p"] == 0.5 and "sampling_mask" not in engine.kwargs[0]
