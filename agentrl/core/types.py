@@ -178,6 +178,12 @@ class Routing(BaseModel):
                 self.versions.append((start + i, v))
         self.ids += rows.tobytes()
 
+    def truncate(self, n: int) -> None:
+        """Keep positions ``0 .. n-1`` only (a sequence cut short after its routing was recorded)."""
+        if n < self.n:
+            self.ids = self.ids[: n * self.row_bytes]
+            self.versions = [span for span in self.versions if span[0] < n]
+
     def check(self, seq_len: int) -> None:
         """Raise :class:`RoutingShapeError` (a ``ValueError``) if the routing does not fit a sequence of
         ``seq_len`` tokens."""

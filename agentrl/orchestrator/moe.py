@@ -8,17 +8,11 @@ import logging
 from pathlib import Path
 
 from agentrl.config.run import RunConfig
-from agentrl.core.errors import ConfigError, EngineError
+from agentrl.core.errors import EngineError
 from agentrl.core.types import Routing
 from agentrl.moe.families import MoEInfo, moe_info
 
 log = logging.getLogger(__name__)
-
-
-class ReplayUnsupported(ConfigError, ValueError):
-    """Routing replay is on for a run whose rollouts cannot carry routing (a black-box agent of a MoE model)."""
-
-    code = "config.routing_replay_unsupported"
 
 
 class RoutingCaptureError(EngineError, RuntimeError):
@@ -39,12 +33,8 @@ def model_moe(model: str) -> MoEInfo | None:
 def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
     """``cfg`` with ``pipeline.lora_sync`` settled: ``merged`` for a LoRA run of a MoE model on an engine build
     that cannot serve LoRA on MoE layers (vLLM's CPU build), or of an adapter with tensors trained whole (its
-    norms, the embedding: vLLM's LoRA slots hold none), else ``adapter``. Logs the path taken. A black-box
-    agent of a MoE model is refused while replay is on: the policy endpoint's recorded rows carry no routing."""
-    if info is not None and cfg.agent.command and cfg.trainer.routing_replay:
-        raise ReplayUnsupported("a black-box agent (--agent) of a MoE model: the policy endpoint's recorded rows carry "
-                         "no expert routing yet, so the trainer could not replay it; set "
-                         "trainer.routing_replay = false to train without routing replay")
+    norms, the embedding: vLLM's LoRA slots hold none), else ``adapter``. Logs the path taken. (A black-box
+    agent's rows carry routing like agentrl's own loop: the policy endpoint records it per row.)"""
     if cfg.pipeline.lora_sync != "auto":
         return cfg
     from agentrl.inference.server import _is_cpu_build

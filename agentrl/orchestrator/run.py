@@ -112,9 +112,9 @@ class TrainingRun:
     directory, tasks or metrics before it starts, ``run = await TrainingRun(cfg).open()`` first.
 
     Construction does no disk or network I/O. It raises a ``ValueError`` when the config cannot train
-    correctly (e.g. ``top_p < 1``) and a ``PlacementError`` for an impossible placement plan. :meth:`open`
+    correctly (e.g. greedy sampling) and a ``PlacementError`` for an impossible placement plan. :meth:`open`
     raises for what it loads: an unknown environment or unreachable env server, a missing task file, a run
-    directory that holds another run (``RunDirError``), a black-box agent of a MoE model with routing replay on.
+    directory that holds another run (``RunDirError``).
     """
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, progress: bool = True) -> None:
@@ -283,7 +283,7 @@ class TrainingRun:
                     from agentrl.http.policy.blackbox import blackbox_runner
 
                     workers = await stack_ctx.enter_async_context(blackbox_runner(
-                        cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id))
+                        cfg, stack.client, stack.chat, self.policy_version, self.env_cls, self.run_id, routing))
                 log.info("start-up heap frozen: %d objects kept out of garbage collections", heap.freeze_heap())
                 if self.step == 0:  # a resumed run has no step-0 evaluation to warm the engine up for
                     if cfg.engine_warmup:

@@ -46,18 +46,21 @@ def _append(traj: Trajectory, ids: list[int], *, model: bool, logprobs: list[flo
     traj.versions.extend(versions if versions is not None else [-1] * len(ids))
 
 
-def _extend_routing(traj: Trajectory, rows: RoutingRows, prompt_len: int, versions: list[int], sent: int) -> None:
-    """Append a request's routing from the first position the trajectory lacks. A position's version is the
-    version that computed it: that of the token sampled from it, or, for the request's prefill positions,
-    of the request's first sampled token."""
-    have = traj.routing.n if traj.routing is not None else 0
-    if traj.routing is None or rows.start > have:
-        return  # a gap (an earlier answer was lost): the next turn asks again from ``have``
-    new = rows.rows[have - rows.start:].astype(traj.routing.dtype, copy=False)
+def extend_routing(routing: Routing | None, rows: RoutingRows, prompt_len: int, versions: list[int],
+                   sent: int) -> None:
+    """Append a request's routing to a sequence's ``routing`` (a trajectory's, a policy endpoint row's) from
+    the first position it lacks. A position's version is the version that computed it: that of the token
+    sampled from it, or, for the request's prefill positions, of the request's first sampled token. Nothing
+    happens without a routing record, or when ``rows`` start past its end (a lost answer: the next request
+    asks again from there)."""
+    have = routing.n if routing is not None else 0
+    if routing is None or rows.start > have:
+        return
+    new = rows.rows[have - rows.start:].astype(routing.dtype, copy=False)
     first = versions[0] if versions else sent
     pos_versions = [versions[p + 1 - prompt_len] if p + 1 >= prompt_len and p + 1 - prompt_len < len(versions)
                     else first for p in range(have, have + len(new))]
-    traj.routing.extend(new, pos_versions)
+    routing.extend(new, pos_versions)
 
 
 async def run_episode(
@@ -180,8 +183,8 @@ async def _loop(
             prompt_len = used
             _append(traj, gen.token_ids, model=True, logprobs=list(gen.logprobs), versions=versions,
                     mask=gen.sampling_mask)
-            if traj.routing is not None and gen.routing is not None:
-                _extend_routing(traj, gen.routing, prompt_len, versions, sent)
+            if gen.routing is not None:
+                extend_routing(traj.routing, gen.routing, prompt_len, versions, sent)
             parsed = chat.parse(chat.decode(gen.token_ids), tools)
             cut = gen.finish_reason == "length" or not chat.ends_turn(gen.token_ids)
             calls = [*parsed.tool_calls, *(BadCall(err, id=new_call_id()) for err in parsed.errors)]

@@ -35,6 +35,11 @@ class BatchStats:
     routing_coverage: float | None = None
     """MoE runs: the fraction of fed positions (all tokens but each episode's last) whose expert routing the
     engine returned; None when no episode carries routing."""
+    sampling_mask_coverage: float | None = None
+    """Truncated sampling: the fraction of model tokens with a recorded kept set that cut something; None when
+    no row carries sampling masks."""
+    mask_bytes_per_token: float | None = None
+    """Truncated sampling: stored mask bytes (counts included) per token of the rows that carry masks."""
 
     def as_metrics(self) -> dict[str, float]:
         out = {k: float(v) for k, v in self.__dict__.items() if k != "stop_reasons" and v is not None}
@@ -91,6 +96,7 @@ def rollout_stats(trajs: list[Trajectory]) -> BatchStats:
         malformed_tool_calls=sum(t.num_malformed_tool_calls for t in trajs),
         stop_reasons=dict(Counter(t.stop_reason.value for t in trajs)),
         routing_coverage=_routing_coverage(trajs),
+        **_mask_stats(trajs),
     )
 
 
@@ -109,3 +115,15 @@ def _routing_coverage(trajs: list[Trajectory]) -> float | None:
         return None
     fed = sum(max(len(t.prompt_ids) + len(t.completion_ids) - 1, 0) for t in routed)
     return sum(t.routing.n for t in routed if t.routing is not None) / max(fed, 1)
+
+
+def _mask_stats(trajs: list[Trajectory]) -> dict[str, float]:
+    masked = [t for t in trajs if t.sampling_mask is not None]
+    if not masked:
+        return {}
+    model = sum(t.num_model_tokens for t in trajs)
+    covered = sum(1 for t in masked if t.sampling_mask is not None
+                  for c, m in zip(t.sampling_mask.counts, t.loss_mask, strict=False) if m and c)
+    tokens = sum(len(t.completion_ids) for t in masked)
+    stored = sum(t.sampling_mask.bytes_per_token() * t.sampling_mask.n for t in masked if t.sampling_mask is not None)
+    return {"sampling_mask_coverage": covered / max(model, 1), "mask_bytes_per_token": stored / max(tokens, 1)}

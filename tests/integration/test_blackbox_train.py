@@ -100,3 +100,4 @@ async def test_train_unmodified_agent_programs_of_four_kinds_on_calc(vllm_server
     assert len(ran) == 16 + 8 and all(ran.count(" ".join(p)) >= 4 for p in programs), ran
     assert summary["steps"] == 2 and 0.0 <= summary["success_after"] <= 1.0
     assert (tmp_path / "blackbox" / "final_adapter" / "adapter_model.safetensors").is_file()
+

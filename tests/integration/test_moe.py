@@ -252,3 +252,40 @@ def test_env_server_rollouts_return_routing(moe_server, moe_model_dir: Path, vll
         r = httpx.post(server.url + "/v1/rollouts", json={**body, "base_url": vllm_server.url}, headers=headers,
                        timeout=300)
         assert r.status_code == 422 and "cannot capture MoE routing" in r.text
+
+
+async def test_an_agent_program_of_a_moe_model_with_truncated_sampling_is_trained_with_replay_and_masks(
+        moe_server, moe_model_dir: Path, tmp_path: Path) -> None:
+    """The whole data contract through the policy endpoint: an unmodified `openai` SDK agent drives episodes of
+    the tiny MoE model at top-k 20 and min-p 0.02; every recorded row carries the engine's routing of every fed
+    position and the kept set of every sampled token, and the trainer, replaying both, scores what the engine
+    sampled (on-policy: IS weight mean 1)."""
+    import json
+    import sys
+
+    from agentrl.config.run import load_config
+    from agentrl.orchestrator.metrics import read_jsonl
+    from agentrl.orchestrator.run import TrainingRun
+    from tests.integration.test_blackbox_train import EXAMPLES, WRAPPER
+
+    wrapper, counters = tmp_path / "agent_with_reward.py", tmp_path / "counters"
+    wrapper.write_text(WRAPPER)
+    counters.mkdir()
+    overrides = {
+        "env": "calc", "name": "moe-agent", "output_dir": str(tmp_path), "model": str(moe_model_dir),
+        "endpoints": [moe_server.url], "steps": 2, "tasks_per_step": 2, "group_size": 2, "eval_size": 2,
+        "eval_every": 0, "checkpoint_every": 0, "engine_warmup": False, "time_limit_min": None,
+        "sampling": {"top_k": 20, "min_p": 0.02, "max_context_tokens": 512}, "inference": {"max_model_len": 512},
+        "agent": {"command": [sys.executable, str(wrapper), str(counters),
+                              json.dumps([[str(EXAMPLES / "blackbox_agent.py")]])],
+                  "reward": "agent", "timeout_s": 120},
+        "trainer": {"micro_batch_tokens": 2048},
+    }
+    await TrainingRun(load_config(None, overrides), progress=False).run()
+    train = [r for r in read_jsonl(tmp_path / "moe-agent" / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["version"] for r in train] == [1, 2]
+    for r in train:
+        assert r["num_failed"] == 0, r["errors"]
+        assert r["routing_coverage"] == 1.0 and r["train_routing_replayed_frac"] == 1.0, r
+        assert r["sampling_mask_coverage"] == 1.0 and r["mask_bytes_per_token"] > 0, r
+        assert r["num_trained"] >= 4 and r["train_is_weight_mean"] == pytest.approx(1.0, abs=0.02), r

@@ -32,7 +32,7 @@ from typing import Any
 
 from agentrl.config.policy import AgentConfig
 from agentrl.config.run import SamplingConfig
-from agentrl.core.types import Message, StopReason, Trajectory
+from agentrl.core.types import Message, Routing, StopReason, Trajectory
 from agentrl.core.utils.lifeline import own_process, release_process
 from agentrl.environment.base import Environment, Task
 from agentrl.http.policy.episodes import PolicyEpisode
@@ -242,7 +242,7 @@ class BlackBoxRunner:
                            group_id=group_id, episode_id=ep.id, prompt_ids=row.prompt_ids,
                            completion_ids=row.completion_ids, loss_mask=row.loss_mask, logprobs=row.logprobs,
                            versions=row.versions, temperature=row.temperature, reward=reward, metrics=dict(metrics),
-                           sampling_mask=row.mask,
+                           sampling_mask=row.mask, routing=row.routing,
                            messages=[Message.model_validate(_plain(m)) for m in row.messages],
                            stop_reason=StopReason.MAX_TOKENS if row.last_token is not None and not
                            self.service.chat.ends_turn([row.last_token]) else StopReason.COMPLETED,
@@ -261,7 +261,8 @@ class BlackBoxRunner:
 
 @contextlib.asynccontextmanager
 async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Callable[[], int],
-                          env_cls: type[Environment], run_id: str = "") -> AsyncIterator[BlackBoxRunner]:
+                          env_cls: type[Environment], run_id: str = "",
+                          routing: Routing | None = None) -> AsyncIterator[BlackBoxRunner]:
     """A training run's policy endpoint (loopback, a fresh token, the run's policy model, sampling and policy
     version) serving on an event loop of its own (:mod:`agentrl.http.policy.thread`; its generations run on this
     loop's engine client), and the runner of ``cfg.agent``'s program over it."""
@@ -274,7 +275,7 @@ async def blackbox_runner(cfg: Any, client: Any, chat: Any, policy_version: Call
                         top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, sampling_masks=s.truncates,
                         episode_ttl_s=cfg.agent.timeout_s + 60)
     service = PolicyService(pcfg, LoopGenerator(client, asyncio.get_running_loop()), chat, model=cfg.policy_model,
-                            policy_version=policy_version)
+                            policy_version=policy_version, routing=routing)
     endpoint = EndpointThread(service)
     with contextlib.ExitStack() as stack:
         mount, uds = stack.enter_context(agent_mount()) if cfg.agent.image else (None, None)

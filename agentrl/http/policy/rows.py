@@ -19,7 +19,9 @@ from typing import Any, Protocol
 
 from agentrl.core.errors import AgentRLError
 from agentrl.core.masks import SamplingMask
-from agentrl.core.types import TokenDataError
+from agentrl.core.types import Routing, TokenDataError
+from agentrl.inference.wire import RoutingRows
+from agentrl.rollout.loop import extend_routing
 
 
 class RowChangedError(AgentRLError, RuntimeError):
@@ -55,6 +57,8 @@ class Row:
     calls: int = 0
     mask: SamplingMask | None = None
     """The engine's kept sets over ``completion_ids`` where sampling truncated (count 0 elsewhere), else None."""
+    routing: Routing | None = None
+    """MoE models: the experts the engine routed positions ``0 .. routing.n - 1`` of ``ids`` to, else None."""
 
     @property
     def ids(self) -> list[int]:
@@ -67,6 +71,8 @@ class Row:
                "calls": self.calls}
         if self.mask is not None:
             out["sampling_mask"] = self.mask.model_dump(mode="json")
+        if self.routing is not None:
+            out["routing"] = self.routing.model_dump(mode="json")
         return out
 
 
@@ -116,10 +122,20 @@ def fork(plan: Plan) -> Plan:
     return Plan(list(plan.prompt_ids), None, [], plan.messages, plan.tools_key, plan.temperature)
 
 
+@dataclass
+class Routed:
+    """A call's routing, for a row of a MoE model: the empty record a new row starts from, the rows the engine
+    returned, and the policy version the call was sent under."""
+
+    template: Routing
+    rows: RoutingRows | None
+    sent: int
+
+
 def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[float], versions: list[int],
-           answer: dict[str, Any], mask: SamplingMask | None = None) -> Row:
+           answer: dict[str, Any], mask: SamplingMask | None = None, routed: Routed | None = None) -> Row:
     """Record a sampled call: extend its row (or start one) and remember the conversation with ``answer``
-    (``mask``: the sampled ids' kept sets, where sampling truncated)."""
+    (``mask``: the sampled ids' kept sets, where sampling truncated; ``routed``: its MoE routing)."""
     if len(logprobs) != len(token_ids) or len(versions) != len(token_ids):
         raise TokenDataError(f"{len(token_ids)} sampled ids with {len(logprobs)} logprobs and {len(versions)} versions")
     row = plan.row
@@ -142,6 +158,12 @@ def commit(rows: list[Row], plan: Plan, token_ids: list[int], logprobs: list[flo
     row.loss_mask += [0] * len(plan.delta) + [1] * len(token_ids)
     row.logprobs += [0.0] * len(plan.delta) + list(logprobs)
     row.versions += [-1] * len(plan.delta) + list(versions)
+    if routed is not None:
+        if row.routing is None:
+            row.routing = routed.template.model_copy(deep=True)
+        if routed.rows is not None:
+            extend_routing(row.routing, routed.rows, len(plan.prompt_ids), list(versions), routed.sent)
+        row.routing.truncate(len(row.ids) - 1)  # ids cut after a stop sequence: their positions go too
     row.messages = [*plan.messages, answer]
     row.last_token = token_ids[-1] if token_ids else row.last_token
     row.calls += 1

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.config.policy import PolicyConfig
+from agentrl.core.types import Routing
 from agentrl.core.versions import VersionLabelError, token_versions
 from agentrl.http.errors import ApiError
 from agentrl.http.policy.episodes import EpisodeBook, PolicyEpisode
 from agentrl.http.policy.messages import ChatRequest, check_request, forced_call, normalize_all, tools_key
 from agentrl.http.policy.responses import ResponsesRequest, ResponseStore, response_object, to_chat
-from agentrl.http.policy.rows import Row, commit, fork, plan_call, prefill
+from agentrl.http.policy.rows import Routed, Row, commit, fork, plan_call, prefill
 from agentrl.inference.client import Generation
 from agentrl.inference.stream import OnTokens
 from agentrl.inference.wire import ContextLengthError, InferenceError
@@ -35,8 +36,11 @@ class PolicyService:
     """Serves chat completions from ``client`` with ``chat``'s template and parser, recording episodes."""
 
     def __init__(self, config: PolicyConfig, client: Generator, chat: ChatFormat, *, model: str | None = None,
-                 policy_version: Callable[[], int] = lambda: 0) -> None:
+                 policy_version: Callable[[], int] = lambda: 0, routing: Routing | None = None) -> None:
         self.config = config
+        self.routing = routing
+        """MoE models with routing capture on: the empty routing each row starts from (rows then record the
+        experts of every position they hold, for replay); None: rows carry no routing."""
         self.client = client
         self.chat = chat
         self.model = model
@@ -139,8 +143,10 @@ class PolicyService:
         budget = min(asked, self.config.max_tokens_per_call, room)
         sent = self.policy_version()
         try:
+            routing_from = (plan.row.routing.n if plan.row is not None and plan.row.routing is not None else 0) \
+                if self.routing is not None and episode is not None else None
             gens = await asyncio.wait_for(self._sample(plan.prompt_ids, budget, temperature, req, episode, sent,
-                                                       on_tokens),
+                                                       on_tokens, routing_from),
                                           self.config.generate_timeout_s)
             versions = [token_versions(gen, sent) for gen in gens]
         except ContextLengthError as e:
@@ -155,7 +161,8 @@ class PolicyService:
             ids, logprobs, kept_versions, answer, finish = self._turn(gen, gen_versions, tools, req, opening)
             if episode is not None:  # the first choice extends the row; each other one starts its own
                 mask = gen.sampling_mask.head(len(ids)) if gen.sampling_mask is not None else None
-                commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer, mask)
+                routed = Routed(self.routing, gen.routing, sent) if self.routing is not None else None
+                commit(rows, plan if i == 0 else fork(plan), ids, logprobs, kept_versions, answer, mask, routed)
             choices.append({"index": i, "message": _openai_message(answer), "finish_reason": finish,
                             "logprobs": self._logprobs(gen, len(ids), req.top_logprobs or 0) if req.logprobs else None})
             n_out += len(ids)
@@ -181,9 +188,12 @@ class PolicyService:
                            param="tool_choice") from None
 
     async def _sample(self, prompt_ids: list[int], budget: int, temperature: float, req: ChatRequest,
-                      episode: PolicyEpisode | None, sent: int, on_tokens: OnTokens | None = None) -> list[Generation]:
+                      episode: PolicyEpisode | None, sent: int, on_tokens: OnTokens | None = None,
+                      routing_from: int | None = None) -> list[Generation]:
         """``req.n`` generations of one prompt, at once (choice ``i`` seeded ``seed + i`` when seeded); the
-        others are cancelled if one fails. ``on_tokens``: the first choice's ids as they are sampled."""
+        others are cancelled if one fails. ``on_tokens``: the first choice's ids as they are sampled.
+        ``routing_from``: MoE routing of the first choice's positions from there on (a row's missing ones),
+        of every other choice's from 0 (each starts a row of its own)."""
         c = self.config
         pinned = c.temperature is not None  # training: the run's sampling, whatever the request says
         top_p = c.top_p if pinned else (req.top_p or 1.0)
@@ -192,6 +202,7 @@ class PolicyService:
         tasks = [asyncio.ensure_future(self.client.generate(
             prompt_ids, max_tokens=budget, temperature=temperature, top_p=top_p, **cut,
             **({"sampling_mask": True} if masks else {}),
+            **({"routing_from": routing_from if i == 0 else 0} if routing_from is not None else {}),
             stop_token_ids=list(self.chat.stop_token_ids), model=self.model, key=episode.id if episode else None,
             **({"seed": req.seed + i} if req.seed is not None else {}),
             **({"top_logprobs": req.top_logprobs} if req.logprobs and req.top_logprobs else {}),

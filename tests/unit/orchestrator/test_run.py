@@ -17,7 +17,6 @@ from agentrl.environment.tasks import TaskFileNotFound
 from agentrl.launch.placement import PlacementError
 from agentrl.moe.families import MoEInfo
 from agentrl.orchestrator import run as run_mod
-from agentrl.orchestrator.moe import ReplayUnsupported
 from agentrl.orchestrator.run import RunNotOpen, TrainingRun
 from agentrl.orchestrator.rundir import RunDirError
 
@@ -97,11 +96,11 @@ def test_resume_finds_the_latest_complete_checkpoint(tmp_path: Path) -> None:
 
 
 def test_the_moe_plan_is_settled_by_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The model's config is read by open(): a black-box agent of a MoE model is refused there."""
+    """The model's config is read by open(): a black-box agent of a MoE model is trained with replay (the
+    policy endpoint's rows carry routing), its LoRA sync settled as for agentrl's own loop."""
     monkeypatch.setattr(run_mod, "model_moe", lambda model: INFO)
-    run = TrainingRun(_cfg(tmp_path, agent={"command": ["python", "agent.py"]}))
-    with pytest.raises(ReplayUnsupported, match="black-box agent"):
-        asyncio.run(run.open())
+    run = asyncio.run(TrainingRun(_cfg(tmp_path, agent={"command": ["python", "agent.py"]})).open())
+    assert run.moe == INFO and run.cfg.trainer.routing_replay and run.cfg.pipeline.lora_sync != "auto"
 
 
 def test_a_driver_ends_a_run_early_without_touching_its_frozen_config(tmp_path: Path) -> None:

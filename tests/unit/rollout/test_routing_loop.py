@@ -12,7 +12,7 @@ from agentrl.config.run import SamplingConfig
 from agentrl.core.types import Routing, StopReason, Trajectory
 from agentrl.inference.wire import Generation, RoutingRows
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.loop import _extend_routing, run_episode
+from agentrl.rollout.loop import extend_routing, run_episode
 from agentrl.tools.modelgen.tokenizer import train_tokenizer
 from tests.unit.rollout.test_loop import Adder, call
 
@@ -32,7 +32,7 @@ def empty_traj() -> Trajectory:
 def test_prefill_positions_take_the_first_tokens_version() -> None:
     traj = empty_traj()
     # prompt of 4 tokens, 3 sampled tokens (versions 5, 5, 6): positions 0..5 were fed forward
-    _extend_routing(traj, RoutingRows(0, rows_for(range(6))), prompt_len=4, versions=[5, 5, 6], sent=1)
+    extend_routing(traj.routing, RoutingRows(0, rows_for(range(6))), prompt_len=4, versions=[5, 5, 6], sent=1)
     assert traj.routing.n == 6
     np.testing.assert_array_equal(traj.routing.array(), rows_for(range(6)))
     # positions 0..3 sample the tokens at 1..4 (prompt, then output 0: v5), 4 samples output 1 (v5), 5 output 2 (v6)
@@ -41,30 +41,30 @@ def test_prefill_positions_take_the_first_tokens_version() -> None:
 
 def test_no_sampled_tokens_falls_back_to_the_send_version() -> None:
     traj = empty_traj()
-    _extend_routing(traj, RoutingRows(0, rows_for(range(3))), prompt_len=4, versions=[], sent=7)
+    extend_routing(traj.routing, RoutingRows(0, rows_for(range(3))), prompt_len=4, versions=[], sent=7)
     assert (traj.routing.n, traj.routing.versions) == (3, [(0, 7)])
 
 
 def test_overlapping_rows_are_sliced_and_a_gap_is_ignored() -> None:
     traj = empty_traj()
-    _extend_routing(traj, RoutingRows(0, rows_for(range(4))), prompt_len=3, versions=[1, 1], sent=1)
+    extend_routing(traj.routing, RoutingRows(0, rows_for(range(4))), prompt_len=3, versions=[1, 1], sent=1)
     assert traj.routing.n == 4
     # the next turn: prompt of 8 tokens; the engine sent rows from position 2 (overlapping 2, 3)
-    _extend_routing(traj, RoutingRows(2, rows_for(range(2, 9))), prompt_len=8, versions=[2, 3], sent=2)
+    extend_routing(traj.routing, RoutingRows(2, rows_for(range(2, 9))), prompt_len=8, versions=[2, 3], sent=2)
     assert traj.routing.n == 9
     np.testing.assert_array_equal(traj.routing.array(), rows_for(range(9)))
     # positions 4..6 are prefill (first token's version 2), 7 samples output 0 (v2), 8 samples output 1 (v3)
     assert traj.routing.versions == [(0, 1), (4, 2), (8, 3)]
     before = (traj.routing.ids, list(traj.routing.versions))
-    _extend_routing(traj, RoutingRows(10, rows_for(range(10, 12))), prompt_len=11, versions=[4], sent=4)
+    extend_routing(traj.routing, RoutingRows(10, rows_for(range(10, 12))), prompt_len=11, versions=[4], sent=4)
     assert (traj.routing.ids, traj.routing.versions) == before  # a gap: rows from 10 while 9 is missing
-    _extend_routing(traj, RoutingRows(3, rows_for(range(3, 9))), prompt_len=8, versions=[2, 3], sent=2)
+    extend_routing(traj.routing, RoutingRows(3, rows_for(range(3, 9))), prompt_len=8, versions=[2, 3], sent=2)
     assert (traj.routing.ids, traj.routing.versions) == before  # nothing new
 
 
 def test_no_routing_record_is_left_alone() -> None:
     traj = Trajectory(task_id="t", env="e")
-    _extend_routing(traj, RoutingRows(0, rows_for(range(3))), prompt_len=2, versions=[0, 0], sent=0)
+    extend_routing(traj.routing, RoutingRows(0, rows_for(range(3))), prompt_len=2, versions=[0, 0], sent=0)
     assert traj.routing is None
 
 
