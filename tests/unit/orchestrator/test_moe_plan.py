@@ -59,12 +59,13 @@ def test_an_adapter_with_tensors_trained_whole_is_served_merged(whole: str) -> N
         _cfg(trainer={**flag, "lora": False})
 
 
-def test_black_box_agents_of_moe_models_are_refused_while_replay_is_on() -> None:
+def test_black_box_agents_of_moe_models_are_planned_as_the_own_loop() -> None:
+    """The policy endpoint's rows carry routing: a black-box agent of a MoE model gets the same plan."""
     agent = {"command": ["python", "agent.py"]}
-    with pytest.raises(ValueError, match="black-box agent"):
-        plan_moe(_cfg(agent=agent), INFO)
-    plan_moe(_cfg(agent=agent, trainer={"routing_replay": False}), INFO)
-    plan_moe(_cfg(agent=agent), None)  # dense
+    for replay in (True, False):
+        own = plan_moe(_cfg(trainer={"routing_replay": replay}), INFO)
+        assert plan_moe(_cfg(agent=agent, trainer={"routing_replay": replay}), INFO).pipeline == own.pipeline
+    assert plan_moe(_cfg(agent=agent), None).pipeline == plan_moe(_cfg(), None).pipeline  # dense
 
 
 class _Engines:
