@@ -128,3 +128,35 @@ def test_env_server_rollouts_return_sampling_masks(vllm_server, tiny_model_dir: 
         r = httpx.post(server.url + "/v1/rollouts", json={**body, "return_sampling_mask": False}, headers=headers,
                        timeout=300)
         assert r.status_code == 200 and Trajectory.model_validate(r.json()["trajectory"]).sampling_mask is None
+
+
+@pytest.mark.parametrize("action", ["recompute", "abort"])
+async def test_an_interrupted_generation_keeps_one_mask_per_token(vllm_server, action: str) -> None:
+    """A generation frozen mid-way as a weight update freezes it: its KV dropped and recomputed under a new
+    version (``reset_prefix_cache(running=True)``, then resumed), or aborted with what it had sampled. Either
+    way the masks cover exactly its tokens, each sampled token inside its own kept set of five."""
+    from tests.integration.vllm_metrics import start_paused_mid_generation
+
+    n = 300
+    async with InferenceClient([vllm_server.url], timeout_s=300) as client:
+        assert (await client.enable_mask_capture())[vllm_server.url]["ok"]
+
+        async def request():
+            return await client.generate(PROMPTS[3], max_tokens=n, temperature=1.0, top_k=5, ignore_eos=True,
+                                         sampling_mask=True)
+
+        try:
+            task = await start_paused_mid_generation(client, vllm_server.url, request, first=8, total=n)
+            if action == "recompute":
+                await client.reset_prefix_cache(running=True)
+            else:
+                await client.pause("abort")
+        finally:
+            await client.resume()
+        gen = await task
+    mask = gen.sampling_mask
+    assert mask is not None and mask.n == len(gen.token_ids) == len(gen.logprobs)
+    assert (gen.finish_reason, len(gen.token_ids) == n) == (("length", True) if action == "recompute" else
+                                                             ("abort", False))
+    assert all(c == 5 for c in mask.counts)
+    assert all(mask.row(t)[tok] for t, tok in enumerate(gen.token_ids))
