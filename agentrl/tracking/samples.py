@@ -85,8 +85,20 @@ def episode_row(traj: Trajectory, *, step: int, kind: str = "train", group_rewar
         "stop_reason": traj.stop_reason.value, "error": traj.error, "turns": traj.num_turns,
         "tool_calls": traj.num_tool_calls, "malformed_tool_calls": traj.num_malformed_tool_calls,
         "model_tokens": traj.num_model_tokens, "total_tokens": len(traj.prompt_ids) + len(traj.completion_ids),
-        "versions": sorted({v for v, _ in spans}), "version_spans": spans, "messages": messages,
+        "versions": sorted({v for v, _ in spans}), "version_spans": spans, "temperature": traj.temperature,
+        **({"sampling_mask": _mask_summary(traj)} if traj.sampling_mask is not None else {}),
+        "messages": messages,
     }
+
+
+def _mask_summary(traj: Trajectory) -> dict[str, float]:
+    """How the engine's truncation cut this episode's sampled tokens: how many were cut, the mean size of the
+    kept sets, and the stored bytes per token."""
+    mask = traj.sampling_mask
+    assert mask is not None
+    cut = [c for c in mask.counts if c]
+    return {"masked_tokens": len(cut), "kept_tokens_mean": sum(cut) / len(cut) if cut else float(mask.vocab),
+            "vocab": mask.vocab, "bytes_per_token": mask.bytes_per_token()}
 
 
 def sample_rows(batch: Sequence[Sequence[Trajectory]], *, step: int, k: int, seed: int, kind: str = "train"

@@ -17,6 +17,7 @@ from agentrl.orchestrator.samples import sample_of
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.loop import run_episode
 from agentrl.tools.modelgen.tokenizer import train_tokenizer
+from agentrl.tracking.samples import episode_row
 from tests.unit.rollout.test_loop import Adder, call
 
 V = 400
@@ -102,6 +103,9 @@ async def test_an_episode_lays_each_turns_masks_over_its_tokens(chat: ChatFormat
     assert [i for i, _ in sample.sampling_mask.rows()] == [p + i for i, _ in mask.rows()]
     again = Trajectory.model_validate_json(traj.model_dump_json())  # base64 in JSON
     assert again.sampling_mask == mask
+    row = episode_row(traj, step=1)  # a run's sample file says how sampling cut the episode
+    assert row["temperature"] == 1.0 and row["sampling_mask"]["masked_tokens"] == traj.num_model_tokens
+    assert row["sampling_mask"]["kept_tokens_mean"] == 3 and row["sampling_mask"]["vocab"] == V
 
 
 @pytest.mark.parametrize(("sampling", "asked"), [(SamplingConfig(), True), (SamplingConfig(top_k=3), False)],
