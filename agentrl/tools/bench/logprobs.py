@@ -207,10 +207,10 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path,
     return out
 
 
-def _print_case(name: str, res: dict[str, Any]) -> None:
+def _print_case(name: str, res: dict[str, Any], temperature: float) -> None:
     if name:
         print(f"{name}: {res['truncation']}")
-    for label, r in (("T = 1.0", res["t1"]), (f"T = {res['temperature']}", res)):
+    for label, r in (("T = 1.0", res["t1"]), (f"T = {temperature}", res)):
         line = f"{label}: logprob MAE {r['logprob_mae']:.2e}, IS weight mean {r['is_weight_mean']:.4f} " \
                f"({r['tokens']:.0f} tokens)"
         if "unmasked" in r:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     res = asyncio.run(_measure(args))
     if not args.json:
         for name, case in (res.get("cases") or {"": res}).items():
-            _print_case(name, case)
+            _print_case(name, case, res["temperature"])
     print(json.dumps(res))
     return 0
 
