@@ -328,7 +328,9 @@ class TrainingRun:
         every, step = self.cfg.tracking.samples_every, self.step
         if not every or not batch or not (step == 1 or step % every == 0 or step == self.cfg.steps):
             return
-        rows = sample_rows(batch, step=step, k=self.cfg.tracking.samples_per_step, seed=self.cfg.seed)
+        s = self.cfg.sampling
+        rows = sample_rows(batch, step=step, k=self.cfg.tracking.samples_per_step, seed=self.cfg.seed,
+                           sampling={"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "min_p": s.min_p})
         write_samples(self.run_dir, step, rows)
         self.trackers.log_table(step, "samples/train", TABLE_COLUMNS, table_rows(rows))
 

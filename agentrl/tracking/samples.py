@@ -101,11 +101,13 @@ def _mask_summary(traj: Trajectory) -> dict[str, float]:
             "vocab": mask.vocab, "bytes_per_token": mask.bytes_per_token()}
 
 
-def sample_rows(batch: Sequence[Sequence[Trajectory]], *, step: int, k: int, seed: int, kind: str = "train"
-                ) -> list[dict[str, Any]]:
-    """The sample of ``step``: rows of one episode from each of ``k`` groups (seeded by ``seed`` and ``step``)."""
+def sample_rows(batch: Sequence[Sequence[Trajectory]], *, step: int, k: int, seed: int, kind: str = "train",
+                sampling: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The sample of ``step``: rows of one episode from each of ``k`` groups (seeded by ``seed`` and ``step``);
+    ``sampling``: the settings the episodes were sampled with (top-p, top-k, min-p...), written on every row."""
     rng = random.Random(seed * 1_000_003 + step)
-    return [episode_row(t, step=step, kind=kind, group_reward_mean=sum(x.reward for x in g) / len(g))
+    return [{**episode_row(t, step=step, kind=kind, group_reward_mean=sum(x.reward for x in g) / len(g)),
+             **({"sampling": dict(sampling)} if sampling is not None else {})}
             for t, g in pick_episodes(batch, k, rng)]
 
 

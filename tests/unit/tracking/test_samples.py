@@ -58,6 +58,8 @@ def test_sample_is_one_per_group_and_seeded(tmp_path: Path) -> None:
     assert len({r["task_id"] for r in rows}) == 3 and all(r["group_reward_mean"] == 0.5 for r in rows)
     assert rows == sample_rows(batch, step=10, k=3, seed=0)
     assert len(sample_rows(batch, step=10, k=50, seed=0)) == 6
+    settings = {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0}
+    assert all(r["sampling"] == settings for r in sample_rows(batch, step=10, k=3, seed=0, sampling=settings))
     write_samples(tmp_path, 10, rows)
     write_samples(tmp_path, 2, rows[:1])
     assert sample_steps(tmp_path) == [2, 10] and read_samples(tmp_path, 10) == rows
