@@ -62,7 +62,8 @@ def test_bench_logprobs_truncation_matrix_scores_with_masks(vllm_server, tiny_mo
     from agentrl.tools.bench.logprobs import main
 
     assert main(["--temperature", "0.7", "--episodes", "8", "--json", "--model", str(tiny_model_dir),
-                 "--endpoint", vllm_server.url, "--top-p", "0.8", "--top-k", "5", "--min-p", "0.1", "--matrix"]) == 0
+                 "--endpoint", vllm_server.url, "--top-p", "0.8", "--top-k", "5", "--min-p", "0.1", "--matrix",
+                 "--burst", "4"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(r["cases"]) == ["all", "min_p", "top_k", "top_p"]
     for name, case in r["cases"].items():

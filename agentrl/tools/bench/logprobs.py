@@ -200,7 +200,7 @@ async def _measure_in(args: argparse.Namespace, model: str, work: Path,
                         case["t1" if temperature == 1.0 else "tT"] = res
                     if truncation:
                         case["mask_bytes_per_token"] = _mask_bytes_per_token(trajs_all)
-                        case["capture"] = await capture_cost(client, ADAPTER, truncation)
+                        case["capture"] = await capture_cost(client, ADAPTER, truncation, n=args.burst)
                     out["cases"][name] = case
         finally:
             await asyncio.to_thread(trainer.close)
@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-p", type=float, default=None, help="drop tokens under this share of the most likely")
     parser.add_argument("--matrix", action="store_true",
                         help="run each given truncation alone and all of them together")
+    parser.add_argument("--burst", type=int, default=32,
+                        help="requests per burst (64 tokens each) when measuring the mask capture's cost")
     add_engine_args(parser, needs="LoRA enabled, --logprobs-mode processed_logprobs")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--top-k must be >= 1")
     if args.min_p is not None and not 0 < args.min_p < 1:
         parser.error("--min-p must be in (0, 1)")
+    if args.burst < 1:
+        parser.error("--burst must be >= 1")
     res = asyncio.run(_measure(args))
     if not args.json:
         for name, case in (res.get("cases") or {"": res}).items():
