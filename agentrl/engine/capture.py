@@ -42,6 +42,13 @@ UNCLAIMED_TTL_S = 120.0
 """Seconds a finished request's routing is kept for its client to take."""
 
 
+def pop_request(held: dict[str, Any], request_id: str) -> Any:
+    """Remove and return the record of the request whose engine id is ``request_id`` or contains it (vLLM
+    suffixes the ids it is given); None when ``held`` has none."""
+    key = request_id if request_id in held else next((k for k in held if request_id in k), None)
+    return None if key is None else held.pop(key)
+
+
 class RoutingNotCapturable(EngineError, ValueError):
     """The engine cannot capture expert routing: a dense model, or MoE layers without a router that can be
     tapped. ``agentrl_routing_enable`` reports it as a ``routing.unavailable`` record
@@ -181,11 +188,9 @@ class RoutingCapture:
     def take(self, request_id: str, start: int = 0) -> tuple[int, np.ndarray] | None:
         """The routing of the request whose id contains ``request_id``, positions ``start ..`` (and forget
         the request): ``(number of positions it covers, rows)``; None when no such request is held."""
-        key = request_id if request_id in self.held else next(
-            (k for k in self.held if request_id in k), None)
-        if key is None:
+        h = pop_request(self.held, request_id)
+        if h is None:
             return None
-        h = self.held.pop(key)
         return h.n, np.ascontiguousarray(h.rows[min(start, h.n): h.n])
 
     # -- installation ------------------------------------------------------------------------------------

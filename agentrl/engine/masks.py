@@ -30,6 +30,7 @@ from typing import Any
 from agentrl.core.errors import EngineError
 from agentrl.core.masks import encode_row
 from agentrl.engine import vllm_patches
+from agentrl.engine.capture import pop_request
 from agentrl.engine.install import needs_patches
 
 UNCLAIMED_TTL_S = 900.0
@@ -97,8 +98,7 @@ class MaskCapture:
     def take(self, request_id: str) -> _Held | None:
         """The masks of the request whose id contains ``request_id`` (and forget them); None when none is
         held."""
-        key = request_id if request_id in self.held else next((k for k in self.held if request_id in k), None)
-        return None if key is None else self.held.pop(key)
+        return pop_request(self.held, request_id)
 
     @classmethod
     def install(cls, runner: Any) -> MaskCapture:

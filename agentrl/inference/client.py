@@ -233,17 +233,26 @@ class InferenceClient:
         """Start MoE routing capture on every endpoint's workers (idempotent); per endpoint, the first
         worker's record: ``{"ok": True, "layers", "top_k", "experts", "moe_layers", "dtype"}``, or ``{"ok":
         False, "code", "error"}`` where the engine cannot capture (a dense model, an unsupported router)."""
-        results = await self.collective_rpc("agentrl_routing_enable")
-        return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
-                for url, r in zip(self.endpoints, results, strict=True)}
+        return await self._first_records("agentrl_routing_enable")
 
     async def enable_mask_capture(self, active: bool = True) -> dict[str, dict[str, Any]]:
         """Start sampling-mask capture on every endpoint's workers (idempotent; ``active=False`` pauses it);
         per endpoint, the first worker's record: ``{"ok": True, ...}``, or ``{"ok": False, "code", "error"}``
         where it cannot."""
-        results = await self.collective_rpc("agentrl_masks_enable", args=["1" if active else "0"])
+        return await self._first_records("agentrl_masks_enable", ["1" if active else "0"])
+
+    async def _first_records(self, method: str, args: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Worker method ``method`` on every endpoint: per endpoint, its first worker's record."""
+        results = await self.collective_rpc(method, args)
         return {url: (r[0] if r else {"ok": False, "error": "no worker answered"})
                 for url, r in zip(self.endpoints, results, strict=True)}
+
+    async def _first_record(self, ep: Endpoint, method: str, args: list[str]) -> dict[str, Any]:
+        """Worker method ``method`` on ``ep``: its first worker's record."""
+        body = {"method": method, "args": args, "kwargs": {}}
+        r = await self._call(ep, "POST", "/collective_rpc", json=body)
+        results = list(r.json().get("results") or [])
+        return results[0] if results else {"ok": False, "error": "no worker answered"}
 
     async def _mask_of(self, ep: Endpoint, gen: Generation, request_id: str) -> SamplingMask | None:
         """The sampling masks of one finished request (None when it sampled nothing; an
@@ -254,10 +263,7 @@ class InferenceClient:
         if ep.mode == "completions":
             raise InferenceError(f"{ep.url} does not serve the token route: sampling masks cannot be returned "
                                  "on /v1/completions", endpoint=ep.url)
-        body = {"method": "agentrl_masks_take", "args": [request_id], "kwargs": {}}
-        r = await self._call(ep, "POST", "/collective_rpc", json=body)
-        results = list(r.json().get("results") or [])
-        rec = results[0] if results else {"ok": False, "error": "no worker answered"}
+        rec = await self._first_record(ep, "agentrl_masks_take", [request_id])
         if not rec.get("ok"):
             raise InferenceError(f"{ep.url}: no sampling masks for request {request_id}: {rec.get('error')}",
                                  endpoint=ep.url)
@@ -272,10 +278,7 @@ class InferenceClient:
                                  "on /v1/completions (start the server with --enable-scale-out)", endpoint=ep.url)
         if gen.routing is not None:  # vLLM returned routed_experts itself (positions 0 ..)
             return RoutingRows(start, gen.routing.rows[start:])
-        body = {"method": "agentrl_routing_take", "args": [request_id, str(start)], "kwargs": {}}
-        r = await self._call(ep, "POST", "/collective_rpc", json=body)
-        results = list(r.json().get("results") or [])
-        rec = results[0] if results else {"ok": False, "error": "no worker answered"}
+        rec = await self._first_record(ep, "agentrl_routing_take", [request_id, str(start)])
         if not rec.get("ok"):
             log.warning("%s: no MoE routing for request %s: %s", ep.url, request_id, rec.get("error"))
             return None
