@@ -28,6 +28,7 @@ import csv
 import datetime
 import decimal
 import json
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,13 @@ class TaskFileNotFound(ConfigError, FileNotFoundError):
     """The task file named as the task source does not exist."""
 
     code = "config.task_source.not_found"
+
+
+def task_rng(seed: int, step: int) -> random.Random:
+    """The generator a run draws its training tasks from (one ``choice`` over the train split per group), when
+    it starts or resumes at ``step``: the one place this rule lives, so that a benchmark can replay a run's
+    sequence of tasks."""
+    return random.Random(seed * 100_003 + step)
 
 
 def read_tasks_jsonl(path: Path) -> list[Task]:

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from agentrl.core.utils.race import unless_set
 from agentrl.core.versions import PolicyVersion
 from agentrl.environment.base import Environment, Task, run_scope
 from agentrl.environment.registry import load_env
-from agentrl.environment.tasks import load_tasks
+from agentrl.environment.tasks import load_tasks, task_rng
 from agentrl.inference.client import NoEnginesError
 from agentrl.inference.watch import EnginesLost, EngineWatch
 from agentrl.launch.doctor import check_model
@@ -419,7 +418,7 @@ class TrainingRun:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        rng = random.Random(cfg.seed * 100_003 + self.step)
+        rng = task_rng(cfg.seed, self.step)
         self.orch = orch = Orchestrator(
             runner=workers, trainer=trainer, publisher=publisher, engine=engine,
             sample_task=lambda: rng.choice(self.train_tasks), pipeline=cfg.pipeline,
