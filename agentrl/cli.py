@@ -596,6 +596,13 @@ def bench_env_server(ctx: typer.Context) -> None:
     _passthrough("agentrl.tools.bench.env_server", ctx)
 
 
+@bench_app.command("peers", context_settings=_PASSTHROUGH)
+def bench_peers(ctx: typer.Context) -> None:
+    """agentrl beside TRL's GRPO on the same environment, model and budget: time per 1,000 episodes and
+    held-out gain, in one table (--steps, --seeds, --model, --json)."""
+    _passthrough("agentrl.tools.bench.peers.main", ctx)
+
+
 @sandbox_app.command("build", context_settings=_PASSTHROUGH)
 def sandbox_build(ctx: typer.Context) -> None:
     """Build the sandbox image offline (cached: a no-op when the recipe is unchanged; --force)."""

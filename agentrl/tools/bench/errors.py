@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from agentrl.core.errors import AgentRLError, ConfigError
 
-__all__ = ["BenchArgumentError", "BenchFailed", "NoMeasurements"]
+__all__ = ["BenchArgumentError", "BenchFailed", "BenchUnavailable", "NoMeasurements"]
 
 
 class BenchArgumentError(ConfigError, ValueError):
@@ -22,6 +22,13 @@ class BenchFailed(AgentRLError, RuntimeError):
     not do what the benchmark asked of it, or a simulation stalled."""
 
     code = "bench.failed"
+
+
+class BenchUnavailable(AgentRLError, RuntimeError):
+    """A benchmark needs something this machine cannot provide (a peer framework that cannot be installed
+    or whose requirements are not met): it stops with one sentence, before anything is measured."""
+
+    code = "bench.unavailable"
 
 
 class NoMeasurements(AgentRLError, ValueError):

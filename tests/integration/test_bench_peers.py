@@ -1,0 +1,53 @@
+"""``agentrl bench peers`` on real parts: a two-step run of each side (agentrl's ``train`` on a real vLLM engine,
+TRL 1.16's ``GRPOTrainer`` installed into its own directory), then agentrl's evaluator on the base and both
+final models. The JSON is well-formed and follows from its own per-seed figures; both sides trained every step
+on the same prompts, token for token (no timing is asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+
+pytestmark = [pytest.mark.integration, pytest.mark.long]
+
+
+def test_bench_peers_runs_both_frameworks_on_the_same_work(tiny_model_dir: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    from agentrl.tools.bench.peers.install import PeerUnavailable, ensure_trl
+    from agentrl.tools.bench.peers.main import main
+    from agentrl.tools.bench.peers.settings import TRL_VERSION
+
+    try:
+        ensure_trl(TRL_VERSION)
+    except PeerUnavailable as e:
+        require(False, f"TRL cannot be installed here: {e}")
+    assert main(["--steps", "2", "--tasks-per-step", "2", "--group-size", "4", "--eval-n", "8", "--json",
+                 "--model", str(tiny_model_dir), "--work", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, "--json prints only the JSON line"
+    r = json.loads(out[-1])
+    assert r["peer"] == {"framework": "trl", "version": TRL_VERSION, "generation": "transformers generate"}
+    assert r["same_prompt_ids"], "TRL rendered the prompts agentrl sends the engine, token for token"
+    (seed,) = r["per_seed"]
+    for side in ("agentrl", "trl"):
+        f = seed[side]
+        assert f["episodes"] == 2 * 2 * 4, side
+        assert f["loop_s"] > 0 and f["gen_tokens_per_s"] > 0 and f["trainer_tokens_per_s"] > 0, side
+        assert 0 < f["gen_frac"] < 1, side
+        assert f["success_before"] == seed["agentrl"]["success_before"], "one evaluation of the base model"
+        assert 0 <= f["success_after"] <= 1 and f["gain"] == pytest.approx(f["success_after"] - f["success_before"])
+        assert r[f"{side}_gain"] == pytest.approx(f["gain"], abs=1e-4)
+    assert r["time_ratio"] == pytest.approx(seed["agentrl"]["s_per_1000_episodes"] / seed["trl"]["s_per_1000_episodes"],
+                                            rel=1e-3)
+    assert r["trl_settings"]["num_generations"] == 4 and r["trl_settings"]["gradient_accumulation_steps"] == 2
+    assert r["differences"] and "| **agentrl (vLLM server), mean** |" in r["table"]
+    # both final models are plain Hugging Face directories
+    runs = tmp_path / "runs"
+    assert len(list(runs.glob("*/final_model/config.json"))) == 1
+    assert len(list(runs.glob("*-work/trl/final_model/config.json"))) == 1
