@@ -21,7 +21,7 @@ from agentrl.tools.bench.peers.trl_side import _environment_class
 
 def _cfg(**kw: object):
     over = settings.agentrl_overrides(model="models/tiny", steps=kw.pop("steps", 20), tasks_per_step=16, group_size=8,
-                                      seed=3, lora=False, output_dir="runs", name="x")
+                                      seed=3, output_dir="runs", name="x")
     return load_config(None, {**over, **kw}).resolved()
 
 
@@ -62,6 +62,9 @@ def test_a_schedule_the_peer_cannot_follow_is_refused() -> None:
     with pytest.raises(ValueError, match="warm-up"):
         settings.trl_config(_cfg(trainer={"lora": False, "lr_warmup_steps": 2, "lr_decay_steps": 20}), CalcEnv,
                             out_dir="o", generation="generate")
+    with pytest.raises(ValueError, match="full-weight"):
+        settings.trl_config(_cfg(trainer={"lora": True, "lr_decay_steps": 20}), CalcEnv, out_dir="o",
+                            generation="generate")
     with pytest.raises(ValueError, match="lr_decay_steps"):
         settings.trl_config(_cfg(trainer={"lora": False, "lr_decay_steps": 7}), CalcEnv, out_dir="o",
                             generation="generate")

@@ -44,7 +44,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         seed = args.first_seed + i
         cfg = load_config(None, agentrl_overrides(
             model=str(model), steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
-            seed=seed, lora=args.lora, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}")).resolved()
+            seed=seed, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}")).resolved()
         print(f"seed {seed}: agentrl and TRL, {args.steps} steps of {args.tasks_per_step} x {args.group_size}",
               file=sys.stderr, flush=True)
         seeds.append(run_seed(cfg, trl_path, generation=args.trl_generation, eval_n=args.eval_n,
@@ -66,7 +66,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                  "generation": generation},
         "model": str(model), "env": cfg.env, "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "seeds": [s["seed"] for s in seeds], "eval_n": args.eval_n,
-        "weights": "lora" if args.lora else "full", "trl_settings": mapped,
+        "weights": "full", "trl_settings": mapped,
         "differences": trl_differences(cfg, env_cls, args.trl_generation) + (
             [] if all(s["trl"]["same_prompt_ids"] for s in seeds) else
             ["The prompts differ: TRL's rendering of the first tasks' prompts is not agentrl's token for token."]),
@@ -83,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per task")
     parser.add_argument("--seeds", type=int, default=1, help="seeds to run (each: both frameworks, then the evaluations)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (then +1 for each further seed)")
-    parser.add_argument("--lora", action="store_true",
-                        help="train agentrl's LoRA adapter on both sides (default: every weight, identical on both)")
     parser.add_argument("--trl-generation", choices=("generate", "vllm"), default="generate",
                         help="TRL's generation: transformers generate, or its colocated vLLM engine")
     parser.add_argument("--eval-n", type=int, default=200, help="held-out tasks per evaluation")

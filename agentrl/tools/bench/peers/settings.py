@@ -24,6 +24,8 @@ def trl_config(cfg: Any, env_cls: Any, *, out_dir: str, generation: str) -> dict
     batch: TRL's ``dapo``), per-group advantage scaling, sampling settings, turn limit and precision."""
     t = cfg.trainer
     loss = t.loss
+    if t.lora:
+        raise ValueError("the mapping to TRL covers full-weight training only (trainer.lora = false)")
     if t.lr_schedule not in ("cosine", "constant") or t.lr_warmup_steps:
         raise ValueError(f"trainer.lr_schedule {t.lr_schedule!r} with {t.lr_warmup_steps} warm-up steps has no "
                          "mapping to TRL here (cosine or constant, no warm-up)")
@@ -80,19 +82,17 @@ def trl_differences(cfg: Any, env_cls: Any, generation: str) -> list[str]:
         "Precision: both in float32; agentrl's engine (vLLM) samples in float32 too"
         + ("." if generation == "vllm" else ", TRL samples with transformers generate in float32."),
     ]
-    if cfg.trainer.lora:
-        out.append("LoRA: agentrl's adapter (every linear layer"
-                   + (", and the tied embedding trained whole" if cfg.trainer.lora_train_embedding else "")
-                   + ") is given to TRL as a peft LoraConfig of the same rank, alpha and target modules.")
     return out
 
 
-def agentrl_overrides(*, model: str, steps: int, tasks_per_step: int, group_size: int, seed: int, lora: bool,
+def agentrl_overrides(*, model: str, steps: int, tasks_per_step: int, group_size: int, seed: int,
                       output_dir: str, name: str) -> dict[str, Any]:
-    """The run settings the benchmark gives ``agentrl train`` (over the ``calc`` preset): no checkpoints, no
-    time limit, no evaluation inside the run's step loop (both final models are evaluated alike afterwards)."""
+    """The run settings the benchmark gives ``agentrl train`` (over the ``calc`` preset): every weight trained
+    (``--full``: the same parameters on both sides; agentrl's LoRA recipe for the embedded model also trains
+    the tied embedding whole, which has no one-to-one peft mapping), no checkpoints, no time limit, no
+    evaluation inside the run's step loop (both final models are evaluated alike afterwards)."""
     return {
         "env": "calc", "model": model, "steps": steps, "tasks_per_step": tasks_per_step, "group_size": group_size,
         "seed": seed, "output_dir": output_dir, "name": name, "eval_every": 0, "checkpoint_every": 0,
-        "time_limit_min": 10_000.0, "trainer": {"lora": lora, "lr_decay_steps": steps},
+        "time_limit_min": 10_000.0, "trainer": {"lora": False, "lr_decay_steps": steps},
     }
