@@ -20,6 +20,8 @@ from agentrl.tools.bench.errors import BenchUnavailable
 class PeerUnavailable(BenchUnavailable):
     """The peer cannot be installed or run here."""
 
+    code = "bench.peer_unavailable"
+
 
 def trl_dir(version: str, root: Path = Path(".cache/peers")) -> Path:
     return root / f"trl-{version}"

@@ -94,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps, --tasks-per-step, --group-size, --seeds and --eval-n must be at least 1")
     if args.group_size < 2:
         parser.error("--group-size must be at least 2 (GRPO's advantages are relative to the group)")
-    from agentrl.tools.bench.errors import BenchUnavailable
+    from agentrl.tools.bench.errors import BenchArgumentError, BenchUnavailable
 
     try:
         res = measure(args)
-    except BenchUnavailable as e:
+    except (BenchUnavailable, BenchArgumentError) as e:
         print(f"agentrl bench peers: {e}", file=sys.stderr)
         return 2
     if not args.json:

@@ -20,6 +20,8 @@ import math
 import statistics
 from typing import Any
 
+from agentrl.tools.bench.errors import NoMeasurements
+
 SIDES = ("agentrl", "trl")
 
 
@@ -47,7 +49,7 @@ def _binomial_se(p: float, n: int) -> float:
 def summarize(seeds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-seed figures, each side's means (with the spread over seeds), and ``time_ratio``."""
     if not seeds:
-        raise ValueError("no seeds to summarise")
+        raise NoMeasurements("no seeds to summarise")
     per_seed = [{"seed": s["seed"], "order": s["order"], **{k: side_figures(s[k]) for k in SIDES}} for s in seeds]
     out: dict[str, Any] = {"per_seed": per_seed}
     for k in SIDES:

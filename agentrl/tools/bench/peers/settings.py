@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrl.tools.bench.errors import BenchArgumentError
+
 TRL_VERSION = "1.16.0"
 """The TRL release the benchmark installs and whose settings this module maps to."""
 
@@ -25,12 +27,12 @@ def trl_config(cfg: Any, env_cls: Any, *, out_dir: str, generation: str) -> dict
     t = cfg.trainer
     loss = t.loss
     if t.lora:
-        raise ValueError("the mapping to TRL covers full-weight training only (trainer.lora = false)")
+        raise BenchArgumentError("the mapping to TRL covers full-weight training only (trainer.lora = false)")
     if t.lr_schedule not in ("cosine", "constant") or t.lr_warmup_steps:
-        raise ValueError(f"trainer.lr_schedule {t.lr_schedule!r} with {t.lr_warmup_steps} warm-up steps has no "
+        raise BenchArgumentError(f"trainer.lr_schedule {t.lr_schedule!r} with {t.lr_warmup_steps} warm-up steps has no "
                          "mapping to TRL here (cosine or constant, no warm-up)")
     if t.lr_decay_steps != cfg.steps:
-        raise ValueError(f"trainer.lr_decay_steps {t.lr_decay_steps} differs from the run's {cfg.steps} steps: "
+        raise BenchArgumentError(f"trainer.lr_decay_steps {t.lr_decay_steps} differs from the run's {cfg.steps} steps: "
                          "TRL's cosine ends at its last step")
     schedule: dict[str, Any] = ({"lr_scheduler_type": "constant"} if t.lr_schedule == "constant" else
                                 {"lr_scheduler_type": "cosine_with_min_lr",
