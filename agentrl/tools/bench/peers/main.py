@@ -55,6 +55,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     generation = seeds[0]["trl"]["generation"]
     mapped = trl_config(cfg, env_cls, out_dir="<run>", generation=args.trl_generation)
     mapped.pop("seed")
+    same_prompts = all(s["trl"]["same_prompt_ids"] for s in seeds)
     return {
         "time_ratio": round(summary["time_ratio"], 4),
         "agentrl_gain": round(summary["agentrl"]["gain"], 4), "agentrl_gain_se": round(summary["agentrl"]["gain_se"], 4),
@@ -68,9 +69,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "group_size": args.group_size, "seeds": [s["seed"] for s in seeds], "eval_n": args.eval_n,
         "weights": "full", "trl_settings": mapped,
         "differences": trl_differences(cfg, env_cls, args.trl_generation) + (
-            [] if all(s["trl"]["same_prompt_ids"] for s in seeds) else
+            [] if same_prompts else
             ["The prompts differ: TRL's rendering of the first tasks' prompts is not agentrl's token for token."]),
-        "same_prompt_ids": all(s["trl"]["same_prompt_ids"] for s in seeds),
+        "same_prompt_ids": same_prompts,
     }
 
 

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,14 @@ def _tail(path: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:]) or "no output"
 
 
-def _child(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> float:
-    """Run ``cmd`` to its end, its output in ``log``; its wall time. A failure raises with the log's tail."""
-    t0 = time.perf_counter()
+def _child(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None) -> None:
+    """Run ``cmd`` to its end, its output in ``log``, owned by this process (its group ends with this one,
+    however this one ends). A failure raises with the log's tail."""
+    from agentrl.core.utils.lifeline import own_process, release_process
+
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        own_process(proc.pid)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -46,9 +48,10 @@ def _child(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | No
             os.killpg(proc.pid, 9)
             proc.wait()
             raise
+        finally:
+            release_process(proc.pid)
     if rc != 0:
         raise BenchFailed(f"{' '.join(cmd[:4])} ... exited with {rc}: {_tail(log)} (log: {log})")
-    return time.perf_counter() - t0
 
 
 def run_agentrl(cfg: Any, work: Path, timeout_s: float) -> dict[str, Any]:
@@ -57,8 +60,9 @@ def run_agentrl(cfg: Any, work: Path, timeout_s: float) -> dict[str, Any]:
     toml.write_text(cfg.to_toml())
     _child([sys.executable, "-c", "from agentrl.cli import app; app()", "train", "--config", str(toml)],
            work / "agentrl.log", timeout_s)
-    records = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    train = [r for r in records if r.get("kind") == "train"]
+    from agentrl.orchestrator.metrics import records_of
+
+    train = records_of(cfg.run_dir / "metrics.jsonl", "train")
     if len(train) != cfg.steps:
         raise BenchFailed(f"agentrl ran {len(train)} of {cfg.steps} steps (metrics: {cfg.run_dir / 'metrics.jsonl'})")
     return {
@@ -72,17 +76,16 @@ def run_agentrl(cfg: Any, work: Path, timeout_s: float) -> dict[str, Any]:
 
 
 def prompts_of(env_cls: Any, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The opening messages agentrl's episode gives the model for each task (system prompt, then the reset's
-    text): the peer's dataset prompts."""
+    """The opening messages agentrl's episode gives the model for each task (its own ``Episode.open``): the
+    peer's dataset prompts."""
+    from agentrl.rollout.episode import Episode
 
     async def one(task: dict[str, Any]) -> list[dict[str, Any]]:
-        env = env_cls()
-        env.task = task
-        opening = await env.reset(task)
-        if not isinstance(opening, str):
-            return [dict(m) for m in opening]
-        return ([{"role": "system", "content": env.system_prompt}] if env.system_prompt else []) + [
-            {"role": "user", "content": opening}]
+        episode = Episode(env_cls, task)
+        try:
+            return [m.to_openai() for m in await episode.open()]
+        finally:
+            await episode.close()
 
     async def all_() -> list[list[dict[str, Any]]]:
         return [await one(t) for t in tasks]
