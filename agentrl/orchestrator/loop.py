@@ -35,7 +35,7 @@ from agentrl.core.versions import PolicyVersion
 from agentrl.environment.base import Task
 from agentrl.inference.wire import NoEnginesError
 from agentrl.orchestrator.buffer import RolloutBuffer
-from agentrl.orchestrator.metrics import step_metrics
+from agentrl.orchestrator.metrics import nothing_trained, step_metrics
 from agentrl.orchestrator.parts import EngineControl, GroupRunner, Trainer
 from agentrl.orchestrator.samples import carries_signal, to_samples
 from agentrl.weight_sync.base import Publisher
@@ -220,7 +220,7 @@ class Orchestrator:
                                     age_cap=(self.version, self.max_token_age))
         self.training.enter()
         try:
-            train_metrics = await self.trainer.train(samples, self.version) if samples else {}
+            train_metrics = await self.trainer.train(samples, self.version) if samples else nothing_trained()
         finally:
             self.training.exit()
         t2 = time.perf_counter()

@@ -93,6 +93,13 @@ def groups_lost_unrecorded(books: dict[str, Any]) -> int:
     return int(books["groups_admitted"] - accounted)
 
 
+def nothing_trained() -> dict[str, Any]:
+    """The trainer's part of a step that had no sample to train (every group of the batch without signal, after
+    dynamic sampling's budget): no samples, no tokens, and the staleness of no token, so every train record
+    carries the same staleness keys whether or not the trainer ran."""
+    return {"num_samples": 0, "num_tokens": 0, **staleness_stats([])}
+
+
 def step_metrics(
     batch: list[list[Trajectory]],
     stats: BatchStats,

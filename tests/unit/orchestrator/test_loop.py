@@ -329,6 +329,9 @@ async def test_dynamic_sampling_gives_up_after_its_budget() -> None:
     recs = await run_steps(orch, 3)
     assert [r["skipped_groups"] for r in recs] == [3, 3, 3]
     assert all(r["num_zero_advantage"] == 8 for r in recs)  # 4 uniform groups of 2 kept, no gradient
+    # the trainer never ran, and the records still carry the train keys a step with samples has
+    assert all(r["train_num_samples"] == 0 and r["train_num_tokens"] == 0 for r in recs)
+    assert all(r["train_staleness_max"] == 0 and r["train_staleness_mean"] == 0.0 for r in recs)
 
 
 async def test_without_dynamic_sampling_uniform_groups_are_kept() -> None:
