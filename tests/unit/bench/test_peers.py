@@ -76,6 +76,18 @@ def test_the_differences_name_what_the_mapping_cannot_remove() -> None:
         assert phrase in text
 
 
+def test_async_mode_runs_at_the_pipelines_default_bound_and_says_so() -> None:
+    from agentrl.config.run import ASYNC_MAX_STALENESS
+
+    over = settings.agentrl_overrides(model="models/tiny", steps=20, tasks_per_step=16, group_size=8, seed=3,
+                                      output_dir="runs", name="x", mode="async")
+    cfg = load_config(None, over).resolved()
+    assert cfg.mode == "async" and cfg.pipeline.max_staleness == ASYNC_MAX_STALENESS
+    text = " ".join(settings.trl_differences(cfg, CalcEnv, "generate"))
+    assert f"at most {ASYNC_MAX_STALENESS} versions behind" in text and "on-policy" in text
+    assert "Overlap" not in " ".join(settings.trl_differences(_cfg(), CalcEnv, "generate"))  # sync: nothing to say
+
+
 def _side(loop_s: float, episodes: int, before: float, after: float) -> dict:
     steps = [{"s": loop_s / 2, "gen_s": loop_s / 4, "model_tokens": 100, "batch_tokens": 400,
               "episodes": episodes // 2}] * 2
@@ -97,6 +109,7 @@ def test_the_summary_charges_each_framework_its_loop_time_per_1000_episodes() ->
     assert s["time_ratio"] == pytest.approx(100.0 / 160.0)  # totals over the seeds, not a mean of ratios
     assert s["agentrl"]["gain"] == pytest.approx(0.1) and s["agentrl"]["gain_se"] == pytest.approx(0.1)
     assert "| **TRL (transformers generate), mean** |" in report.table(s, "transformers generate")
+    assert "| **agentrl (async, vLLM server), mean** |" in report.table(s, "transformers generate", "async")
 
 
 def _fake_dist(root: Path, requires: list[str]) -> Path:

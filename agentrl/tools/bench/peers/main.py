@@ -44,8 +44,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         seed = args.first_seed + i
         cfg = load_config(None, agentrl_overrides(
             model=str(model), steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
-            seed=seed, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}")).resolved()
-        print(f"seed {seed}: agentrl and TRL, {args.steps} steps of {args.tasks_per_step} x {args.group_size}",
+            seed=seed, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}", mode=args.mode)).resolved()
+        print(f"seed {seed}: agentrl ({args.mode}) and TRL, {args.steps} steps of {args.tasks_per_step} x {args.group_size}",
               file=sys.stderr, flush=True)
         seeds.append(run_seed(cfg, trl_path, generation=args.trl_generation, eval_n=args.eval_n,
                               peer_first=i % 2 == 1, timeout_s=args.timeout_min * 60))
@@ -62,9 +62,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "trl_gain": round(summary["trl"]["gain"], 4), "trl_gain_se": round(summary["trl"]["gain_se"], 4),
         "target_time_ratio": 0.5, "target_met": bool(summary["time_ratio"] <= 0.5 and summary["gain_difference"]
                                                       >= -2 * summary["gain_difference_se"]),
-        **summary, "table": table(summary, generation),
+        **summary, "table": table(summary, generation, cfg.mode or "sync"),
         "peer": {"framework": "trl", "version": seeds[0]["trl"].get("trl_version", TRL_VERSION),
                  "generation": generation},
+        "agentrl_mode": cfg.mode, "agentrl_max_staleness": cfg.pipeline.max_staleness if cfg.mode == "async" else 0,
         "model": str(model), "env": cfg.env, "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "seeds": [s["seed"] for s in seeds], "eval_n": args.eval_n,
         "weights": "full", "trl_settings": mapped,
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (then +1 for each further seed)")
     parser.add_argument("--trl-generation", choices=("generate", "vllm"), default="generate",
                         help="TRL's generation: transformers generate, or its colocated vLLM engine")
+    parser.add_argument("--mode", choices=("sync", "async"), default="sync",
+                        help="agentrl's mode: sync (the training default) or async (generation overlaps training)")
     parser.add_argument("--eval-n", type=int, default=200, help="held-out tasks per evaluation")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-peers"), help="where the runs are written")
     parser.add_argument("--timeout-min", type=float, default=60.0, help="limit on each framework's training run")

@@ -77,12 +77,12 @@ def summarize(seeds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def table(summary: dict[str, Any], generation: str) -> str:
-    """The summary as a Markdown table, one row per framework and seed, then the means."""
+def table(summary: dict[str, Any], generation: str, mode: str = "sync") -> str:
+    """The summary as a Markdown table, one row per framework and seed, then the means; ``mode``: agentrl's."""
     head = ("| framework | seed | s / 1,000 episodes | generation tok/s | trainer tok/s | generation share "
             "| success before | after | gain |\n|---|---|---|---|---|---|---|---|---|")
     rows = []
-    names = {"agentrl": "agentrl (vLLM server)", "trl": f"TRL ({generation})"}
+    names = {"agentrl": f"agentrl ({mode}, vLLM server)", "trl": f"TRL ({generation})"}
     for k in SIDES:
         for p in summary["per_seed"]:
             r = p[k]

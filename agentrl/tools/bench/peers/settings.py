@@ -84,17 +84,22 @@ def trl_differences(cfg: Any, env_cls: Any, generation: str) -> list[str]:
         "Precision: both in float32; agentrl's engine (vLLM) samples in float32 too"
         + ("." if generation == "vllm" else ", TRL samples with transformers generate in float32."),
     ]
+    if cfg.mode == "async":
+        out.append(f"Overlap: agentrl runs async (generation overlaps training; a group's head at most "
+                   f"{cfg.pipeline.max_staleness} versions behind when trained, each token at most "
+                   f"{cfg.pipeline.token_age_cap()}, corrected per token); TRL generates and trains in turn, on-policy.")
     return out
 
 
 def agentrl_overrides(*, model: str, steps: int, tasks_per_step: int, group_size: int, seed: int,
-                      output_dir: str, name: str) -> dict[str, Any]:
+                      output_dir: str, name: str, mode: str = "sync") -> dict[str, Any]:
     """The run settings the benchmark gives ``agentrl train`` (over the ``calc`` preset): every weight trained
     (``--full``: the same parameters on both sides; agentrl's LoRA recipe for the embedded model also trains
     the tied embedding whole, which has no one-to-one peft mapping), no checkpoints, no time limit, no
-    evaluation inside the run's step loop (both final models are evaluated alike afterwards)."""
+    evaluation inside the run's step loop (both final models are evaluated alike afterwards). ``mode``: the
+    run's ``mode`` (``sync``, the training default; ``async`` at the pipeline's default bound)."""
     return {
         "env": "calc", "model": model, "steps": steps, "tasks_per_step": tasks_per_step, "group_size": group_size,
         "seed": seed, "output_dir": output_dir, "name": name, "eval_every": 0, "checkpoint_every": 0,
-        "time_limit_min": 10_000.0, "trainer": {"lora": False, "lr_decay_steps": steps},
+        "time_limit_min": 10_000.0, "mode": mode, "trainer": {"lora": False, "lr_decay_steps": steps},
     }
