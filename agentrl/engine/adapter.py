@@ -155,7 +155,7 @@ class AdapterMixin:
             with torch.inference_mode():  # vLLM's LoRA buffers are inference tensors
                 plan = self._agentrl_plan(adapter, source, get_buf, meta_json, layout_id)
                 t1 = time.perf_counter()
-                torch._foreach_copy_(plan.live, plan.src)
+                copies = plan.copy()
                 for scale, views in plan.scales.items():
                     torch._foreach_mul_(views, scale)
                 t2 = time.perf_counter()
@@ -167,7 +167,8 @@ class AdapterMixin:
         t3 = time.perf_counter()
         out: dict[str, Any] = {"ok": True, "engine_ms": (t3 - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
                                "live_ms": (t2 - t1) * 1e3, "cache_ms": (t3 - t2) * 1e3, "slot": plan.slot,
-                               "tensors": len(plan.src), "version_set": False, "prefix_reset": False}
+                               "tensors": len(plan.src), "copies": copies, "version_set": False,
+                               "prefix_reset": False}
         if weight_version or reset_prefix_cache:
             out.update(self._agentrl_engine_core_ops(weight_version, reset_prefix_cache))
         return out

@@ -6,7 +6,8 @@ How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-
 ``(max_loras, 1, out, max_rank)``; an adapter in GPU slot ``i`` lives in ``[i, 0, :r, :in]`` /
 ``[i, 0, :out, :r]`` (no transposes: peft's ``lora_A.weight`` is ``(r, in)``, ``lora_B.weight`` is
 ``(out, r)``). Packed layers (``qkv_proj``, ``gate_up_proj``) have one slice per sub-projection
-(q=0, k=1, v=2). The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
+(q=0, k=1, v=2). Where it is exact, the first plan moves those buffers into one laid out as the publisher's
+segment (:mod:`agentrl.engine.slot_layout`), so that an update is one copy instead of one per tensor. The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
 folded into B at load (``LoRALayerWeights.optimize``); an update does the same, unless the publisher sent B
 already scaled (``meta["b_scaled"]``, checked against each module's scaling), which leaves one copy. The CPU-side ``LoRAModel`` cache keeps the same
 (scaled) tensors, from which a slot is refilled after an eviction. An update writes the live slot only; the
@@ -19,7 +20,7 @@ This module must import without vLLM and torch (imported inside :func:`build_pla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
@@ -72,6 +73,35 @@ class CopyPlan:
         self.cache: list[Any] = []   # LoRAModel tensors (only when a slot is live)
         self.scales: dict[float, list[Any]] = {}  # scaling -> live B views
         self.set_lora: list[tuple[Any, Any]] = []  # (layer, layer weights): TP>1 layers re-sliced by vLLM
+        self.whole: tuple[Any, Any] | None = None  # (slot's bytes, segment's bytes): one copy does it all
+
+    def copy(self) -> int:
+        """Write the live slot from the segment; the number of copies it took (1 where the slots are laid out
+        as the segment, :mod:`agentrl.engine.slot_layout`). Call inside ``torch.inference_mode``."""
+        import torch
+
+        if self.whole is not None:
+            self.whole[0].copy_(self.whole[1])
+            return 1
+        torch._foreach_copy_(self.live, self.src)
+        return len(self.live)
+
+
+class _Found(NamedTuple):
+    """One tensor of the layout, matched to its module: peft ``name``, ``dtype``, ``shape``, byte ``offset``,
+    A or B, the vLLM module ``target`` and slice ``s`` (None: not packed), its LoRA ``layer``, the adapter's
+    layer weights ``lw`` and the ``cached`` (CPU) tensor."""
+
+    name: str
+    dtype: Any
+    shape: tuple[int, ...]
+    offset: int
+    is_a: bool
+    target: str
+    s: int | None
+    layer: Any
+    lw: Any
+    cached: Any
 
 
 def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: dict[str, Any],
@@ -88,6 +118,7 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
     helper = vllm_patches.peft_helper(path) if path is not None else None
     plan = CopyPlan(lora_model, slot, (id(manager), int(lora_model.id)))
     set_lora: dict[str, tuple[Any, Any]] = {}
+    found = []
     for name, dtype, shape, offset in meta["tensors"]:
         module, is_a = vllm_patches.parse_lora_name(name, mapper)
         target, s = sub_to_packed.get(module, (module, None))
@@ -99,7 +130,12 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         if cached is None or list(cached.shape) != list(shape):
             got = None if cached is None else list(cached.shape)
             raise UpdateError(f"{name}: shape {list(shape)} differs from the loaded adapter's {got}")
-        tdtype = getattr(torch, dtype)
+        found.append(_Found(name, getattr(torch, dtype), tuple(shape), offset, is_a, target, s, layer, lw, cached))
+    nbytes_all = int(meta.get("nbytes", 0))
+    flat = _rehome(found, slot, nbytes_all)
+    if flat is not None:
+        plan.whole = (flat[slot * nbytes_all:(slot + 1) * nbytes_all], buf[:nbytes_all])
+    for name, tdtype, shape, offset, is_a, target, s, layer, lw, cached in found:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=tdtype).element_size()
         src = buf[offset:offset + nbytes].view(tdtype).view(shape)
         live = cached
@@ -131,6 +167,20 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         raise UpdateError("mixed sharded/unsharded layers are not supported")
     plan.set_lora = list(set_lora.values())
     return plan
+
+
+def _rehome(found: list[_Found], slot: int | None, nbytes: int) -> Any:
+    """The one buffer the slots of ``found`` (``build_plan``'s tensors) were moved into
+    (:func:`agentrl.engine.slot_layout.rehome`), or None where they stay vLLM's (no live slot, a sharded layer,
+    mixed dtypes, a padded slot, ...)."""
+    from agentrl.engine import slot_layout
+
+    dtypes = {f.dtype for f in found}
+    if slot is None or len(dtypes) != 1 or any(getattr(f.layer, "tp_size", 1) != 1 for f in found):
+        return None
+    tensors = [slot_layout.SlotTensor(layer=f.layer, is_a=f.is_a, index=f.s or 0, shape=f.shape, offset=f.offset)
+               for f in found]
+    return slot_layout.rehome(tensors, nbytes, dtypes.pop())
 
 
 CACHE_BEHIND: dict[tuple[int, int], CopyPlan] = {}

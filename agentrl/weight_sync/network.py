@@ -110,6 +110,7 @@ class NetworkAdapterSync:
             "network_pack_ms": (t2 - t1) * 1e3,
             "network_rpc_ms": (t3 - t2) * 1e3,
             "network_engine_ms": max((float(w["engine_ms"]) for w in copied), default=0.0),
+            "network_engine_copies": max((float(w.get("copies", 0)) for w in copied), default=0.0),
             "network_decode_ms": max((float(w.get("decode_ms", 0.0)) for w in copied), default=0.0),
             "network_ms": (t4 - t0) * 1e3,
             "network_prefix_reset_ok": reset_ok,

@@ -231,6 +231,9 @@ class SharedMemoryAdapterSync:
             "shm_write_ms": (t2 - t1) * 1e3,
             "rpc_ms": (t3 - t2) * 1e3,
             "engine_ms": max(float(w["engine_ms"]) for w in workers),
+            "engine_copy_ms": max(float(w.get("live_ms", 0.0)) for w in workers),  # the copy alone, no plan lookup
+            # copies the engine made for the live slot: 1 where its slots are laid out as the segment
+            "engine_copies": max(float(w.get("copies", 0)) for w in workers),
             "prefix_reset_ms": in_engine_reset + (t4 - t3) * 1e3,
             "prefix_reset_ok": reset_ok,  # 1 done, 0 refused (requests running), -1 over HTTP (unchecked)
             "total_ms": (t4 - t0) * 1e3,

@@ -50,31 +50,37 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
     assert old[old.index("--worker-extension-cls") + 1] == old_name
 
 
-@pytest.mark.parametrize(("targets", "alphas", "b_scale"),
-                         [(ATTENTION, None, None), (tuple(ALL_LINEAR), None, None),
-                          (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64}, None), (tuple(ALL_LINEAR), None, 2.0)],
-                         ids=["attention", "every-linear", "per-module-alpha", "b-sent-scaled"])
+@pytest.mark.parametrize(("targets", "alphas", "b_scale", "rank"),
+                         [(ATTENTION, None, None, 16), (tuple(ALL_LINEAR), None, None, 16),
+                          (tuple(ALL_LINEAR), {"down_proj": 8, "q_proj": 64}, None, 16),
+                          (tuple(ALL_LINEAR), None, 2.0, 16), (tuple(ALL_LINEAR), None, None, 8)],
+                         ids=["attention", "every-linear", "per-module-alpha", "b-sent-scaled", "padded-slot"])
 async def test_inplace_update_matches_file_load(vllm_server, tmp_path: Path, targets: tuple[str, ...],
-                                                alphas: dict[str, float] | None, b_scale: float | None) -> None:
+                                                alphas: dict[str, float] | None, b_scale: float | None,
+                                                rank: int) -> None:
     """Every module kind the adapter can touch, the engine's packed ones included (q/k/v into qkv_proj, gate/up
-    into gate_up_proj, and the MLP's down_proj), modules scaled differently (peft's ``alpha_pattern``), and B
-    sent already scaled (a run's publisher, ``b_scale`` = alpha / r = 32 / 16): the in-place copy serves what a
-    file load of the same tensors serves."""
-    shapes = lora_shapes(tiny_model_config(), 16, targets)
+    into gate_up_proj, and the MLP's down_proj), modules scaled differently (peft's ``alpha_pattern``), B
+    sent already scaled (a run's publisher, ``b_scale`` = alpha / r = 32 / 16), and an adapter of a lower rank
+    than the engine's slots (copied tensor by tensor: its slot is not one block): the in-place copy serves what
+    a file load of the same tensors serves."""
+    shapes = lora_shapes(tiny_model_config(), rank, targets)
     trainer = _Trainer(random_lora(shapes, seed=0))
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
-        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, alpha_pattern=alphas)))
+        await client.load_lora_adapter(NAME, str(save_lora(tmp_path / "v0", trainer.tensors, rank=rank,
+                                                           alpha_pattern=alphas)))
         v0 = await _greedy(client)  # fills the prefix cache with KV computed under v0
         with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=b_scale) as sync:
             for version, seed in ((1, 1), (2, 2)):
                 trainer.tensors = random_lora(shapes, seed=seed)
                 m = await sync.publish(version)
                 assert m["engine_ms"] > 0 and m["prefix_reset_ok"] != 0.0
+                # rank 16 in slots of 16, float32: the slots are laid out as the segment, one copy writes them
+                assert m["engine_copies"] == (1.0 if rank == 16 else float(len(shapes))), m
                 inplace = await _greedy(client)
                 assert inplace.weight_versions and inplace.weight_versions[-1][0] == str(version)
                 sums = (await client.collective_rpc("agentrl_lora_checksum", kwargs={"adapter": NAME}))[0][0]
                 assert sums["slot"] is not None and sums["cached"] == pytest.approx(sums["live"], rel=1e-6)
-                file = save_lora(tmp_path / f"file{version}", trainer.tensors, alpha_pattern=alphas)
+                file = save_lora(tmp_path / f"file{version}", trainer.tensors, rank=rank, alpha_pattern=alphas)
                 await client.load_lora_adapter(NAME, str(file))
                 from_file = await _greedy(client)
                 assert _close(inplace, from_file), (inplace, from_file)
@@ -189,6 +195,7 @@ async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(v
                 trainer.tensors = random_lora(shapes, seed=seed)
                 m = await sync.publish(version)
                 assert m["engines_control"] == 1 and m["prefix_reset_ok"] == 1.0 and m["engine_ms"] > 0, m
+                assert m["engine_copies"] == 1.0, m
                 inplace = await _greedy(client)
                 assert inplace.weight_versions and inplace.weight_versions[-1][0] == str(version)
                 await client.load_lora_adapter(NAME, str(save_lora(tmp_path / f"f{version}", trainer.tensors,
