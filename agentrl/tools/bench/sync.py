@@ -7,8 +7,10 @@ that an in-place update gives the same greedy logprobs as a file load of the sam
 ``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version),
 as many in-place updates over the network path (the tensors in the request body, as for an engine on
 another host: ``network_*``), and as many file-based in-place reloads. ``memcpy_ms_p50`` is one in-process
-copy of the adapter's bytes between two buffers, measured in the same run: the floor of the engine's copy
-(``engine_over_memcpy``). The shared-memory path runs twice, over HTTP and over the engine core's local
+copy of the adapter's bytes between two buffers, measured in the same run (``engine_over_memcpy``), with warm
+caches; ``cold_memcpy_ms_p50`` the same copy after the caches were emptied, the floor of the engine's copy,
+which runs between forward passes (``engine_copy_over_cold_memcpy``: the copy alone, ``engine_copy_ms``, over
+it; ``engine_copies`` says how many copies the engine made). The shared-memory path runs twice, over HTTP and over the engine core's local
 control socket (``control_*``: :mod:`agentrl.weight_sync.control`), each also timed as training runs it under a
 generation in flight (``in_flight_end_to_end_ms``: the hot sequence, then the first streamed token under the new
 version). Prints a table, then one JSON object as the last line.
@@ -86,6 +88,26 @@ def memcpy_ms(nbytes: int, reps: int = 50) -> float:
         dst.copy_(src)
         times.append((time.perf_counter() - t0) * 1e3)
     return _p(times[3:], 0.5)
+
+
+COLD_EVICT_BYTES = 64 << 20
+"""What :func:`cold_memcpy_ms` writes between two timed copies: more than this host's caches hold."""
+
+
+def cold_memcpy_ms(nbytes: int, reps: int = 20) -> float:
+    """As :func:`memcpy_ms` with the caches emptied before each copy (``COLD_EVICT_BYTES`` written): the floor
+    of an engine's copy, which runs between two forward passes that left other data in the caches, from a
+    segment another process wrote."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    evict = torch.zeros(COLD_EVICT_BYTES, dtype=torch.uint8)
+    times = []
+    for _ in range(reps + 2):
+        evict.add_(1)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return _p(times[2:], 0.5)
 
 
 async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: list[dict[str, torch.Tensor]],
@@ -210,6 +232,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         "file_load_ms_p90": _p(load_ms, 0.9), "file_save_ms_p50": _p(save_ms, 0.5),
         "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
         "adapter_bytes": nbytes, "updates": updates, "correctness": check,
+        "engine_copies": int(max(stages.get("engine_copies", [0]))),  # 1: the slots laid out as the segment
         "in_flight_end_to_end_ms_p50": _p(inflight_http, 0.5), "in_flight_end_to_end_ms_p90": _p(inflight_http, 0.9),
     })
     out.update({f"control_{k}_p50": _p(v, 0.5) for k, v in ctl.items() if k.endswith("_ms")})
@@ -224,6 +247,8 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
                                         / out["control_in_flight_end_to_end_ms_p50"])
     out["memcpy_ms_p50"] = memcpy_ms(nbytes)
     out["engine_over_memcpy"] = out["engine_ms_p50"] / out["memcpy_ms_p50"]
+    out["cold_memcpy_ms_p50"] = cold_memcpy_ms(nbytes)
+    out["engine_copy_over_cold_memcpy"] = out["engine_copy_ms_p50"] / out["cold_memcpy_ms_p50"]
     out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
     out["speedup_engine_vs_file_engine"] = out["file_engine_ms_p50"] / out["engine_ms_p50"]
     out["speedup_rpc_vs_file"] = out["file_load_ms_p50"] / out["rpc_ms_p50"]
