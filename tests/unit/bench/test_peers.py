@@ -142,6 +142,21 @@ def test_a_peer_that_cannot_be_installed_stops_with_one_sentence(tmp_path: Path,
         install.ensure_trl("0.0.1", root=tmp_path)
 
 
+def test_a_framework_run_that_fails_ends_the_command_with_its_log_tail(monkeypatch, capsys) -> None:
+    """A peer that crashes mid-run (TRL's colocated vLLM on a model it cannot reload) is one sentence with its
+    log's tail and path, exit 1, no traceback."""
+    from agentrl.tools.bench.errors import BenchFailed
+    from agentrl.tools.bench.peers import main as peers_main
+
+    def crashed(args):
+        raise BenchFailed("python -m agentrl.tools.bench.peers.trl_side ... exited with 1: AttributeError: x (log: l)")
+
+    monkeypatch.setattr(peers_main, "measure", crashed)
+    assert peers_main.main(["--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("agentrl bench peers: ") and "AttributeError" in err and "Traceback" not in err
+
+
 def test_the_adapter_runs_the_environments_own_tools_and_reward() -> None:
     Adapter = _environment_class(CalcEnv)
     env = Adapter()

@@ -98,13 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps, --tasks-per-step, --group-size, --seeds and --eval-n must be at least 1")
     if args.group_size < 2:
         parser.error("--group-size must be at least 2 (GRPO's advantages are relative to the group)")
-    from agentrl.tools.bench.errors import BenchArgumentError, BenchUnavailable
+    from agentrl.tools.bench.errors import BenchArgumentError, BenchFailed, BenchUnavailable
 
     try:
         res = measure(args)
     except (BenchUnavailable, BenchArgumentError) as e:
         print(f"agentrl bench peers: {e}", file=sys.stderr)
         return 2
+    except BenchFailed as e:  # a framework's run failed: its log's tail and path, no traceback
+        print(f"agentrl bench peers: {e}", file=sys.stderr)
+        return 1
     if not args.json:
         print(res["table"])
         print(f"time_ratio (agentrl / TRL, seconds per 1,000 episodes): {res['time_ratio']:.3f}; held-out gain "
