@@ -46,7 +46,8 @@ def test_bench_peers_runs_both_frameworks_on_the_same_work(tiny_model_dir: Path,
     assert r["time_ratio"] == pytest.approx(seed["agentrl"]["s_per_1000_episodes"] / seed["trl"]["s_per_1000_episodes"],
                                             rel=1e-3)
     assert r["trl_settings"]["num_generations"] == 4 and r["trl_settings"]["gradient_accumulation_steps"] == 2
-    assert r["differences"] and "| **agentrl (vLLM server), mean** |" in r["table"]
+    assert r["differences"] and "| **agentrl (sync, vLLM server), mean** |" in r["table"]
+    assert r["agentrl_mode"] == "sync" and r["agentrl_max_staleness"] == 0  # the training default, and named
     # both final models are plain Hugging Face directories
     runs = tmp_path / "runs"
     assert len(list(runs.glob("*/final_model/config.json"))) == 1
