@@ -134,7 +134,9 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
     nbytes_all = int(meta.get("nbytes", 0))
     flat = _rehome(found, slot, nbytes_all)
     if flat is not None:
-        plan.whole = (flat[slot * nbytes_all:(slot + 1) * nbytes_all], buf[:nbytes_all])
+        from agentrl.engine.slot_layout import slot_bytes
+
+        plan.whole = (slot_bytes(flat, slot, nbytes_all), buf[:nbytes_all])
     for name, tdtype, shape, offset, is_a, target, s, layer, lw, cached in found:
         nbytes = torch.Size(shape).numel() * torch.empty((), dtype=tdtype).element_size()
         src = buf[offset:offset + nbytes].view(tdtype).view(shape)

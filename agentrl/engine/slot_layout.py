@@ -77,9 +77,9 @@ def rehome(tensors: list[SlotTensor], nbytes: int, dtype: Any) -> Any:
     slots = {_stacked(t).shape[0] for t in tensors}
     seen: set[int] = set()
     for t in tensors:
-        if not _movable(t, dtype) or t.offset % esize or id(_stacked(t)) in seen:
+        if not _movable(t, dtype) or t.offset % esize or id(stacked := _stacked(t)) in seen:
             return None
-        seen.add(id(_stacked(t)))
+        seen.add(id(stacked))
     if len(slots) != 1 or nbytes % esize:
         return None
     (n_slots,) = slots
@@ -87,18 +87,20 @@ def rehome(tensors: list[SlotTensor], nbytes: int, dtype: Any) -> Any:
         flat = torch.empty(n_slots * nbytes, dtype=torch.uint8, device="cpu")
         typed = flat.view(dtype)
         per_slot = nbytes // esize
-        moved: dict[tuple[int, bool], dict[int, Any]] = {}
+        moved: dict[tuple[int, bool], tuple[Any, dict[int, Any]]] = {}  # (layer, is_a) -> (layer, slice -> view)
         for t in tensors:
             rows, cols = t.shape
             view = typed.as_strided((n_slots, 1, rows, cols), (per_slot, rows * cols, cols, 1), t.offset // esize)
             view.copy_(_stacked(t))  # every slot keeps what it serves
-            moved.setdefault((id(t.layer), t.is_a), {})[t.index] = view
-    for t in tensors:
-        new = moved.pop((id(t.layer), t.is_a), None)
-        if new is None:
-            continue  # this layer's tuple is replaced already
-        name = "lora_a_stacked" if t.is_a else "lora_b_stacked"
-        current = getattr(t.layer, name)
-        setattr(t.layer, name, tuple(new.get(i, s) for i, s in enumerate(current)))
-        setattr(t.layer, MOVED, True)
+            moved.setdefault((id(t.layer), t.is_a), (t.layer, {}))[1][t.index] = view
+    for (_, is_a), (layer, views) in moved.items():
+        name = "lora_a_stacked" if is_a else "lora_b_stacked"
+        setattr(layer, name, tuple(views.get(i, s) for i, s in enumerate(getattr(layer, name))))
+        setattr(layer, MOVED, True)
     return flat
+
+
+def slot_bytes(flat: Any, slot: int, nbytes: int) -> Any:
+    """The bytes of slot ``slot`` in a buffer :func:`rehome` made for a layout of ``nbytes`` bytes: where one
+    copy of the segment writes that slot."""
+    return flat[slot * nbytes:(slot + 1) * nbytes]

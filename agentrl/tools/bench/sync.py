@@ -77,37 +77,25 @@ async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, wo
     return res
 
 
-def memcpy_ms(nbytes: int, reps: int = 50) -> float:
+COLD_EVICT_BYTES = 64 << 20
+"""What :func:`memcpy_ms` writes before each timed copy when ``cold``: more than this host's caches hold."""
+
+
+def memcpy_ms(nbytes: int, reps: int = 50, cold: bool = False) -> float:
     """Median time of one in-process copy of ``nbytes`` bytes between two preallocated buffers (the floor an
-    in-engine copy of an adapter of that size is measured against)."""
+    in-engine copy of an adapter of that size is measured against). ``cold``: the caches emptied before each
+    copy (``COLD_EVICT_BYTES`` written), as for an engine's copy, which runs between two forward passes that
+    left other data in the caches, from a segment another process wrote."""
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
+    evict = torch.zeros(COLD_EVICT_BYTES if cold else 0, dtype=torch.uint8)
     times = []
     for _ in range(reps + 3):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return _p(times[3:], 0.5)
-
-
-COLD_EVICT_BYTES = 64 << 20
-"""What :func:`cold_memcpy_ms` writes between two timed copies: more than this host's caches hold."""
-
-
-def cold_memcpy_ms(nbytes: int, reps: int = 20) -> float:
-    """As :func:`memcpy_ms` with the caches emptied before each copy (``COLD_EVICT_BYTES`` written): the floor
-    of an engine's copy, which runs between two forward passes that left other data in the caches, from a
-    segment another process wrote."""
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    evict = torch.zeros(COLD_EVICT_BYTES, dtype=torch.uint8)
-    times = []
-    for _ in range(reps + 2):
         evict.add_(1)
         t0 = time.perf_counter()
         dst.copy_(src)
         times.append((time.perf_counter() - t0) * 1e3)
-    return _p(times[2:], 0.5)
+    return _p(times[3:], 0.5)
 
 
 async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: list[dict[str, torch.Tensor]],
@@ -247,7 +235,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
                                         / out["control_in_flight_end_to_end_ms_p50"])
     out["memcpy_ms_p50"] = memcpy_ms(nbytes)
     out["engine_over_memcpy"] = out["engine_ms_p50"] / out["memcpy_ms_p50"]
-    out["cold_memcpy_ms_p50"] = cold_memcpy_ms(nbytes)
+    out["cold_memcpy_ms_p50"] = memcpy_ms(nbytes, reps=20, cold=True)
     out["engine_copy_over_cold_memcpy"] = out["engine_copy_ms_p50"] / out["cold_memcpy_ms_p50"]
     out["speedup_vs_file"] = out["file_load_ms_p50"] / out["engine_ms_p50"]
     out["speedup_engine_vs_file_engine"] = out["file_engine_ms_p50"] / out["engine_ms_p50"]

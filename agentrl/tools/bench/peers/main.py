@@ -62,10 +62,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "trl_gain": round(summary["trl"]["gain"], 4), "trl_gain_se": round(summary["trl"]["gain_se"], 4),
         "target_time_ratio": 0.5, "target_met": bool(summary["time_ratio"] <= 0.5 and summary["gain_difference"]
                                                       >= -2 * summary["gain_difference_se"]),
-        **summary, "table": table(summary, generation, cfg.mode or "sync"),
+        **summary, "table": table(summary, generation, cfg.mode),
         "peer": {"framework": "trl", "version": seeds[0]["trl"].get("trl_version", TRL_VERSION),
                  "generation": generation},
-        "agentrl_mode": cfg.mode, "agentrl_max_staleness": cfg.pipeline.max_staleness if cfg.mode == "async" else 0,
+        "agentrl_mode": cfg.mode, "agentrl_max_staleness": cfg.pipeline.max_staleness,  # sync resolves to 0
         "model": str(model), "env": cfg.env, "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "seeds": [s["seed"] for s in seeds], "eval_n": args.eval_n,
         "weights": "full", "trl_settings": mapped,
