@@ -62,12 +62,57 @@ def test_a_schedule_the_peer_cannot_follow_is_refused() -> None:
     with pytest.raises(ValueError, match="warm-up"):
         settings.trl_config(_cfg(trainer={"lora": False, "lr_warmup_steps": 2, "lr_decay_steps": 20}), CalcEnv,
                             out_dir="o", generation="generate")
-    with pytest.raises(ValueError, match="full-weight"):
-        settings.trl_config(_cfg(trainer={"lora": True, "lr_decay_steps": 20}), CalcEnv, out_dir="o",
-                            generation="generate")
+    with pytest.raises(ValueError, match="plain LoRA adapter"):  # the embedding trains whole beside it
+        settings.trl_config(_cfg(trainer={"lora": True, "lora_train_embedding": True, "lr_decay_steps": 20}),
+                            CalcEnv, out_dir="o", generation="generate")
     with pytest.raises(ValueError, match="lr_decay_steps"):
         settings.trl_config(_cfg(trainer={"lora": False, "lr_decay_steps": 7}), CalcEnv, out_dir="o",
                             generation="generate")
+
+
+def test_lora_maps_to_the_same_peft_adapter_served_merged() -> None:
+    over = settings.agentrl_overrides(model="models/tiny", steps=20, tasks_per_step=16, group_size=8, seed=3,
+                                      output_dir="runs", name="x", weights="lora")
+    cfg = load_config(None, over).resolved()
+    t = cfg.trainer
+    assert t.lora and not t.lora_trains_whole and cfg.pipeline.lora_sync == "merged"
+    assert settings.trl_peft(cfg) == {"r": t.lora_rank, "lora_alpha": t.lora_alpha, "lora_dropout": 0.0,
+                                      "target_modules": list(t.lora_target_modules), "bias": "none",
+                                      "use_rslora": False, "task_type": "CAUSAL_LM"}
+    assert settings.trl_config(cfg, CalcEnv, out_dir="o", generation="generate")["learning_rate"] == t.lr
+    assert settings.trl_peft(_cfg()) is None  # full weights: no adapter
+    assert "LoRA: the same adapter" in " ".join(settings.trl_differences(cfg, CalcEnv, "generate"))
+    with pytest.raises(ValueError, match="weights"):
+        settings.agentrl_overrides(model="m", steps=1, tasks_per_step=1, group_size=2, seed=0, output_dir="r",
+                                   name="x", weights="qlora")
+
+
+def test_an_adapter_is_merged_into_a_plain_model_the_evaluator_loads(tmp_path: Path) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from agentrl.tools.bench.peers.run import merge_adapter
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    base.save_pretrained(tmp_path / "base")
+    (tmp_path / "base" / "tokenizer_config.json").write_text("{}")
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    ids = torch.tensor([[1, 5, 9, 3]])
+    want = peft_model(input_ids=ids).logits
+    out = merge_adapter(tmp_path / "base", tmp_path / "adapter", tmp_path / "merged")
+    assert not (out / "adapter_config.json").exists() and (out / "tokenizer_config.json").is_file()
+    got = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    plain = LlamaForCausalLM.from_pretrained(str(tmp_path / "base"))(input_ids=ids).logits
+    assert not torch.allclose(got, plain, atol=1e-3)  # the adapter changed the model
 
 
 def test_the_differences_name_what_the_mapping_cannot_remove() -> None:

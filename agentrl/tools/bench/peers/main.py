@@ -34,21 +34,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.tools.bench.peers.install import ensure_trl
     from agentrl.tools.bench.peers.report import summarize, table
     from agentrl.tools.bench.peers.run import run_seed
-    from agentrl.tools.bench.peers.settings import TRL_VERSION, agentrl_overrides, trl_config, trl_differences
+    from agentrl.tools.bench.peers.settings import (
+        TRL_VERSION,
+        agentrl_overrides,
+        trl_config,
+        trl_differences,
+        trl_peft,
+    )
 
     trl_path = ensure_trl(TRL_VERSION)
     model = asyncio.run(bench_model(args.model))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     seeds, cfg = [], None
-    for i in range(args.seeds):
-        seed = args.first_seed + i
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         cfg = load_config(None, agentrl_overrides(
             model=str(model), steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
-            seed=seed, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}", mode=args.mode)).resolved()
-        print(f"seed {seed}: agentrl ({args.mode}) and TRL, {args.steps} steps of {args.tasks_per_step} x {args.group_size}",
+            seed=seed, output_dir=str(args.work), name=f"peers-{stamp}-seed{seed}", mode=args.mode,
+            weights=args.weights)).resolved()
+        print(f"seed {seed}: agentrl ({args.mode}) and TRL, {args.steps} steps of {args.tasks_per_step} x "
+              f"{args.group_size}, {args.weights} weights",
               file=sys.stderr, flush=True)
         seeds.append(run_seed(cfg, trl_path, generation=args.trl_generation, eval_n=args.eval_n,
-                              peer_first=i % 2 == 1, timeout_s=args.timeout_min * 60))
+                              peer_first=seed % 2 == 1, timeout_s=args.timeout_min * 60))
+        # each seed's figures as soon as it ends: a later seed that fails loses nothing of this one
+        (cfg.run_dir.parent / f"{cfg.name}-work" / "seed.json").write_text(json.dumps(seeds[-1]))
     assert cfg is not None
     env_cls = load_env(cfg.env)
     summary = summarize(seeds)
@@ -68,7 +77,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "agentrl_mode": cfg.mode, "agentrl_max_staleness": cfg.pipeline.max_staleness,  # sync resolves to 0
         "model": str(model), "env": cfg.env, "steps": args.steps, "tasks_per_step": args.tasks_per_step,
         "group_size": args.group_size, "seeds": [s["seed"] for s in seeds], "eval_n": args.eval_n,
-        "weights": "full", "trl_settings": mapped,
+        "weights": args.weights, "lr": cfg.trainer.lr, "trl_settings": mapped, "trl_peft": trl_peft(cfg),
         "differences": trl_differences(cfg, env_cls, args.trl_generation) + (
             [] if same_prompts else
             ["The prompts differ: TRL's rendering of the first tasks' prompts is not agentrl's token for token."]),
@@ -89,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="TRL's generation: transformers generate, or its colocated vLLM engine")
     parser.add_argument("--mode", choices=("sync", "async"), default="sync",
                         help="agentrl's mode: sync (the training default) or async (generation overlaps training)")
+    parser.add_argument("--weights", choices=("full", "lora"), default="full",
+                        help="what both train: every weight, or the same LoRA adapter (every linear layer, peft)")
     parser.add_argument("--eval-n", type=int, default=200, help="held-out tasks per evaluation")
     parser.add_argument("--work", type=Path, default=Path("runs/bench-peers"), help="where the runs are written")
     parser.add_argument("--timeout-min", type=float, default=60.0, help="limit on each framework's training run")

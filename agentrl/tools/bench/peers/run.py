@@ -5,7 +5,8 @@ its own child process (:mod:`agentrl.tools.bench.peers.trl_side`) on the same mo
 tasks (agentrl's seeded draw, :func:`agentrl.environment.tasks.task_rng`), the same prompts and tool schemas,
 and the settings mapped from the same run config (:mod:`agentrl.tools.bench.peers.settings`); the order of
 the two alternates between seeds. Then agentrl's evaluator scores the base model and both final models on
-the same held-out tasks (each a plain Hugging Face directory).
+the same held-out tasks (each a plain Hugging Face directory: a trained LoRA adapter, agentrl's or the
+peer's, is merged into the base model first, the same way for both, by :func:`merge_adapter`).
 
 The time a framework is charged is its training loop only, from the start of its first step to the end of
 its last (start-up and evaluations apart): agentrl's ``wall_train_s``, TRL's first ``on_step_begin`` to last
@@ -54,6 +55,41 @@ def _child(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | No
         raise BenchFailed(f"{' '.join(cmd[:4])} ... exited with {rc}: {_tail(log)} (log: {log})")
 
 
+def merge_adapter(base: str | Path, adapter: str | Path, out: Path) -> Path:
+    """A plain Hugging Face directory at ``out``: the peft LoRA adapter ``adapter`` merged into the model
+    ``base`` (``W0 + scaling * B @ A``, in float32), with the base's tokenizer files, chat template and
+    generation config. Written beside ``out`` and renamed into place."""
+    import shutil
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.model import TOKENIZER_FILES
+
+    base, out = Path(base), Path(out)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(str(tmp), safe_serialization=True)
+    for name in (*TOKENIZER_FILES, "generation_config.json"):
+        if (base / name).is_file():
+            shutil.copy2(base / name, tmp / name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def _plain_model(cfg: Any, trained: str) -> str:
+    """The directory the evaluator scores for a final policy: ``trained`` itself (a whole model) or, for a
+    LoRA adapter, the adapter merged into ``cfg.model`` beside it (``<adapter>-merged``)."""
+    path = Path(trained)
+    if not (path / "adapter_config.json").is_file():
+        return trained
+    return str(merge_adapter(cfg.model, path, path.with_name(f"{path.name}-merged")))
+
+
 def run_agentrl(cfg: Any, work: Path, timeout_s: float) -> dict[str, Any]:
     """``agentrl train`` with ``cfg`` (written out as its TOML), summarised from its metrics."""
     toml = work / "agentrl.toml"
@@ -97,7 +133,7 @@ def run_trl(cfg: Any, env_cls: Any, tasks: list[dict[str, Any]], trl_path: Path,
             timeout_s: float) -> dict[str, Any]:
     """TRL's GRPO on the same work, in a child process with TRL on its path."""
     from agentrl.launch.stack import load_chat_format
-    from agentrl.tools.bench.peers.settings import trl_config
+    from agentrl.tools.bench.peers.settings import trl_config, trl_peft
 
     out = work / "trl"
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +145,8 @@ def run_trl(cfg: Any, env_cls: Any, tasks: list[dict[str, Any]], trl_path: Path,
             # what agentrl sends the engine for the first tasks: the peer's rendering is checked against it
             "prompt_ids": [chat.prompt_ids(p, tools) for p in prompts[:4]],
             "out_dir": str(out), "result": str(out / "result.json"),
-            "trl_config": trl_config(cfg, env_cls, out_dir=str(out), generation=generation)}
+            "trl_config": trl_config(cfg, env_cls, out_dir=str(out), generation=generation),
+            "peft": trl_peft(cfg)}
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(trl_path.resolve()), env.get("PYTHONPATH")) if p)
@@ -150,8 +187,8 @@ def run_seed(cfg: Any, trl_path: Path, *, generation: str, eval_n: int, peer_fir
             results[side] = run_agentrl(cfg, work, timeout_s)
         else:
             results[side] = run_trl(cfg, env_cls, tasks, trl_path, generation, work, timeout_s)
-    evals = evaluate_models(cfg, {"base": str(cfg.model), "agentrl": results["agentrl"]["final_model"],
-                                  "trl": results["trl"]["final_model"]}, eval_n)
+    evals = evaluate_models(cfg, {"base": str(cfg.model),
+                                  **{side: _plain_model(cfg, results[side]["final_model"]) for side in order}}, eval_n)
     for side in ("agentrl", "trl"):
         results[side]["success_before"] = evals["base"]["success"]
         results[side]["success_after"] = evals[side]["success"]

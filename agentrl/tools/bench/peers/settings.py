@@ -26,8 +26,7 @@ def trl_config(cfg: Any, env_cls: Any, *, out_dir: str, generation: str) -> dict
     batch: TRL's ``dapo``), per-group advantage scaling, sampling settings, turn limit and precision."""
     t = cfg.trainer
     loss = t.loss
-    if t.lora:
-        raise BenchArgumentError("the mapping to TRL covers full-weight training only (trainer.lora = false)")
+    trl_peft(cfg)  # an adapter the peer cannot train the same way is refused here
     if t.lr_schedule not in ("cosine", "constant") or t.lr_warmup_steps:
         raise BenchArgumentError(f"trainer.lr_schedule {t.lr_schedule!r} with {t.lr_warmup_steps} warm-up steps has no "
                          "mapping to TRL here (cosine or constant, no warm-up)")
@@ -58,6 +57,23 @@ def trl_config(cfg: Any, env_cls: Any, *, out_dir: str, generation: str) -> dict
     }
 
 
+def trl_peft(cfg: Any) -> dict[str, Any] | None:
+    """``peft.LoraConfig`` keyword arguments for TRL (its ``peft_config``) that train the adapter ``cfg``'s
+    trainer trains: the same rank, scaling (``lora_alpha / r``, no rsLoRA), dropout and target modules, no
+    bias; None for full-weight training. Tensors trained whole beside agentrl's adapter (norms, the tied
+    embedding) are refused: peft's ``modules_to_save`` would train them at the adapter's rate, agentrl at the
+    full-weight one, so no setting of TRL's makes the two the same."""
+    t = cfg.trainer
+    if not t.lora:
+        return None
+    if t.lora_trains_whole:
+        raise BenchArgumentError("the mapping to TRL covers a plain LoRA adapter (trainer.lora_train_norms and "
+                                 "trainer.lora_train_embedding false) or full weights")
+    return {"r": t.lora_rank, "lora_alpha": t.lora_alpha, "lora_dropout": t.lora_dropout,
+            "target_modules": list(t.lora_target_modules), "bias": "none", "use_rslora": False,
+            "task_type": "CAUSAL_LM"}
+
+
 def _no_cuda() -> bool:
     import torch
 
@@ -84,6 +100,13 @@ def trl_differences(cfg: Any, env_cls: Any, generation: str) -> list[str]:
         "Precision: both in float32; agentrl's engine (vLLM) samples in float32 too"
         + ("." if generation == "vllm" else ", TRL samples with transformers generate in float32."),
     ]
+    if cfg.trainer.lora:
+        out.append(f"LoRA: the same adapter on both sides through peft (rank {cfg.trainer.lora_rank}, alpha "
+                   f"{cfg.trainer.lora_alpha:g}, {', '.join(cfg.trainer.lora_target_modules)}), each initialised "
+                   "from its own framework's random draw; agentrl's engine generates on the base weights with the "
+                   "adapter merged into them at each sync (pipeline.lora_sync = merged), TRL generates through "
+                   "the peft model; both final adapters are merged into the base model the same way for the "
+                   "evaluation.")
     if cfg.mode == "async":
         out.append(f"Overlap: agentrl runs async (generation overlaps training; a group's head at most "
                    f"{cfg.pipeline.max_staleness} versions behind when trained, each token at most "
@@ -91,15 +114,29 @@ def trl_differences(cfg: Any, env_cls: Any, generation: str) -> list[str]:
     return out
 
 
+WEIGHTS = ("full", "lora")
+"""What both frameworks train: every weight, or a plain LoRA adapter (peft's, on the trainer's target modules)."""
+
+
 def agentrl_overrides(*, model: str, steps: int, tasks_per_step: int, group_size: int, seed: int,
-                      output_dir: str, name: str, mode: str = "sync") -> dict[str, Any]:
-    """The run settings the benchmark gives ``agentrl train`` (over the ``calc`` preset): every weight trained
-    (``--full``: the same parameters on both sides; agentrl's LoRA recipe for the embedded model also trains
-    the tied embedding whole, which has no one-to-one peft mapping), no checkpoints, no time limit, no
-    evaluation inside the run's step loop (both final models are evaluated alike afterwards). ``mode``: the
-    run's ``mode`` (``sync``, the training default; ``async`` at the pipeline's default bound)."""
-    return {
+                      output_dir: str, name: str, mode: str = "sync", weights: str = "full") -> dict[str, Any]:
+    """The run settings the benchmark gives ``agentrl train`` (over the ``calc`` preset): no checkpoints, no
+    time limit, no evaluation inside the run's step loop (both final models are evaluated alike afterwards).
+    ``mode``: the run's ``mode`` (``sync``, the training default; ``async`` at the pipeline's default bound).
+    ``weights``: ``full`` trains every weight (``--full``, at the preset's full-weight rate), ``lora`` the
+    trainer's default adapter (every linear layer) at its LoRA rate, with no tensor trained whole beside it
+    (agentrl's recipe for the embedded model also trains the tied embedding, which has no peft mapping at the
+    same rate), served merged into the engine's weights (agentrl's fastest way to generate with an adapter
+    on a CPU)."""
+    if weights not in WEIGHTS:
+        raise BenchArgumentError(f"weights {weights!r}: one of {', '.join(WEIGHTS)}")
+    trainer: dict[str, Any] = {"lora": weights == "lora", "lr_decay_steps": steps}
+    over: dict[str, Any] = {
         "env": "calc", "model": model, "steps": steps, "tasks_per_step": tasks_per_step, "group_size": group_size,
         "seed": seed, "output_dir": output_dir, "name": name, "eval_every": 0, "checkpoint_every": 0,
-        "time_limit_min": 10_000.0, "mode": mode, "trainer": {"lora": False, "lr_decay_steps": steps},
+        "time_limit_min": 10_000.0, "mode": mode, "trainer": trainer,
     }
+    if weights == "lora":
+        trainer.update(lora_train_norms=False, lora_train_embedding=False)
+        over["pipeline"] = {"lora_sync": "merged"}
+    return over

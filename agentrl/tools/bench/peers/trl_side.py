@@ -4,8 +4,8 @@ Run as ``python -m agentrl.tools.bench.peers.trl_side SPEC.json`` in the environ
 benchmark puts TRL on ``PYTHONPATH`` from its own directory; agentrl's dependency set never includes it).
 ``SPEC.json`` (written by :mod:`agentrl.tools.bench.peers.run`) names the model, the environment, the task
 sequence, the ``GRPOConfig`` keyword arguments (:func:`agentrl.tools.bench.peers.settings.trl_config`) and
-where to write; the result (per-step times, generation time and tokens, rewards, the final model's
-directory) is written as JSON beside it.
+where to write, and the peft ``LoraConfig`` when the run trains an adapter; the result (per-step times,
+generation time and tokens, rewards, the final model's or adapter's directory) is written as JSON beside it.
 
 The adapter is thin:
 
@@ -111,9 +111,14 @@ def main(spec_path: str) -> int:
             steps[-1]["end"] = time.perf_counter()
 
     config = GRPOConfig(**spec["trl_config"])
+    peft_config = None
+    if spec.get("peft"):  # the adapter agentrl trains (settings.trl_peft), through peft
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**spec["peft"])
     trainer = Timed(model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows),
                     processing_class=tokenizer, environment_factory=_environment_class(env_cls),
-                    callbacks=[Clock()])
+                    callbacks=[Clock()], peft_config=peft_config)
     # the environment's own schemas, for rendering the prompts and parsing the calls (execution still goes
     # through the adapter's methods, looked up by name)
     trainer._env_tools = {name: list(schemas) for name in trainer._env_tools}
@@ -122,8 +127,8 @@ def main(spec_path: str) -> int:
         tokenize=True, return_dict=True, **trainer.chat_template_kwargs)["input_ids"][0])
         for p in spec["prompts"][: len(spec["prompt_ids"])]]
     trainer.train()
-    final = Path(spec["out_dir"]) / "final_model"
-    trainer.save_model(str(final))
+    final = Path(spec["out_dir"]) / ("final_adapter" if peft_config is not None else "final_model")
+    trainer.save_model(str(final))  # a peft adapter directory when it trained one
     tokenizer.save_pretrained(str(final))
     logs = [r for r in trainer.state.log_history if "reward" in r]
     result = {
