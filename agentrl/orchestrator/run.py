@@ -431,7 +431,7 @@ class TrainingRun:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
                    unit="step")
         eval_s = 0.0
-        loop_t0 = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
+        loop_t0 = plotted = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
         try:
             async with orch:
                 while self.step < self._last_step():
@@ -454,7 +454,9 @@ class TrainingRun:
                         eval_s += time.perf_counter() - t
                     if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         await self._checkpoint(trainer)
-                    plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+                    if time.perf_counter() - plotted >= cfg.tracking.plot_every_s:  # always drawn at the end
+                        plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
+                        plotted = time.perf_counter()
         finally:
             bar.close()
             self.orch = None

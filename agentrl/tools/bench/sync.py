@@ -13,7 +13,10 @@ which runs between forward passes (``engine_copy_over_cold_memcpy``: the copy al
 it; ``engine_copies`` says how many copies the engine made). The shared-memory path runs twice, over HTTP and over the engine core's local
 control socket (``control_*``: :mod:`agentrl.weight_sync.control`), each also timed as training runs it under a
 generation in flight (``in_flight_end_to_end_ms``: the hot sequence, then the first streamed token under the new
-version). Prints a table, then one JSON object as the last line.
+version). Beside them, the engine's own floors of those figures, measured in the same loops: ``request_ms`` (the
+same one-token request with nothing published before it; ``sync_adds_ms`` is end to end minus it) and
+``token_gap_ms`` (two tokens of a running stream with no update between them: a decode step and the stream's
+delivery). Prints a table, then one JSON object as the last line.
 
 ``--full`` runs the full-weight sync benchmark instead (a trainer's whole model into the engine:
 :mod:`agentrl.tools.bench.full_sync`, which takes its own options).
@@ -99,15 +102,18 @@ def memcpy_ms(nbytes: int, reps: int = 50, cold: bool = False) -> float:
 
 
 async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: list[dict[str, torch.Tensor]],
-                     prompt: list[int], first: int, per_stream: int = 4, gap_s: float = 0.02) -> list[float]:
+                     prompt: list[int], first: int, per_stream: int = 4,
+                     gap_s: float = 0.02) -> tuple[list[float], list[float]]:
     """The hot sequence as training runs it (:func:`agentrl.orchestrator.loop.live_update`: a ``keep`` pause
     around the publish unless the publisher is atomic), under greedy generations in flight: per update, ms from
     its start to the arrival of the first streamed token that carries its version (``per_stream`` updates,
-    ``gap_s`` apart, into each generation)."""
+    ``gap_s`` apart, into each generation); and the ms between two tokens of the same streams that no update
+    came between (the engine's own pace: a decode step and the stream's delivery, the floor of the first)."""
     from agentrl.core.versions import engine_label
     from agentrl.orchestrator.loop import live_update
 
     out: list[float] = []
+    gaps: list[float] = []
     version = first
     todo = list(updates)
     while todo:
@@ -130,20 +136,27 @@ async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: lis
             await live_update(client, sync, version, paused=True, mode="keep")
             await asyncio.sleep(gap_s)
         gen = await task
+        firsts = set()
         for label, start, _ in gen.weight_versions or []:
             if label in starts and start < len(arrivals):
                 out.append((arrivals[start] - starts.pop(label)) * 1e3)
-    return out
+                firsts.add(start)
+        # tokens that arrived one by one, each after a token of the same version (the stream's steady pace)
+        gaps += [(arrivals[i] - arrivals[i - 1]) * 1e3 for i in range(9, len(arrivals))
+                 if i not in firsts and arrivals[i] > arrivals[i - 1]]
+    return out, gaps
 
 
 async def _time_path(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
                      prompt: list[int], updates: int, first: int) -> tuple[dict, dict[str, list[float]], list[float],
-                                                                           list[float]]:
+                                                                           tuple[list[float], list[float]]]:
     """One sync path: its correctness check, then ``updates`` publishes each followed by a one-token request
-    (its stages, and publish -> that token), then as many under a generation in flight (:func:`_in_flight`)."""
+    (its stages, and publish -> that token), each beside the same request with no publish before it (the
+    engine's own latency, ``request_ms``: the floor of publish -> token), then as many under a generation in
+    flight (:func:`_in_flight`)."""
     check = await _check(client, sync, trainer, shapes, work, rank, prompt)
     await sync.publish(first)  # warm: plan rebuilt for the adapter object the file load created
-    stages: dict[str, list[float]] = {}
+    stages: dict[str, list[float]] = {"request_ms": []}
     e2e: list[float] = []
     for i in range(updates):
         trainer.tensors = random_lora(shapes, seed=100 + i)
@@ -153,6 +166,9 @@ async def _time_path(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict
         e2e.append((time.perf_counter() - t0) * 1e3)
         for k, v in m.items():
             stages.setdefault(k, []).append(v)
+        t0 = time.perf_counter()  # the same request with nothing published before it (cached prompt as above)
+        await client.generate(prompt[:8], max_tokens=1, temperature=0.0, model=NAME)
+        stages["request_ms"].append((time.perf_counter() - t0) * 1e3)
     lone = [random_lora(shapes, seed=first + 1000 + i) for i in range(updates)]
     return check, stages, e2e, await _in_flight(client, sync, trainer, lone, prompt, first + 1000)
 
@@ -172,14 +188,14 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
         # B goes pre-scaled, as a run sends it (the adapters here are saved with alpha = 2 r: scaling 2)
         with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=2.0) as sync:
-            check, stages, e2e, inflight_http = await _time_path(client, sync, trainer, shapes, work, rank, prompt,
-                                                                 updates, 10)
+            check, stages, e2e, (inflight_http, gaps_http) = await _time_path(
+                client, sync, trainer, shapes, work, rank, prompt, updates, 10)
         nbytes = int(stages["adapter_bytes"][0])
         async with controlled(client) as fast:
             if not fast.atomic:
                 raise BenchFailed("the engine opened no control socket: " + ", ".join(fast.endpoints))
             with SharedMemoryAdapterSync(trainer, fast, NAME, b_scale=2.0) as csync:
-                check_control, ctl, ctl_e2e, inflight_control = await _time_path(
+                check_control, ctl, ctl_e2e, (inflight_control, gaps_control) = await _time_path(
                     client, csync, trainer, shapes, work, rank, prompt, updates, 3000)
         net = NetworkAdapterSync(trainer, client, NAME, work / "network", b_scale=2.0)
         net_stages: dict[str, list[float]] = {}
@@ -229,7 +245,12 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         "control_in_flight_end_to_end_ms_p50": _p(inflight_control, 0.5),
         "control_in_flight_end_to_end_ms_p90": _p(inflight_control, 0.9),
         "in_flight_samples": min(len(inflight_http), len(inflight_control)), "correctness_control": check_control,
+        # the engine's own floors: a one-token request with nothing published, a token of a running stream
+        "token_gap_ms_p50": _p(gaps_http + gaps_control, 0.5),
     })
+    out["sync_adds_ms_p50"] = out["end_to_end_ms_p50"] - out["request_ms_p50"]
+    out["control_sync_adds_ms_p50"] = out["control_end_to_end_ms_p50"] - out["control_request_ms_p50"]
+    out["control_in_flight_over_token_gap"] = out["control_in_flight_end_to_end_ms_p50"] / out["token_gap_ms_p50"]
     out["control_publish_speedup"] = out["total_ms_p50"] / out["control_total_ms_p50"]
     out["control_in_flight_speedup"] = (out["in_flight_end_to_end_ms_p50"]
                                         / out["control_in_flight_end_to_end_ms_p50"])
