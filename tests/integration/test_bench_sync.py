@@ -1,4 +1,4 @@
-"""``agentrl bench sync`` on a real vLLM engine (its own, a random tiny Qwen2 with a rank-4 adapter): the in-place
+"""``agentrl bench sync`` on a real vLLM engine (its own, a random tiny Qwen2 with a rank-8 adapter): the in-place
 update is checked against a file load on both control paths, each stage is reported, and the engine's own floors
 (a one-token request with nothing published, the pace of a running stream) sit beside the end-to-end figures
 they bound. The JSON follows from its own figures (no timing is asserted)."""
@@ -21,7 +21,7 @@ def test_bench_sync_reports_the_stages_and_the_engines_floors(tmp_path: Path,
     require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
     from agentrl.tools.bench.sync import main
 
-    assert main(["--updates", "4", "--rank", "4", "--json", "--work-dir", str(tmp_path)]) == 0
+    assert main(["--updates", "4", "--rank", "8", "--json", "--work-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1, "--json prints only the JSON line"
     r = json.loads(out[-1])
