@@ -27,6 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from agentrl.config.trainer import TrainerConfig
 from agentrl.core.errors import AgentRLError, ConfigError
+from agentrl.core.utils.atomic import replace_dir
 from agentrl.trainer.errors import TrainerSettingError
 
 TOKENIZER_FILES = (
@@ -272,17 +273,6 @@ def gather_trainable(model: nn.Module, cfg: TrainerConfig) -> dict[str, torch.Te
     return {k: v.detach().contiguous() for k, v in sd.items()}
 
 
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Move a finished directory into place (replacing an older one at ``path``)."""
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
-        path.rename(old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-
-
 def _save_full_model(model: nn.Module, state: dict[str, torch.Tensor], out: Path, src: Path) -> None:
     """Rank 0: a whole Hugging Face model directory at ``out`` that transformers and vLLM load: the weights,
     ``config.json`` (with the KV cache switched back on: it is off only for training), the source model's own
@@ -292,10 +282,17 @@ def _save_full_model(model: nn.Module, state: dict[str, torch.Tensor], out: Path
         model.save_pretrained(str(out), state_dict=state, safe_serialization=True)
     finally:
         model.config.use_cache = False
+    copy_model_files(src, out)
+
+
+def copy_model_files(src: Path, out: Path) -> None:
+    """Beside weights saved at ``out``: the tokenizer files and chat template of the model directory ``src``
+    (those ``out`` lacks), and its own ``generation_config.json`` verbatim, over the one ``save_pretrained``
+    derives."""
     for name in TOKENIZER_FILES:
         if (src / name).is_file() and not (out / name).exists():
             shutil.copy2(src / name, out / name)
-    if (src / "generation_config.json").is_file():  # verbatim, over the one save_pretrained derives
+    if (src / "generation_config.json").is_file():
         shutil.copy2(src / "generation_config.json", out / "generation_config.json")
 
 
@@ -324,7 +321,7 @@ def save_adapter(model: nn.Module, cfg: TrainerConfig, path: str | Path) -> int:
     else:
         _save_full_model(model, state, tmp, Path(cfg.model_path))
     size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
-    _replace_dir(tmp, path)
+    replace_dir(tmp, path)
     return size
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,3 +21,14 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished directory ``tmp`` into place at ``path`` (replacing an older one there)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        path.rename(old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)

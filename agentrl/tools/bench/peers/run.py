@@ -65,7 +65,8 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: Path) -> Path:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from agentrl.trainer.model import TOKENIZER_FILES
+    from agentrl.core.utils.atomic import replace_dir
+    from agentrl.trainer.model import copy_model_files
 
     base, out = Path(base), Path(out)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
@@ -73,11 +74,8 @@ def merge_adapter(base: str | Path, adapter: str | Path, out: Path) -> Path:
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(str(tmp), safe_serialization=True)
-    for name in (*TOKENIZER_FILES, "generation_config.json"):
-        if (base / name).is_file():
-            shutil.copy2(base / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    copy_model_files(base, tmp)
+    replace_dir(tmp, out)
     return out
 
 
