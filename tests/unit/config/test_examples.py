@@ -13,7 +13,7 @@ def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
     cfg = load_config(EXAMPLES / "smollm2_calc.toml", {"env": "calc"})
     # the warmed-up model, not the embedded one: the embedded-only preset values do not apply
     assert cfg.model == cfg.trainer_config().model_path == cfg.server_config().model == "models/smollm2-135m-calc"
-    assert (cfg.steps, cfg.tasks_per_step, cfg.group_size, cfg.eval_every, cfg.time_limit_min) == (22, 4, 8, 0, 45.0)
+    assert (cfg.steps, cfg.tasks_per_step, cfg.group_size, cfg.eval_every, cfg.time_limit_min) == (36, 4, 8, 0, 45.0)
     assert cfg.trainer.lora and cfg.trainer.lr == 2e-4 and cfg.trainer.lr_schedule == "cosine"
     assert set(cfg.trainer.lora_target_modules) >= {"q_proj", "o_proj", "gate_proj", "down_proj"}
     assert cfg.inference.dtype == "float32"
