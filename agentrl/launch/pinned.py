@@ -117,7 +117,7 @@ class PinnedModel:
 
 
 TINY = PinnedModel("tiny", 1, {
-    "README.md": "ebe217a19bfe33431f2b8a17411050047a03077693cb2b2eb554dff3f7bcb4d3",
+    "README.md": "5a566d1e54d4fa6e1034e3197849e777f8991b8d86a153b3419a71c05cba2862",
     "agentrl_model.json": "5beac6ab80e4f4cd081aa15c7d3bf72321d55ee16289482660ebeedfc6049fe3",
     "chat_template.jinja": "b1cf50ac9d354262534afb6edc78c18e1e868ce3c0942ea04d23daf4bc86e507",
     "config.json": "e07dd10d2d65f5def4c067d9f1aa5da62b99ac35845b7d4b5d0761147e9826d8",
@@ -130,7 +130,7 @@ TINY = PinnedModel("tiny", 1, {
 success 0.31. Its model card (``README.md``) has its measured greedy and sampled success."""
 
 TINY_MOE = PinnedModel("tiny-moe", 1, {
-    "README.md": "8ede52c5f1c597398551a264d22193d63f5c188c07db2d26148b9e1d38a7f5b5",
+    "README.md": "8a091ba0ffb68c04ddc52b15a8625b0896ca736fb9a310f7dbc33cfe439d6268",
     "agentrl_model.json": "0e6e68f51868476d9246a20a4e5c64f2b6759d7bb7be98b0a9fbb1e22016da20",
     "chat_template.jinja": "b1cf50ac9d354262534afb6edc78c18e1e868ce3c0942ea04d23daf4bc86e507",
     "config.json": "4f6a0ec9b7db07b23d5fae3417d3771bd80452a2f6f2b68083c02fb10ee18e41",

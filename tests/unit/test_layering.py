@@ -130,3 +130,9 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     assert found == [(1, "agentrl.orchestrator.run.TrainingRun"), (3, "agentrl.inference.client")]
     layer = _layer_of()
     assert layer["orchestrator"] > layer["rollout"] > layer["inference"]
+
+
+def test_the_top_level_holds_at_most_16_entries() -> None:
+    entries = sorted(p.name for p in (ROOT / "agentrl").iterdir()
+                     if p.name != "__pycache__" and not p.name.startswith("."))
+    assert len(entries) <= 16, entries
