@@ -80,6 +80,14 @@ class VLLMServerSettings(Section):
     """Worker extension class (``--worker-extension-cls``) for in-place LoRA sync over shared memory;
     None disables it. Left out (with a warning) when it cannot be imported, so the server still starts."""
 
+    @field_validator("worker_extension")
+    @classmethod
+    def _not_the_old_name(cls, name: str | None) -> str | None:
+        if name is not None and name.startswith("agentrl.inference.lora_ext."):
+            raise SettingError(f"inference.worker_extension = {name!r} is the extension's old name, which is gone: "
+                               "use agentrl.engine.extension.WorkerExtension (the default)")
+        return name
+
 
 class VLLMServerConfig(VLLMServerSettings):
     """How to launch one vLLM server: the settings and the model it serves."""

@@ -24,10 +24,8 @@ the environment of ``agentrl``), after checking the patches against that vLLM's 
 no patch (``agentrl_write_adapter``, ``agentrl_probe_shm``, ``agentrl_lora_stats``, ``agentrl_lora_checksum``,
 ``agentrl_weight_dtype``) keep working, and so does adapter sync through files.
 
-The extension's old name, ``agentrl.inference.lora_ext.LoRAInPlaceExtension`` (a value of
-``inference.worker_extension`` that configs may hold), still loads it. The engine-side modules' old internal
-paths under ``agentrl.weight_sync`` and ``agentrl.moe`` are gone: they sat below this package and would have
-imported it back up.
+The engine-side modules' old internal paths under ``agentrl.weight_sync`` and ``agentrl.moe`` are gone: they
+sat below this package and would have imported it back up.
 
 Every module here imports without vLLM and torch (the launcher imports the extension to check it); vLLM is
 only imported inside functions that run in a worker.

@@ -1,9 +1,8 @@
 """agentrl's vLLM worker extension: the one class every agentrl-started vLLM server loads.
 
 Start vLLM with ``--worker-extension-cls agentrl.engine.extension.WorkerExtension`` (the default of
-``VLLMServerConfig.worker_extension``; the older name ``agentrl.inference.lora_ext.LoRAInPlaceExtension`` still
-works) and ``VLLM_SERVER_DEV_MODE=1``; then ``POST /collective_rpc`` with ``{"method": "agentrl_...", ...}``
-runs one of its methods on every worker:
+``VLLMServerConfig.worker_extension``) and ``VLLM_SERVER_DEV_MODE=1``; then ``POST /collective_rpc`` with
+``{"method": "agentrl_...", ...}`` runs one of its methods on every worker:
 
 - in-place adapter updates (:class:`agentrl.engine.adapter.AdapterMixin`: ``agentrl_update_lora``,
   ``agentrl_update_lora_bytes``, ``agentrl_write_adapter``, ``agentrl_probe_shm``, ``agentrl_lora_stats``,

@@ -45,9 +45,8 @@ def test_extension_left_out_when_unimportable(tmp_path: Path) -> None:
     assert "--worker-extension-cls" not in VLLMServer(missing, tmp_path).build_command()
     good = VLLMServer(VLLMServerConfig(model="org/model"), tmp_path).build_command()
     assert good[good.index("--worker-extension-cls") + 1] == "agentrl.engine.extension.WorkerExtension"
-    old_name = "agentrl.inference.lora_ext.LoRAInPlaceExtension"  # users' configs may still name it
-    old = VLLMServer(VLLMServerConfig(model="org/model", worker_extension=old_name), tmp_path).build_command()
-    assert old[old.index("--worker-extension-cls") + 1] == old_name
+    with pytest.raises(ValueError, match=r"old name, which is gone: use agentrl\.engine\.extension\.WorkerExtension"):
+        VLLMServerConfig(model="org/model", worker_extension="agentrl.inference.lora_ext.LoRAInPlaceExtension")
 
 
 @pytest.mark.parametrize(("targets", "alphas", "b_scale", "rank"),

@@ -60,6 +60,14 @@ def test_validator_messages_and_bad_toml_stay_one_line(tmp_path: Path) -> None:
     assert problems == [f"{path} is not valid TOML: Invalid value (at line 1, column 9)"]
 
 
+def test_the_worker_extensions_old_name_is_refused(tmp_path: Path) -> None:
+    old = "agentrl.inference.lora_ext.LoRAInPlaceExtension"
+    path, problems = _problems(f"[inference]\nworker_extension = '{old}'\n", tmp_path)
+    assert problems == [f"inference.worker_extension: inference.worker_extension = '{old}' is the extension's old "
+                        "name, which is gone: use agentrl.engine.extension.WorkerExtension (the default) "
+                        f"(got '{old}'); set inference.worker_extension in {path}"]
+
+
 def test_server_and_policy_loaders(tmp_path: Path) -> None:
     secret = "not-long-enough"
     with pytest.raises(ConfigValidationError) as info:
