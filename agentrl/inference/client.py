@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
@@ -68,6 +69,80 @@ def _pool_load(client: httpx.AsyncClient) -> int:
     pool = getattr(client, "_transport", None)
     pool = getattr(pool, "_pool", None)
     return len(getattr(pool, "_requests", ()))
+
+
+def _sampling_params(*, max_tokens: int, temperature: float, top_p: float, top_k: int, min_p: float,
+                     top_logprobs: int, stop_token_ids: list[int] | None, seed: int | None,
+                     ignore_eos: bool) -> dict[str, Any]:
+    """Every sampling parameter of one generation, the penalties neutral (:meth:`InferenceClient.generate`)."""
+    sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
+                          "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "repetition_penalty": 1.0,
+                          "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
+                          "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
+    if seed is not None:
+        sp["seed"] = seed
+    if ignore_eos:  # fixed-length generations (benchmarks, tests)
+        sp["ignore_eos"] = True
+    return sp
+
+
+def _request_bodies(model: str, prompt_ids: list[int], sp: dict[str, Any],
+                    cache_salt: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One generation's request as the token route's body and as the ``/v1/completions`` fallback's."""
+    gen_body: dict[str, Any] = {"model": model, "token_ids": list(prompt_ids),
+                                "sampling_params": {**sp, "detokenize": False}}
+    # the completions route lists each sampled token among its alternatives (even at logprobs=0): named by
+    # id, never by text, so the answer parses whether or not alternatives were asked for
+    cmpl_body: dict[str, Any] = {"model": model, "prompt": list(prompt_ids), "return_token_ids": True,
+                                 "return_tokens_as_token_ids": True, **sp}
+    if cache_salt:
+        gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
+    return gen_body, cmpl_body
+
+
+def _checked(gen: Generation, url: str, top_logprobs: int) -> Generation:
+    """``gen`` (from ``url``) as :meth:`InferenceClient.generate` returns it: alternatives only where they were
+    asked for, and one logprob per token (an :class:`InferenceError` otherwise)."""
+    if not top_logprobs:
+        gen.top_logprobs = None  # the sampled token alone, which ``logprobs`` already holds
+    if len(gen.logprobs) != len(gen.token_ids):
+        raise InferenceError(f"{url} returned {len(gen.token_ids)} tokens but {len(gen.logprobs)} logprobs",
+                             endpoint=url)
+    return gen
+
+
+@dataclass
+class _GenerateCall:
+    """One :meth:`InferenceClient.generate` call across its attempts: what it sends and asks back, and how
+    far it got (the endpoints tried, the ids already handed on to ``on_tokens``)."""
+
+    gen_body: dict[str, Any]
+    cmpl_body: dict[str, Any]
+    key: str | None
+    cost: int
+    """Tokens the request may hold on its endpoint (prompt and ``max_tokens``), counted by routing."""
+    routing_from: int | None
+    sampling_mask: bool
+    top_logprobs: int
+    on_tokens: OnTokens | None
+    tried: list[str] = field(default_factory=list)
+    delivered: int = 0
+
+    @property
+    def takes_records(self) -> bool:
+        """Whether per-request records (MoE routing, sampling masks) are taken from the workers afterwards."""
+        return self.routing_from is not None or self.sampling_mask
+
+    @property
+    def stream(self) -> OnTokens | None:
+        """Where the engine's ids go as they come: on to ``on_tokens``, unless records are taken (then all at
+        the end)."""
+        return self.forward if self.on_tokens and not self.takes_records else None
+
+    def forward(self, ids: list[int]) -> None:
+        """Hand ``ids`` on to ``on_tokens``, counting them."""
+        self.delivered += len(ids)
+        self.on_tokens(ids)  # type: ignore[misc]
 
 
 class InferenceClient:
@@ -151,72 +226,57 @@ class InferenceClient:
         """
         if not prompt_ids:
             raise InvalidArgument("prompt_ids must not be empty")
-        sp: dict[str, Any] = {"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p,
-                              "top_k": top_k if top_k > 0 else -1, "min_p": min_p, "repetition_penalty": 1.0,
-                              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": top_logprobs,
-                              "skip_special_tokens": False, "stop_token_ids": list(stop_token_ids or [])}
-        if seed is not None:
-            sp["seed"] = seed
-        if ignore_eos:  # fixed-length generations (benchmarks, tests)
-            sp["ignore_eos"] = True
-        name = model or self.model
-        gen_body: dict[str, Any] = {"model": name, "token_ids": list(prompt_ids),
-                                    "sampling_params": {**sp, "detokenize": False}}
-        # the completions route lists each sampled token among its alternatives (even at logprobs=0): named by
-        # id, never by text, so the answer parses whether or not alternatives were asked for
-        cmpl_body: dict[str, Any] = {"model": name, "prompt": list(prompt_ids), "return_token_ids": True,
-                                     "return_tokens_as_token_ids": True, **sp}
-        if cache_salt:
-            gen_body["cache_salt"] = cmpl_body["cache_salt"] = cache_salt
-        tried: list[str] = []
-        cost = len(prompt_ids) + max_tokens
-        delivered = 0
-
-        def forward(ids: list[int]) -> None:
-            nonlocal delivered
-            delivered += len(ids)
-            on_tokens(ids)  # type: ignore[misc]
-
-        taken = routing_from is not None or sampling_mask  # per-request records taken from the workers after
-
-        async def attempt(_: int) -> Generation:
-            ep = self.pool.pick(key, avoid=tried)  # NoEnginesError when every endpoint is out of rotation
-            ep.begin(cost)
-            if taken:
-                gen_body["request_id"] = uuid.uuid4().hex  # names the request whose records are taken
-            try:
-                gen = await self._unless_it_leaves(ep, self._generate_on(
-                    ep, gen_body, cmpl_body, stream=forward if on_tokens and not taken else None))
-                if routing_from is not None:
-                    gen.routing = await self._routing_of(ep, gen, gen_body["request_id"], routing_from)
-                if sampling_mask:
-                    gen.sampling_mask = await self._mask_of(ep, gen, gen_body["request_id"])
-                if taken and on_tokens:
-                    forward(list(gen.token_ids))
-            except TransientError as e:
-                tried.append(ep.url)
-                if delivered:
-                    raise InferenceError(f"{ep.url} failed after streaming {delivered} tokens: {e}",
-                                         endpoint=ep.url) from None
-                # a refused connection means no server: out of rotation at once (a dropped connection or a
-                # timeout is retried elsewhere, and the health watch decides about the engine)
-                if e.refused and len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate: {e}"):
-                    log.warning("inference endpoint %s out of rotation: generate: %s", ep.url, e)
-                raise Retry(f"{ep.url}: {e}") from None
-            finally:
-                ep.end(cost)
-            if not top_logprobs:
-                gen.top_logprobs = None  # the sampled token alone, which ``logprobs`` already holds
-            if len(gen.logprobs) != len(gen.token_ids):
-                raise InferenceError(f"{ep.url} returned {len(gen.token_ids)} tokens but "
-                                     f"{len(gen.logprobs)} logprobs", endpoint=ep.url)
-            return gen
-
+        sp = _sampling_params(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                              top_logprobs=top_logprobs, stop_token_ids=stop_token_ids, seed=seed,
+                              ignore_eos=ignore_eos)
+        gen_body, cmpl_body = _request_bodies(model or self.model, prompt_ids, sp, cache_salt)
+        call = _GenerateCall(gen_body, cmpl_body, key=key, cost=len(prompt_ids) + max_tokens,
+                             routing_from=routing_from, sampling_mask=sampling_mask, top_logprobs=top_logprobs,
+                             on_tokens=on_tokens)
         try:
-            return await self.retry.run(attempt)
+            return await self.retry.run(lambda _: self._generate_attempt(call))
         except RetriesExhausted as e:
-            raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(tried))}; "
-                                 f"last error: {e}", endpoint=tried[-1] if tried else None) from None
+            raise InferenceError(f"generate failed after {len(e.errors)} attempts on {sorted(set(call.tried))}; "
+                                 f"last error: {e}", endpoint=call.tried[-1] if call.tried else None) from None
+
+    async def _generate_attempt(self, call: _GenerateCall) -> Generation:
+        """One attempt of ``call``, on the endpoint routing picks for it; a transient failure fails over
+        (:meth:`_fail_over`)."""
+        ep = self.pool.pick(call.key, avoid=call.tried)  # NoEnginesError when every endpoint is out of rotation
+        ep.begin(call.cost)
+        if call.takes_records:
+            call.gen_body["request_id"] = uuid.uuid4().hex  # names the request whose records are taken
+        try:
+            gen = await self._unless_it_leaves(ep, self._generate_on(
+                ep, call.gen_body, call.cmpl_body, stream=call.stream))
+            await self._take_records(ep, gen, call)
+            if call.takes_records and call.on_tokens:  # held back until the records were taken
+                call.forward(list(gen.token_ids))
+        except TransientError as e:
+            raise self._fail_over(ep, e, call) from None
+        finally:
+            ep.end(call.cost)
+        return _checked(gen, ep.url, call.top_logprobs)
+
+    async def _take_records(self, ep: Endpoint, gen: Generation, call: _GenerateCall) -> None:
+        """Attach to ``gen`` what ``ep``'s workers recorded of the finished request, where ``call`` asks for it:
+        its MoE routing, its sampling masks."""
+        if call.routing_from is not None:
+            gen.routing = await self._routing_of(ep, gen, call.gen_body["request_id"], call.routing_from)
+        if call.sampling_mask:
+            gen.sampling_mask = await self._mask_of(ep, gen, call.gen_body["request_id"])
+
+    def _fail_over(self, ep: Endpoint, e: TransientError, call: _GenerateCall) -> Retry | InferenceError:
+        """What a transient failure ``e`` of ``call`` on ``ep`` raises: a :class:`Retry` (on another endpoint),
+        or an :class:`InferenceError` once ids have been handed on (another engine would sample other ids)."""
+        call.tried.append(ep.url)
+        if call.delivered:
+            return InferenceError(f"{ep.url} failed after streaming {call.delivered} tokens: {e}", endpoint=ep.url)
+        # a refused connection means no server: out of rotation at once (a dropped connection or a
+        # timeout is retried elsewhere, and the health watch decides about the engine)
+        if e.refused and len(self.pool.endpoints) > 1 and self.pool.mark_down(ep.url, f"generate: {e}"):
+            log.warning("inference endpoint %s out of rotation: generate: %s", ep.url, e)
+        return Retry(f"{ep.url}: {e}")
 
     @staticmethod
     async def _unless_it_leaves(ep: Endpoint, request: Awaitable[T]) -> T:
