@@ -218,74 +218,125 @@ class TrainStep:
         """Run ``ppo_epochs x num_minibatches`` optimizer steps on the batch of policy ``policy_version``;
         returns global metrics."""
         t0 = time.perf_counter()
+        batch_samples = self._request_samples(samples)
+        minibatches = split_minibatches(batch_samples, self.cfg.num_minibatches)
+        local = [[mb[i] for i in self._mine(mb)] for mb in minibatches]
+        plans = [self._plan(mb) for mb in local]
+        counts = self._loss_counts(local)
+        log.info(
+            "train: %d samples, local micro-batches %s (dummies %s)",
+            len(batch_samples), [len(p) for p in plans], [sum(g is None for g in p) for p in plans],
+        )  # fmt: skip
+        prox, ref = self._fixed_logprobs(plans, n_updates=self.cfg.ppo_epochs * len(minibatches))
+        if self.replay is not None:
+            self.replay.reset_stats()
+        sums, grad_norms, lr = self._updates(plans, counts, prox, ref)
+        if self.replay is not None:
+            self._add_routing_sums(sums)
+        out = self._metrics(self._over_ranks(sums), grad_norms, lr, counts, batch_samples, policy_version)
+        out["time_s"] = time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def _request_samples(samples: Sequence[TrainSample | dict[str, Any]]) -> list[TrainSample]:
+        """A ``train`` request's samples; a :class:`BatchError` for an empty batch or one without loss tokens."""
         batch_samples = [_as_sample(s) for s in samples]
         if not batch_samples:
             raise BatchError("train: empty batch")
         if sum(s.num_loss_tokens for s in batch_samples) == 0:
             raise BatchError("train: the batch has no loss tokens")
-        cfg, lcfg = self.cfg, self.cfg.loss
-        minibatches = split_minibatches(batch_samples, cfg.num_minibatches)
-        local = [[mb[i] for i in self._mine(mb)] for mb in minibatches]
-        plans = [self._plan(mb) for mb in local]
-        counts = [
+        return batch_samples
+
+    def _loss_counts(self, local: list[list[TrainSample]]) -> list[list[float]]:
+        """Per minibatch, its loss tokens and its sequences with loss tokens over all ranks (the loss's
+        normalisers), from each rank's share ``local``."""
+        return [
             self._all_reduce([sum(s.num_loss_tokens for s in mb), sum(s.num_loss_tokens > 0 for s in mb)])
             for mb in local
         ]
-        log.info(
-            "train: %d samples, local micro-batches %s (dummies %s)",
-            len(batch_samples), [len(p) for p in plans], [sum(g is None for g in p) for p in plans],
-        )  # fmt: skip
-        n_updates = cfg.ppo_epochs * len(minibatches)
+
+    def _fixed_logprobs(self, plans: list[Plan], n_updates: int) -> tuple[list[list[Tensor]] | None,
+                                                                           list[list[Tensor]] | None]:
+        """The logprobs that hold still through the request's ``n_updates`` updates: the proximal policy's
+        (for a correction mode) and the reference model's (for a KL term); None where the loss needs none."""
+        lcfg = self.cfg.loss
         # With a single update the proximal policy *is* the current one: skip the extra forward.
         prox = self._precompute(plans, True) if lcfg.is_correction != "none" and n_updates > 1 else None
         ref = self._precompute(plans, False) if lcfg.kl_coef > 0 else None
+        return prox, ref
 
-        if self.replay is not None:
-            self.replay.reset_stats()
+    def _updates(self, plans: list[Plan], counts: list[list[float]], prox: list[list[Tensor]] | None,
+                 ref: list[list[Tensor]] | None) -> tuple[dict[str, float], list[float], float]:
+        """``ppo_epochs`` passes over the minibatches, one optimizer step per minibatch with loss tokens: the
+        metrics summed over the micro-batches, each step's gradient norm, and the last learning rate."""
         sums = dict.fromkeys((*MEAN_METRICS, "num_tokens", "loss"), 0.0)
         grad_norms: list[float] = []
-        lr = lr_at(self.optimizer_step, cfg)
-        for _ in range(cfg.ppo_epochs):
+        lr = lr_at(self.optimizer_step, self.cfg)
+        for _ in range(self.cfg.ppo_epochs):
             for k, plan in enumerate(plans):
                 n_tok, n_seq = counts[k]
                 if n_tok == 0:
                     continue
                 for j, group in enumerate(plan):
-                    batch = self._batch(group)
-                    logp = self._logprobs(batch)
-                    loss, m = policy_loss(
-                        logp,
-                        batch["behav_logprobs_B_T"],
-                        batch["advantages_B"],
-                        batch["loss_mask_B_T"],
-                        lcfg,
-                        prox_logprobs_B_T=None if prox is None else prox[k][j],
-                        ref_logprobs_B_T=None if ref is None else ref[k][j],
-                        num_tokens_global=n_tok,
-                        num_seqs_global=n_seq,
-                    )
-                    # FSDP2 averages gradients over ranks; each rank's loss is already a share of the
-                    # global mean, so scale up to make the reduction a sum.
-                    (loss * self.world).backward()
-                    sums["loss"] += float(loss.detach())
-                    sums["num_tokens"] += m["num_tokens"]
-                    for key in MEAN_METRICS:
-                        sums[key] += m[key] * m["num_tokens"]
-                grad_norms.append(self._clip_grads())
-                lr = lr_at(self.optimizer_step, cfg)
-                for param_group in self.optimizer.param_groups:  # a group's rate is a share of the schedule's
-                    param_group["lr"] = lr * param_group.get("lr_scale", 1.0)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.optimizer_step += 1
-        if self.replay is not None:
-            self.replay.clear()
-            rs = self.replay.stats()
-            sums["routing_decisions"] = float(rs["routing_decisions"])
-            sums["routing_mismatches"] = float(rs["routing_decisions"]) * float(rs["routing_mismatch_frac"])
-            sums["routing_replayed"] = float(rs["routing_decisions"]) * float(rs["routing_replayed_frac"])
+                    self._accumulate(group, n_tok, n_seq, None if prox is None else prox[k][j],
+                                     None if ref is None else ref[k][j], sums)
+                grad_norm, lr = self._optimizer_update()
+                grad_norms.append(grad_norm)
+        return sums, grad_norms, lr
+
+    def _accumulate(self, group: list[TrainSample] | None, n_tok: float, n_seq: float, prox_B_T: Tensor | None,
+                    ref_B_T: Tensor | None, sums: dict[str, float]) -> None:
+        """One micro-batch's forward and backward (its gradients add to the step's), its loss and metrics
+        added to ``sums``."""
+        batch = self._batch(group)
+        logp = self._logprobs(batch)
+        loss, m = policy_loss(
+            logp,
+            batch["behav_logprobs_B_T"],
+            batch["advantages_B"],
+            batch["loss_mask_B_T"],
+            self.cfg.loss,
+            prox_logprobs_B_T=prox_B_T,
+            ref_logprobs_B_T=ref_B_T,
+            num_tokens_global=n_tok,
+            num_seqs_global=n_seq,
+        )
+        # FSDP2 averages gradients over ranks; each rank's loss is already a share of the
+        # global mean, so scale up to make the reduction a sum.
+        (loss * self.world).backward()
+        sums["loss"] += float(loss.detach())
+        sums["num_tokens"] += m["num_tokens"]
+        for key in MEAN_METRICS:
+            sums[key] += m[key] * m["num_tokens"]
+
+    def _optimizer_update(self) -> tuple[float, float]:
+        """One optimizer step on the accumulated gradients (clipped, at the schedule's rate): the gradient norm
+        and the rate."""
+        grad_norm = self._clip_grads()
+        lr = lr_at(self.optimizer_step, self.cfg)
+        for param_group in self.optimizer.param_groups:  # a group's rate is a share of the schedule's
+            param_group["lr"] = lr * param_group.get("lr_scale", 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_step += 1
+        return grad_norm, lr
+
+    def _add_routing_sums(self, sums: dict[str, float]) -> None:
+        """Add the MoE routing replay's counts of this request to ``sums`` (and drop its held routing)."""
+        self.replay.clear()
+        rs = self.replay.stats()
+        sums["routing_decisions"] = float(rs["routing_decisions"])
+        sums["routing_mismatches"] = float(rs["routing_decisions"]) * float(rs["routing_mismatch_frac"])
+        sums["routing_replayed"] = float(rs["routing_decisions"]) * float(rs["routing_replayed_frac"])
+
+    def _over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        """``sums`` summed over every rank."""
         keys = list(sums)
-        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+        return dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+
+    def _metrics(self, total: dict[str, float], grad_norms: list[float], lr: float, counts: list[list[float]],
+                 batch_samples: list[TrainSample], policy_version: int) -> dict[str, Any]:
+        """A ``train`` request's metrics, from the sums over every rank ``total`` and the step's own record."""
         n_steps = len(grad_norms)
         out: dict[str, Any] = {k: total[k] / max(total["num_tokens"], 1.0) for k in MEAN_METRICS}
         # The behaviour weights' effective sample size, as a share of the loss tokens: (Σw)² / (n Σw²).
@@ -305,7 +356,6 @@ class TrainStep:
             decisions = max(total["routing_decisions"], 1.0)
             out.update(routing_mismatch_frac=total["routing_mismatches"] / decisions,
                        routing_replayed_frac=total["routing_replayed"] / decisions)
-        out["time_s"] = time.perf_counter() - t0
         return out
 
     @staticmethod
