@@ -16,7 +16,7 @@ from agentrl.http.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
 from agentrl.sandbox import build_image, engine_reachable
 from tests.conftest import require
-from tests.unit.policy.scripted import Scripted, scripted_chat
+from tests.unit.http.policy.scripted import Scripted, scripted_chat
 
 pytestmark = pytest.mark.integration
 

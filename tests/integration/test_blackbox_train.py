@@ -9,7 +9,7 @@ Each program runs unmodified inside a small wrapper that then posts its episode'
 episode of a group could score the same (the tiny model solves some tasks always and others never, and which
 ones depends on its build and on sampling), and then nothing is trained: the check that the trainer takes the
 endpoint's rows on-policy must not depend on that. The environment-scored path is covered by the unit tests
-of the black-box runner (tests/unit/policy/test_blackbox.py)."""
+of the black-box runner (tests/unit/http/policy/test_blackbox.py)."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def test_an_ended_or_expired_episode_releases_its_engine_binding() -> None:
     dropped as the episode ends, whether it is rewarded, closed or expires."""
     from agentrl.config.policy import PolicyConfig
     from agentrl.http.policy.service import PolicyService
-    from tests.unit.policy.scripted import Scripted, scripted_chat
+    from tests.unit.http.policy.scripted import Scripted, scripted_chat
 
     chat = scripted_chat()
     engine = Scripted(chat, [])

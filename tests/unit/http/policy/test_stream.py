@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.http.policy.stream import DeltaText
 from agentrl.rollout.chat import ChatFormat
-from tests.unit.policy.scripted import CALL, TOOLS, http_of, new_episode, scripted_chat, service_of
+from tests.unit.http.policy.scripted import CALL, TOOLS, http_of, new_episode, scripted_chat, service_of
 
 KEYS = ("prompt_ids", "completion_ids", "loss_mask", "logprobs", "versions")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agentrl.rollout.chat import ChatFormat
-from tests.unit.policy.scripted import (
+from tests.unit.http.policy.scripted import (
     CALL,
     TOOLS,
     http_of,

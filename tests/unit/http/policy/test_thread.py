@@ -18,7 +18,7 @@ from agentrl.http.policy.blackbox import BlackBoxRunner
 from agentrl.http.policy.service import PolicyService
 from agentrl.http.policy.thread import EndpointThread, LoopGenerator
 from agentrl.rollout.chat import ChatFormat
-from tests.unit.policy.scripted import Scripted, scripted_chat
+from tests.unit.http.policy.scripted import Scripted, scripted_chat
 
 TOKEN = "x" * 32
 TASK = {"id": "t1", "question": "What is 2 + 3?", "answer": 5}

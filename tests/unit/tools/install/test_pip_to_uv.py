@@ -42,7 +42,7 @@ def test_uv_gets_each_setting_it_has_and_pips_index_rule() -> None:
 
 def test_the_script_prints_export_lines_a_shell_reads(tmp_path: Path) -> None:
     """Run as the Makefile runs it, by path, against this interpreter's pip."""
-    script = Path(__file__).resolve().parents[2] / "agentrl" / "tools" / "install" / "pip_to_uv.py"
+    script = Path(__file__).resolve().parents[4] / "agentrl" / "tools" / "install" / "pip_to_uv.py"
     out = subprocess.run([sys.executable, str(script), sys.executable], capture_output=True, text=True, timeout=120,
                          check=True).stdout
     lines = out.splitlines()

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from agentrl.rollout.chat import ChatFormat
-from tests.unit.policy.scripted import (
+from tests.unit.http.policy.scripted import (
     CALL,
     TOOLS,
     http_of,

@@ -19,7 +19,7 @@ from agentrl.http.policy.service import PolicyService
 from agentrl.orchestrator.samples import to_samples
 from agentrl.rollout.chat import ChatFormat
 from agentrl.tools.modelgen.tokenizer import train_tokenizer
-from tests.unit.policy.scripted import Scripted
+from tests.unit.http.policy.scripted import Scripted
 
 TASK = {"id": "t1", "question": "What is 6 * 7?", "answer": 42}
 CALL_ONCE = """
@@ -97,7 +97,7 @@ from agentrl.http.policy.blackbox import BlackBoxRunner
 from agentrl.http.policy.run import serving
 from agentrl.http.policy.service import PolicyService
 from agentrl.rollout.chat import ChatFormat
-from tests.unit.policy.scripted import Scripted
+from tests.unit.http.policy.scripted import Scripted
 
 async def main():
     chat = ChatFormat(train_tokenizer(["The answer is 42."] * 20, vocab_size=300))
@@ -130,7 +130,7 @@ def test_a_sigkilled_driver_leaves_no_agent_program_behind(tmp_path: Path) -> No
     (tmp_path / "agent.py").write_text(SLEEPER)
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[4]
     driver = subprocess.Popen([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "agent.py"), str(pids_dir)],
                               cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, start_new_session=True)
     pids: list[int] = []
@@ -164,7 +164,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 WRONG_ARGS = '<tool_call>\n{"name": "calculate", "arguments": {"expr": "2 + 3"}}\n</tool_call>'
 
 
@@ -175,7 +175,7 @@ async def test_the_example_agents_end_an_episode_the_model_never_answers(tmp_pat
     Agents SDK raises MaxTurnsExceeded, a LangChain tool a ValidationError)."""
     pytest.importorskip("agents", reason="openai-agents is not installed (pip install 'agentrl[dev]')")
     pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (pip install 'agentrl[dev]')")
-    from tests.unit.policy.scripted import CALL, scripted_chat
+    from tests.unit.http.policy.scripted import CALL, scripted_chat
 
     chat = scripted_chat()
     service = PolicyService(PolicyConfig(port=0, token="x" * 32), Scripted(chat, [WRONG_ARGS, CALL] * 4), chat)
