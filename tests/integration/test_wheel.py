@@ -35,8 +35,9 @@ IMPORT_ALL = textwrap.dedent('''
 
     import agentrl
 
-    # Data, not modules: the SWE tasks' small repositories and the test file init-env copies.
-    SKIP = ("agentrl.envs.swe.repos", "agentrl.tools.scaffold.example_env_check")
+    # Data, not a module: the test file init-env copies. (The SWE tasks' small repositories are data too, with no
+    # package among them, so the walk never meets them.)
+    SKIP = ("agentrl.tools.scaffold.example_env_check",)
     site = Path(sys.argv[1]).resolve()
     seen, outside = [], []
 
@@ -47,7 +48,7 @@ IMPORT_ALL = textwrap.dedent('''
 
     def walk(pkg):
         for info in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
-            if info.name == SKIP[0] or info.name.startswith(SKIP[0] + ".") or info.name in SKIP:
+            if info.name in SKIP:
                 continue
             mod = importlib.import_module(info.name)
             check(mod)
@@ -106,7 +107,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     # Contents: every tracked file under its installed name, and nothing from caches.
     names = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
     for must in ("agentrl/http/policy/__init__.py", "agentrl/tools/scaffold/__init__.py", "agentrl/envs/swe/data/tasks.jsonl",
-                 "agentrl/sandbox/provision.sh"):
+                 "agentrl/sandbox/provision.sh", "agentrl/envs/swe/repos/durations/tests/test_parse.py"):
         assert must in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or "/." in n]
     tracked = _tracked()
@@ -142,3 +143,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     imported = _run([str(py), "-c", IMPORT_ALL, str(site)], cwd=work, timeout=300).stdout.split()
     for name in ("agentrl.cli", "agentrl.http.policy", "agentrl.tools.scaffold", "agentrl.envs.swe", "agentrl.sandbox"):
         assert name in imported
+    assert not [n for n in imported if n.startswith("agentrl.envs.swe.repos")]
+    # The SWE environment finds its repositories (package data) inside the installed package.
+    swe = "from agentrl.envs.swe.repo import REPOS_DIR, clean_tree; print(REPOS_DIR); print(len(clean_tree('durations')))"
+    repos_dir, n_files = _run([str(py), "-c", swe], cwd=work).stdout.split()
+    assert Path(repos_dir) == site / "agentrl" / "envs" / "swe" / "repos" and int(n_files) > 0
