@@ -173,7 +173,7 @@ class ExecHelper:
                     sink(1, payload)
                 elif kind == b"x":
                     return int(payload.decode() or "-1"), False
-        except TimeoutError:
+        except HelperTimeout:
             self.close()
             return None, True
         except (HelperBroken, ValueError):
@@ -190,7 +190,7 @@ class ExecHelper:
                 kind, payload = self._next(deadline)
                 if kind == b"x":
                     return payload == b"0"
-        except (OSError, TimeoutError, HelperBroken, ValueError):
+        except (HelperTimeout, HelperBroken, OSError, ValueError):
             self.close()
             return False
 

@@ -34,7 +34,15 @@ from agentrl.core.errors import EnvError
 from agentrl.envs.swe import issues, localrun
 from agentrl.envs.swe.gitobj import commit_id
 from agentrl.envs.swe.mutations import Mutation, find_mutations
-from agentrl.envs.swe.patches import apply_patch, make_patch, patch_to_edits, replace_unique
+from agentrl.envs.swe.patches import (
+    PatchError,
+    TextNotFound,
+    TextNotUnique,
+    apply_patch,
+    make_patch,
+    patch_to_edits,
+    replace_unique,
+)
 from agentrl.envs.swe.repo import REPOS_DIR, as_bytes, read_tree, strip_hidden
 from agentrl.envs.swe.results import PASSING, files_of
 
@@ -188,7 +196,7 @@ def _oracle_ok(base: dict[str, str], patch: str, clean_parts: dict[str, str]) ->
     try:
         for e in patch_to_edits(patch):
             files[e.path], _ = replace_unique(files[e.path], e.old_str, e.new_str)
-    except (LookupError, ValueError, KeyError):
+    except (PatchError, TextNotFound, TextNotUnique, KeyError):  # KeyError: an edit of a file the tree lacks
         return False
     return all(files[p] == c for p, c in clean_parts.items())
 
@@ -238,7 +246,7 @@ def make_task(repo: str, bugs: list[Accepted], clean: dict[str, str], cfg: Build
             try:
                 symptoms.append(issues.symptom(repro, run_probe(buggy, issues.probe_script(repro))))
                 break
-            except ValueError:
+            except issues.ProbeError:
                 continue
         else:
             raise NoSymptom(f"{repo} {label}: no failing test gives a reproducible symptom")

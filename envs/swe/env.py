@@ -23,12 +23,12 @@ from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.swe.config import REPO_DIR, SweConfig
 from agentrl.envs.swe.grading import GradeResult, extract_patch, grade, prepare_agent_repo
-from agentrl.envs.swe.patches import patch_to_edits, replace_unique
+from agentrl.envs.swe.patches import TextNotFound, TextNotUnique, patch_to_edits, replace_unique
 from agentrl.envs.swe.repo import REPOS_DIR, bundled_dir
 from agentrl.envs.swe.sandboxes import SandboxRun
 from agentrl.envs.swe.task import SweTask, load_jsonl
-from agentrl.envs.swe.text import exec_observation, numbered, truncate_middle, view_range
-from agentrl.sandbox import DockerSandbox
+from agentrl.envs.swe.text import TextViewError, exec_observation, numbered, truncate_middle, view_range
+from agentrl.sandbox import BadSandboxRequest, DockerSandbox, SandboxFileNotFound, SandboxTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -223,9 +223,9 @@ class SweEnv(Environment):
     async def _read_text(self, full: str) -> str:
         try:
             data = await self._box().read_file(full)
-        except FileNotFoundError as e:
+        except SandboxFileNotFound as e:
             raise ToolError(f"cannot read {full}: {str(e).split(': ', 1)[-1]}") from None
-        except ValueError as e:
+        except SandboxTooLarge as e:
             raise ToolError(str(e)) from None
         try:
             return data.decode("utf-8")
@@ -256,7 +256,7 @@ class SweEnv(Environment):
         content = await self._read_text(full)
         try:
             text, first, last = view_range(content, start_line, end_line, self.config.max_view_lines)
-        except ValueError as e:
+        except TextViewError as e:
             raise ToolError(f"{path}: {e}") from None
         total = len(content.splitlines())
         more = f"\n[lines {first}-{last} of {total}; ask for start_line={last + 1} to see more]" if last < total else ""
@@ -283,10 +283,10 @@ class SweEnv(Environment):
         content = await self._read_text(full)
         try:
             updated, line = replace_unique(content, old_str, new_str)
-        except LookupError:
+        except TextNotFound:
             raise ToolError(f"old_str was not found in {path}; it must match the file exactly, "
                             "whitespace and indentation included (view the file first)") from None
-        except ValueError as e:
+        except TextNotUnique as e:
             lines = e.args[0] if e.args and isinstance(e.args[0], list) else []
             raise ToolError(f"old_str occurs {len(lines)} times in {path} (lines {', '.join(map(str, lines))}); "
                             "include more surrounding lines to make it unique") from None
@@ -300,7 +300,7 @@ class SweEnv(Environment):
     async def _write(self, full: str, content: str) -> None:
         try:
             await self._box().write_file(full, content)
-        except ValueError as e:
+        except (SandboxTooLarge, BadSandboxRequest) as e:
             raise ToolError(str(e)) from None
 
     @tool

@@ -23,7 +23,7 @@ from agentrl.envs.swe.protect import filter_patch
 from agentrl.envs.swe.repo import base_tree, materialize
 from agentrl.envs.swe.results import Score, files_of, score, statuses
 from agentrl.envs.swe.task import SweTask
-from agentrl.sandbox import DockerSandbox, ExecResult, SandboxError
+from agentrl.sandbox import DockerSandbox, ExecResult, SandboxError, SandboxFileNotFound, SandboxTooLarge
 
 PLUGIN_SOURCE = Path(__file__).with_name("grade_plugin.py")
 PLUGIN_MODULE = "agentrl_grade_plugin"
@@ -169,7 +169,7 @@ async def _run_pytest(sb: DockerSandbox, task: SweTask, config: SweConfig) -> tu
     r = await sb.exec(cmd, timeout=config.test_timeout_s, workdir=REPO_DIR, env=env)
     try:
         raw = json.loads(await sb.read_file(results))
-    except (FileNotFoundError, ValueError):
+    except (SandboxFileNotFound, SandboxTooLarge, ValueError):  # ValueError: not JSON
         raw = {}
     return statuses(raw), r, None if raw else "the test run produced no results"
 
@@ -183,9 +183,9 @@ async def _run_test_cmd(sb: DockerSandbox, task: SweTask, command: str, config: 
                       env={"PYTHONDONTWRITEBYTECODE": "1"})
     try:
         log = (await sb.read_file(log_path)).decode("utf-8", "replace")
-    except FileNotFoundError:
+    except SandboxFileNotFound:
         return {}, r, "the test command wrote no log"
-    except ValueError:
+    except SandboxTooLarge:
         return {}, r, f"the test log is larger than max_file_bytes={sb.config.max_file_bytes}"
     r = ExecResult(r.exit_code, log[-4000:] + r.output[-1000:], r.timed_out, r.duration, r.truncated, r.oom_killed)
     found = parse_log(task.log_parser, log)
