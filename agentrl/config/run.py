@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.config.base import Section, given
 from agentrl.config.errors import ConfigValidationError, SettingError, validate
@@ -26,6 +26,7 @@ from agentrl.config.inference import (
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
 from agentrl.config.presets import deep_update, is_embedded_model, preset_for, set_dotted
+from agentrl.config.sync import AutoSync, Served, TransportConfig, WeightSyncConfig, refusal, settle
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig, TrainerSettings
 from agentrl.core.errors import ConfigError
@@ -114,30 +115,30 @@ class PipelineConfig(Section):
     update_mode: Literal["keep", "wait"] = "keep"
     """On a weight update: ``keep`` freezes in-flight requests and resumes them under the new weights
     (partial rollouts); ``wait`` lets running requests finish under the old weights first."""
-    weight_sync: Literal["shm", "network", "file", "nccl"] = "shm"
-    """``shm``: copy adapter tensors into each engine's live LoRA slot, through shared memory for engines on
-    this host and in the request body for the others (chosen per engine by a probe at start; files when an
-    engine refuses); ``network``: the request body for every engine (no shared memory or filesystem);
-    ``file``: write the adapter to disk and ``load_lora_adapter`` it (needs a filesystem the engines share;
-    LoRA only: a full-weight run, ``trainer.lora = false``, uses ``shm`` or ``network``); ``nccl``: full weights
-    only, through vLLM's NCCL weight-transfer engine (GPU engines; the trainer needs vLLM importable; never
-    measured by this project)."""
-    sync_control: Literal["socket", "http"] = "socket"
-    """How a LoRA sync (in place or merged) reaches an engine on this host: ``socket``, one message on the
-    engine core's local control socket, run between two of its steps with the label and the reset (no HTTP
-    round trip, no pause around it; engines that cannot open one keep HTTP); ``http``: every call through the
-    engine's API server (``POST /collective_rpc``, the label, the reset, the pause and resume)."""
-    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
-    """How a LoRA run's policy reaches the engines. ``adapter``: the adapter's tensors into the engines' LoRA
-    slots (vLLM's LoRA serving: several adapters at once); ``merged``: the adapter's tensors to engines
-    without LoRA, which merge them into their base weights (``W0 + scaling * B @ A`` for each module the
-    adapter touches, from a kept copy of the base) and generate on plain weights: vLLM's CPU build generates
-    2 to 3.5x slower with a LoRA adapter, and its MoE LoRA path needs Triton; ``auto``: ``merged`` for a MoE
-    model on the CPU build and for an adapter with tensors trained whole (``trainer.lora_train_norms``,
-    ``trainer.lora_train_embedding``), else ``adapter`` (the run logs which)."""
-    weight_transfer_addr: str = "127.0.0.1"
-    """``weight_sync = "nccl"``: an address of the trainer's rank-0 node that every engine's workers can reach
-    (the NCCL rendezvous of the weight transfer)."""
+    weight_sync: WeightSyncConfig = Field(default_factory=AutoSync)
+    """How the trained policy reaches the engines: a transport (``shm``, ``network``, ``file``, ``merged``,
+    ``full``, ``nccl``, or ``auto``, settled when the config is resolved) and its own settings, as a table
+    (``[pipeline.weight_sync]`` with ``transport = "merged"``) or a bare name (``weight_sync = "merged"``).
+    See :mod:`agentrl.config.sync` for each transport and which runs it can serve."""
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _transport_by_name(cls, value: Any) -> Any:
+        """A bare transport name is that transport with its defaults."""
+        return {"transport": value} if isinstance(value, str) else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_that_moved(cls, data: Any) -> Any:
+        """The weight-sync settings that became a transport's own name the setting that holds them now."""
+        moved = {"lora_sync": "is gone: name the transport, pipeline.weight_sync = 'merged' (or 'shm' for the LoRA "
+                              "slots, or 'auto')",
+                 "sync_control": "is now pipeline.weight_sync.control (of the 'shm', 'merged' and 'auto' transports)",
+                 "weight_transfer_addr": "is now pipeline.weight_sync.addr (of the 'nccl' transport)"}
+        found = [f"pipeline.{k} {v}" for k, v in moved.items() if isinstance(data, dict) and k in data]
+        if found:
+            raise SettingError("; ".join(found) + " (see agentrl.config.sync)")
+        return data
 
     @classmethod
     def for_async(cls, eta: int | None = None, **given: Any) -> PipelineConfig:
@@ -329,34 +330,33 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _check_full_weights(self) -> RunConfig:
-        """What a full-weight run (``trainer.lora = false``) cannot do yet: a KL penalty (no reference model)
-        and file weight sync (which reloads LoRA adapters)."""
-        if self.trainer.lora:
-            if self.pipeline.weight_sync == "nccl":
-                raise SettingError("pipeline.weight_sync = 'nccl' streams full weights (trainer.lora = false); "
-                                   "a LoRA run syncs its adapter with 'shm' (the default), 'network' or 'file'")
-            if self.trainer.lora_trains_whole and self.pipeline.lora_sync == "adapter":
-                raise SettingError("trainer.lora_train_norms and trainer.lora_train_embedding train tensors whole "
-                                   "beside the adapter, and vLLM's LoRA slots hold none: serve the policy merged "
-                                   "(pipeline.lora_sync = 'merged', or 'auto', which chooses it), or set them to "
-                                   "false for adapter sync (calc's preset trains the embedding of the embedded model)")
-            if self.pipeline.weight_sync == "file" and self.pipeline.lora_sync == "merged":
-                raise SettingError("pipeline.lora_sync = 'merged' sends the adapter to engines that merge it into "
-                                   "their weights, through shared memory or the request body; 'file' loads "
-                                   "adapter files into LoRA slots: use pipeline.weight_sync = 'shm' or 'network'")
-            return self
-        if self.trainer.loss.kl_coef > 0:
+        """What a full-weight run (``trainer.lora = false``) cannot do yet: a KL penalty (no reference model)."""
+        if not self.trainer.lora and self.trainer.loss.kl_coef > 0:
             raise SettingError(
                 f"trainer.loss.kl_coef = {self.trainer.loss.kl_coef:g} needs a reference policy: with LoRA it is "
                 "the base model with the adapter switched off, but full weights (trainer.lora = false) would "
                 "need a second, frozen, sharded copy of the model, which agentrl does not keep yet; use LoRA "
                 "or trainer.loss.kl_coef = 0")
-        if self.pipeline.weight_sync == "file":
-            raise SettingError(
-                "pipeline.weight_sync = 'file' reloads LoRA adapters from disk, but trainer.lora = false trains "
-                "full weights, which go to the engines through shared memory or the request body: use "
-                "pipeline.weight_sync = 'shm' or 'network'")
         return self
+
+    @model_validator(mode="after")
+    def _check_transport(self) -> RunConfig:
+        """A transport named explicitly that cannot serve this run is refused here, by the rule of
+        :func:`agentrl.config.sync.refusal` (the facts read off the model, a MoE on the CPU build, are checked
+        when the config is resolved)."""
+        problem = refusal(self.pipeline.weight_sync, Served(self.trainer.lora, self.trainer.lora_trains_whole))
+        if problem and self.pipeline.weight_sync.transport != "auto":
+            raise SettingError(problem)
+        return self
+
+    def served(self) -> Served:
+        """What this run asks of its weight sync (:class:`~agentrl.config.sync.Served`): LoRA or full weights,
+        tensors trained whole, and a MoE model on vLLM's CPU build (read off the model directory, when it
+        is there, and the installed vLLM)."""
+        from agentrl.config import facts
+
+        moe_on_cpu = self.trainer.lora and facts.model_moe(self.model) is not None and facts.cpu_build()
+        return Served(self.trainer.lora, self.trainer.lora_trains_whole, moe_on_cpu)
 
     @property
     def policy_model(self) -> str:
@@ -373,8 +373,14 @@ class RunConfig(Section):
 
     @property
     def serves_adapter(self) -> bool:
-        """The engines serve the trained policy as a LoRA adapter (a LoRA run whose adapter is not merged)."""
-        return self.trainer.lora and self.pipeline.lora_sync != "merged"
+        """The engines serve the trained policy from a LoRA slot: the transport serves an adapter (before the
+        config is resolved, ``auto`` of a LoRA run counts as one: it chooses the slots wherever they serve)."""
+        return self.trainer.lora and self.pipeline.weight_sync.serves in ("adapter", None)
+
+    @property
+    def transport(self) -> TransportConfig:
+        """The run's weight-sync transport (``pipeline.weight_sync``), settled once the config is resolved."""
+        return self.pipeline.weight_sync
 
     @property
     def run_dir(self) -> Path:
@@ -389,8 +395,9 @@ class RunConfig(Section):
         return self.run_dir / ("final_adapter" if self.trainer.lora else "final_model")
 
     def resolved(self) -> RunConfig:
-        """The run's settings, resolved once and frozen (a frozen config is returned as it is): the context
-        lengths agree; a full-weight run's own engines serve no LoRA adapters unless ``inference.enable_lora``
+        """The run's settings, resolved once and frozen (a frozen config is returned as it is): the weight-sync
+        transport settled (``auto`` chosen, and every choice checked against the model: :func:`~agentrl.config.
+        sync.settle`); the context lengths agree; a full-weight run's own engines serve no LoRA adapters unless ``inference.enable_lora``
         is set explicitly, and start vLLM's NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``;
         the trainer takes the run's ``seed`` unless ``trainer.seed`` is set, and a learning-rate decay that
         names no end ends at the run's last optimizer step. Assigning to the result raises
@@ -400,13 +407,14 @@ class RunConfig(Section):
         cfg = self.thawed()
         if "seed" not in cfg.trainer.model_fields_set:
             cfg.trainer.seed = cfg.seed
+        cfg.pipeline.weight_sync = settle(cfg.pipeline.weight_sync, cfg.served())
         if cfg.trainer.lr_decay_steps == 0:
             cfg.trainer.lr_decay_steps = cfg.steps * cfg.trainer.ppo_epochs * cfg.trainer.num_minibatches
         if "max_lora_rank" not in cfg.inference.model_fields_set:  # the slot that holds the trainer's adapter
             cfg.inference.max_lora_rank = max(cfg.inference.max_lora_rank, engine_lora_rank(cfg.trainer.lora_rank))
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
-        if cfg.pipeline.weight_sync == "nccl" and cfg.inference.weight_transfer_backend is None:
+        if cfg.pipeline.weight_sync.transport == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = cfg.context_tokens
         out = cfg.frozen()

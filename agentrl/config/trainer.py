@@ -110,7 +110,7 @@ class TrainerSettings(Section):
     directions at once, which a low-rank update of the linear layers reaches only indirectly: on the embedded
     calc model, freezing the norms cost full-weight training more than the adapter's whole gap to it
     (docs/training.md). vLLM's LoRA slots hold no norms, so the engines serve the policy merged
-    (``pipeline.lora_sync = "merged"``, which ``auto`` then chooses): the adapter and the norms cross, and
+    (``pipeline.weight_sync = "merged"``, which ``auto`` then chooses): the adapter and the norms cross, and
     each engine merges the one and loads the other. The norms train at the full-weight rate the adapter's
     is derived from (``lr / LORA_LR_SCALE``), on the same schedule."""
     lora_train_embedding: bool = False

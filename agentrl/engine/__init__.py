@@ -3,9 +3,9 @@
 - :mod:`agentrl.engine.extension`: :class:`~agentrl.engine.extension.WorkerExtension`, the worker extension
   every agentrl-started vLLM server loads (``--worker-extension-cls agentrl.engine.extension.WorkerExtension``);
   it combines
-- :mod:`agentrl.engine.adapter` (a LoRA adapter's weights replaced in place; the copy is planned by
-  :mod:`agentrl.engine.adapter_plan`),
-- :mod:`agentrl.engine.full` (full weights loaded in buckets), and
+- :mod:`agentrl.engine.transports`: the engine half of each weight-sync transport (``shm``, ``network``,
+  ``merged``, ``full``; what the slot transports share is :mod:`agentrl.engine.slots`, the copy is planned by
+  :mod:`agentrl.engine.adapter_plan`, a merge by :mod:`agentrl.engine.merge`), and
 - :mod:`agentrl.engine.routing` (MoE routing capture, done by :mod:`agentrl.engine.capture`);
 - :mod:`agentrl.engine.vllm_patches`: every monkeypatch, per-instance wrap and private lookup of vLLM, in one
   module, each recorded with the vLLM version it was written for and the targets it touches

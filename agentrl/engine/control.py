@@ -37,7 +37,7 @@ from typing import Any
 
 from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
-from agentrl.engine.adapter import label_and_reset
+from agentrl.engine.slots import label_and_reset
 from agentrl.weight_sync.base import BAD_REQUEST, UPDATE_REFUSED
 from agentrl.weight_sync.worker_io import failure
 

@@ -1,12 +1,10 @@
-"""The worker-extension method that serves a LoRA adapter merged into the base weights: only the adapter
-crosses to the engine, and the engine recomputes ``W0 + scaling * B @ A`` for every module it touches from a
-kept copy of the base weights, so generation runs on plain weights (vLLM's LoRA kernels cost the CPU build
-2 to 3.5x of its generation speed).
+"""The plan of a LoRA adapter merged into the base weights, in the worker (the ``merged`` transport's engine
+half, :mod:`agentrl.engine.transports.merged`, runs it): the engine recomputes ``W0 + scaling * B @ A`` for every
+module the adapter touches from a kept copy of the base weights, so generation runs on plain weights (vLLM's
+LoRA kernels cost the CPU build 2 to 3.5x of its generation speed).
 
-``agentrl_merge_lora`` reads the adapter from the publisher's shared-memory segment (the same packed layout as
-the in-place copy of :mod:`agentrl.engine.adapter`) or from the call body, and loads the merged modules with
-vLLM's own weight loading (:mod:`agentrl.engine.full`): it maps q/k/v onto ``qkv_proj`` and redoes each
-layer's weight processing (on CPU, the oneDNN-packed GEMM weights). Every layer the update reaches gets all
+The merged modules are loaded with vLLM's own weight loading (:mod:`agentrl.engine.transports.full`): q/k/v
+map onto ``qkv_proj`` and each layer's weight processing is redone (on CPU, the oneDNN-packed GEMM weights). Every layer the update reaches gets all
 of its tensors: the touched modules' siblings in a packed layer and their biases come from the kept copy.
 The kept copy is read once from the served checkpoint: the touched modules' tensors only.
 
@@ -18,16 +16,11 @@ This module must import without vLLM and torch (the launcher imports the extensi
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.engine import vllm_patches
-from agentrl.engine.adapter_plan import UpdateError, decode_payload
-from agentrl.engine.install import needs_patches
-from agentrl.weight_sync.worker_io import failure, failure_of
+from agentrl.engine.adapter_plan import UpdateError
 
 
 class Checkpoint:
@@ -116,7 +109,7 @@ def build_merge_plan(meta: dict[str, Any], buf: Any, packed: dict[str, list[str]
     factor of ``B @ A`` for a module (peft's ``alpha / r``, per-module patterns and rsLoRA included)."""
     import torch
 
-    from agentrl.weight_sync.shm import layout_views
+    from agentrl.weight_sync.inplace import layout_views
 
     views = dict(zip((n for n, *_ in meta["tensors"]), layout_views(buf, meta["tensors"]), strict=True))
     pairs: dict[str, dict[bool, Any]] = {}
@@ -166,78 +159,3 @@ def build_merge_plan(meta: dict[str, Any], buf: Any, packed: dict[str, list[str]
         plan.whole[name] = view
         plan.work[name] = torch.empty_like(plan.base[name])
     return plan
-
-
-class MergeMixin:
-    """The merged-adapter method of the worker extension (called through ``collective_rpc``, string args)."""
-
-    @needs_patches
-    def agentrl_merge_lora(self, shm_name: str, meta_json: str, layout_id: str = "") -> dict[str, Any]:
-        """Merge the adapter described by ``meta_json`` (the in-place copy's layout, plus ``peft_config``: the
-        adapter's ``adapter_config.json``, for each module's scaling) from segment ``shm_name`` into the served
-        weights. The engine must be paused (``keep``). Returns ``{"ok", "engine_ms", "plan_ms", "tensors",
-        "merged", "whole"}`` or a failure record. Tensors the adapter carries whole (trained norms, under their
-        peft names without ``lora_``) replace the served ones."""
-        t0 = time.perf_counter()
-        try:
-            meta = json.loads(meta_json)
-            buf = self._agentrl_segment(shm_name, int(meta["nbytes"]))  # type: ignore[attr-defined]
-        except UpdateError as exc:
-            return failure_of(exc)
-        except (ValueError, KeyError, TypeError) as exc:
-            return failure(UpdateError.code, f"bad adapter description: {exc}")
-        return self._agentrl_merge(t0, f"shm:{shm_name}:{layout_id or meta_json}", meta, buf)
-
-    @needs_patches
-    def agentrl_merge_lora_bytes(self, payload_b64: str, meta_json: str, layout_id: str = "") -> dict[str, Any]:
-        """As :meth:`agentrl_merge_lora`, with the packed tensors in the call (base64 of the same layout), for
-        an engine that cannot map the publisher's shared memory. The result also carries ``decode_ms``."""
-        t0 = time.perf_counter()
-        try:
-            meta = json.loads(meta_json)
-            key = f"net:{layout_id or meta_json}"
-            buf, _ = decode_payload(self.__dict__.setdefault("_agentrl_merge_bufs", {}), key, payload_b64,
-                                    int(meta["nbytes"]))
-        except UpdateError as exc:
-            return failure_of(exc)
-        except (ValueError, KeyError, TypeError) as exc:
-            return failure(UpdateError.code, f"bad adapter payload: {exc}")
-        decode_ms = (time.perf_counter() - t0) * 1e3
-        out = self._agentrl_merge(t0, key, meta, buf)
-        out["decode_ms"] = decode_ms
-        return out
-
-    def _agentrl_merge(self, t0: float, key: str, meta: dict[str, Any], buf: Any) -> dict[str, Any]:
-        try:
-            plan = self._agentrl_merge_plan(key, meta, buf)
-        except UpdateError as exc:
-            return failure_of(exc)
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            return failure(UpdateError.code, f"cannot plan the merge: {type(exc).__name__}: {exc}")
-        t1 = time.perf_counter()
-        out = self._agentrl_load_whole(t1, plan.merged())  # type: ignore[attr-defined]
-        if not out["ok"]:
-            return out
-        return {**out, "engine_ms": (time.perf_counter() - t0) * 1e3, "plan_ms": (t1 - t0) * 1e3,
-                "merged": len(plan.terms), "whole": len(plan.whole)}
-
-    def _agentrl_merge_plan(self, key: str, meta: dict[str, Any], buf: Any) -> MergePlan:
-        plans: dict[str, MergePlan] = self.__dict__.setdefault("_agentrl_merge_plans", {})
-        if key in plans:
-            return plans[key]
-        model = vllm_patches.served_model(self)
-        state: dict[str, Any] = self.__dict__.setdefault("_agentrl_merge_state", {})
-        if "checkpoint" not in state:
-            state["checkpoint"] = Checkpoint(str(vllm_patches.model_config(self).model))
-            state["kept"] = {}
-        if not isinstance(meta.get("peft_config"), dict):
-            raise UpdateError("the adapter description has no peft_config (its adapter_config.json): the scalings")
-        # vLLM's reading of the config refuses modules_to_save other than a classifier's; here they are the
-        # tensors the adapter carries whole, and the scalings do not depend on them
-        peft = vllm_patches.peft_helper_from_dict({k: v for k, v in meta["peft_config"].items()
-                                                   if k != "modules_to_save"})
-        plan = build_merge_plan(meta, buf, vllm_patches.packed_modules(model), state["checkpoint"], state["kept"],
-                                next(model.parameters()).dtype, lambda m: peft.get_rank_and_scaling(m)[1])
-        plans.clear()  # plans hold views into the older buffer
-        plans[key] = plan
-        return plan

@@ -5,7 +5,7 @@ shape ``(max_loras, 1, R, in)``, ``lora_b_stacked[s]`` of ``(max_loras, 1, out, 
 on every linear layer of a 30-layer model is 420 small copies, bound by dispatch (2 to 3 us each on a CPU: 12x
 a memcpy of the same 1.2 MB at rank 1). :func:`rehome` moves the stacked buffers an adapter's tensors land in
 into one buffer owned here, each at the byte offset its tensor has in the publisher's segment layout
-(:func:`agentrl.weight_sync.shm.pack_layout`), slot after slot (slot ``k`` holds bytes ``[k * P, k * P +
+(:func:`agentrl.weight_sync.inplace.pack_layout`), slot after slot (slot ``k`` holds bytes ``[k * P, k * P +
 nbytes)``, ``P`` the layout's size), and gives them back to the layers as views of it. The layers read them as
 before (vLLM's CPU LoRA ops index the stacked tensors by slot); the contents are copied over, so every slot
 serves what it served. An update of one slot is then one copy of the layout's bytes.

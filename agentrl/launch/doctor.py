@@ -376,12 +376,12 @@ def routing_capture_path() -> str | None:
     else :data:`WORKER_CAPTURE`; None when vLLM is not installed. Nothing is imported from vLLM."""
     import importlib.util
 
-    from agentrl.inference.server import _is_cpu_build
+    from agentrl.config.facts import cpu_build
 
     spec = importlib.util.find_spec("vllm")
     if spec is None:
         return None
-    if importlib.util.find_spec("triton") is not None and not _is_cpu_build():
+    if importlib.util.find_spec("triton") is not None and not cpu_build():
         for root in spec.submodule_search_locations or []:
             args = Path(root) / "engine" / "arg_utils.py"
             if args.is_file() and "enable_return_routed_experts" in args.read_text(errors="replace"):

@@ -1,16 +1,14 @@
-"""What a run does for a mixture-of-experts model: which LoRA sync path its engines need, and turning on
-routing capture so every trajectory carries the experts the engine chose (replayed by the trainer)."""
+"""What a run does for a mixture-of-experts model: turning on routing capture so every trajectory carries the
+experts the engine chose (replayed by the trainer). Which weight-sync transport its engines need is settled
+with the config (:mod:`agentrl.config.sync`)."""
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
-from agentrl.config.run import RunConfig
 from agentrl.core.errors import EngineError
 from agentrl.core.types import Routing
-from agentrl.moe.families import MoEInfo, moe_info
+from agentrl.moe.families import MoEInfo
 
 log = logging.getLogger(__name__)
 
@@ -19,38 +17,6 @@ class RoutingCaptureError(EngineError, RuntimeError):
     """The engines cannot capture MoE routing for replay, or route another shape than the trainer's model."""
 
     code = "inference.routing_capture"
-
-
-def model_moe(model: str) -> MoEInfo | None:
-    """The MoE shape of the model directory ``model`` (None: dense, or no local ``config.json`` yet, as for
-    the embedded model before its first build); raises ``UnsupportedMoE`` for a family agentrl cannot replay."""
-    path = Path(model) / "config.json"
-    if not path.is_file():
-        return None
-    return moe_info(json.loads(path.read_text()))
-
-
-def plan_moe(cfg: RunConfig, info: MoEInfo | None) -> RunConfig:
-    """``cfg`` with ``pipeline.lora_sync`` settled: ``merged`` for a LoRA run of a MoE model on an engine build
-    that cannot serve LoRA on MoE layers (vLLM's CPU build), or of an adapter with tensors trained whole (its
-    norms, the embedding: vLLM's LoRA slots hold none), else ``adapter``. Logs the path taken. (A black-box
-    agent's rows carry routing like agentrl's own loop: the policy endpoint records it per row.)"""
-    if cfg.pipeline.lora_sync != "auto":
-        return cfg
-    from agentrl.inference.server import _is_cpu_build
-
-    merged = info is not None and cfg.trainer.lora and _is_cpu_build()
-    whole = cfg.trainer.lora_trains_whole  # vLLM's LoRA slots hold no norms, no embedding
-    cfg = cfg.with_changes({"pipeline.lora_sync": "merged" if merged or whole else "adapter"})
-    if merged:
-        log.info("MoE model on vLLM's CPU build, which cannot run LoRA on MoE layers: the engines run without "
-                 "LoRA and merge each published adapter into the weights it touches (pipeline.lora_sync = "
-                 "'merged')")
-    elif whole:
-        log.info("the adapter carries tensors trained whole (trainer.lora_train_norms, trainer.lora_train_embedding), "
-                 "which vLLM's LoRA slots cannot hold: the engines merge each published adapter into their "
-                 "weights (pipeline.lora_sync = 'merged')")
-    return cfg
 
 
 async def routing_template(client: object, info: MoEInfo | None, replay: bool) -> Routing | None:

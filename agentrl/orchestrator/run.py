@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.config.facts import model_moe
 from agentrl.config.run import RunConfig
+from agentrl.config.sync import why_chosen
 from agentrl.core.errors import AgentRLError
 from agentrl.core.utils import heap
 from agentrl.core.utils.atomic import write_atomic
@@ -52,7 +54,7 @@ from agentrl.orchestrator.metrics import (
     supersede_after,
     train_record,
 )
-from agentrl.orchestrator.moe import model_moe, plan_moe, routing_template
+from agentrl.orchestrator.moe import routing_template
 from agentrl.orchestrator.parts import EngineControl, EpisodeRunner, RunTrainer
 from agentrl.orchestrator.rundir import open_run
 from agentrl.rollout import templates
@@ -61,8 +63,8 @@ from agentrl.tracking.base import TrackerContext
 from agentrl.tracking.card import write_model_card
 from agentrl.tracking.hub import TrackerHub
 from agentrl.tracking.samples import TABLE_COLUMNS, sample_rows, table_rows, write_samples
-from agentrl.weight_sync.base import Engines, Publisher
-from agentrl.weight_sync.route import weight_publisher
+from agentrl.weight_sync.base import Engines, Publisher, PublishTarget
+from agentrl.weight_sync.registry import open_publisher
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,8 @@ class RunResources:
     before any process starts."""
 
     cfg: RunConfig
-    """The run's config: its MoE plan settled (``pipeline.lora_sync``), resolved, and its name settled by the
-    run directory."""
+    """The run's config: resolved (its weight-sync transport settled), and its name settled by the run
+    directory."""
     run_id: str
     moe: MoEInfo | None
     """The model's MoE shape (None: dense): its runs capture and replay expert routing."""
@@ -154,7 +156,8 @@ class TrainingRun:
         """:meth:`open`'s blocking part, in the order a failure must stop it: nothing is claimed on disk before
         the environment and the tasks have loaded."""
         moe = model_moe(self.cfg.model)
-        cfg = plan_moe(self.cfg, moe).resolved()
+        cfg = self.cfg
+        log.info(why_chosen(cfg.transport, cfg.served()))
         env_cls = load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
         train_tasks = load_tasks(env_cls, "train", cfg.tasks, source_split=cfg.tasks_split, columns=cfg.task_columns)
         eval_tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
@@ -378,14 +381,12 @@ class TrainingRun:
         return result
 
     def _publisher(self, trainer: RunTrainer, client: Engines) -> contextlib.AbstractAsyncContextManager[Publisher]:
-        """The run's weight publisher over ``client``'s engines (LoRA adapters, merged or not, or full weights)."""
+        """The run's weight publisher over ``client``'s engines: its settled transport's
+        (:mod:`agentrl.weight_sync.registry`)."""
         cfg = self.cfg
-        return weight_publisher(cfg.pipeline.weight_sync, trainer, client, lora=cfg.serves_adapter,
-                                name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
-                                merged=cfg.trainer.lora and not cfg.serves_adapter,
-                                nccl_addr=cfg.pipeline.weight_transfer_addr,
-                                control=cfg.pipeline.sync_control == "socket",
-                                b_scale=cfg.trainer.lora_alpha / cfg.trainer.lora_rank)
+        return open_publisher(cfg.transport, PublishTarget(
+            trainer, client, adapter_name=cfg.adapter_name, adapter_dir=self.run_dir / "adapters",
+            b_scale=cfg.trainer.lora_alpha / cfg.trainer.lora_rank))
 
     async def _republish(self, trainer: RunTrainer, url: str, version: int) -> None:
         """Give the engine at ``url`` (out of rotation, healthy again) policy ``version``: its LoRA slot,

@@ -2,13 +2,13 @@
 (typing protocols, one place, so they cannot drift).
 
 The real implementations are :class:`agentrl.inference.InferenceClient` (adapter loading and the engines'
-worker RPC), :class:`agentrl.trainer.client.TrainerProcess` (adapter files and tensors), and the publishers
-in :mod:`agentrl.weight_sync.file`, :mod:`agentrl.weight_sync.shm` and :mod:`agentrl.weight_sync.network`.
-Unit tests pass small fakes that satisfy them.
+worker RPC), :class:`agentrl.trainer.client.TrainerProcess` (adapter files and tensors), and the publishers of
+the transports (:mod:`agentrl.weight_sync.registry`). Unit tests pass small fakes that satisfy them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -98,6 +98,25 @@ class AdapterSource(Protocol):
 
 
 class Publisher(Protocol):
-    """Makes policy ``version`` live in every engine; returns the sync's timings."""
+    """One transport's publisher half: makes policy ``version`` live in every engine it serves, and returns
+    the stages of that sync, each timed (``*_ms``, and ``sync_s`` for the whole), with the counts it reports
+    (bytes moved, engines on each path, engines that failed)."""
 
     async def publish(self, version: int) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class PublishTarget:
+    """What a transport publishes from and into (:func:`agentrl.weight_sync.registry.open_publisher`)."""
+
+    trainer: Any
+    """The trainer (:class:`agentrl.trainer.client.TrainerProcess`): adapter tensors and files, weight buckets,
+    or the NCCL broadcast, as its transport needs."""
+    engines: Any
+    """The engines to serve: an :class:`~agentrl.inference.client.InferenceClient` or a subset of one."""
+    adapter_name: str = "policy"
+    """The LoRA slot's name in the engines (the adapter transports)."""
+    adapter_dir: Path = Path("adapters")
+    """Where the adapter's files go on this host (the file transport, and an engine's first slot)."""
+    b_scale: float | None = None
+    """The adapter's scaling (``lora_alpha / r``): the in-place transports send B pre-scaled with it."""

@@ -1,7 +1,7 @@
 """How a full-weight sync cuts the model into buckets: pure planning, shared by the trainer (which gathers and
 writes one bucket at a time) and the publisher (which streams them into the engines).
 
-A bucket is a :data:`Layout`, the same packed format as the LoRA segment (:func:`agentrl.weight_sync.shm.pack_layout`):
+A bucket is a :data:`Layout`, the same packed format as the LoRA segment (:func:`agentrl.weight_sync.inplace.pack_layout`):
 ``(name, dtype, shape, byte offset)`` per tensor, offsets from the bucket's start, each 64-byte aligned. Buckets
 follow the model's parameter order (layer by layer), so each one is a few consecutive layers.
 """

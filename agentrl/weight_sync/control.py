@@ -22,8 +22,8 @@ from typing import Any
 
 from agentrl.core.errors import EngineError
 from agentrl.weight_sync.base import UPDATE_REFUSED
-from agentrl.weight_sync.full import live_urls
-from agentrl.weight_sync.shm import worker_failures
+from agentrl.weight_sync.inplace import worker_failures
+from agentrl.weight_sync.rotation import live_urls
 from agentrl.weight_sync.worker_io import failure
 
 log = logging.getLogger(__name__)

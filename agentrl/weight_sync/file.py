@@ -1,17 +1,20 @@
-"""Weight sync from the trainer into the inference engine(s).
-
-`FileAdapterSync` is the portable baseline: the trainer writes the LoRA adapter to disk and every engine
-reloads it in place under the same adapter name (``/v1/load_lora_adapter`` with ``load_inplace``).
+"""The ``file`` transport: the portable baseline. The trainer writes the LoRA adapter to disk and every engine
+reloads it in place under the same adapter name (``/v1/load_lora_adapter`` with ``load_inplace``). Its engine
+half is vLLM's own runtime LoRA loading (the server runs with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), with no
+agentrl code in the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from agentrl.config.sync import FileSync
 from agentrl.core.versions import engine_label
-from agentrl.weight_sync.base import AdapterLoader, AdapterSaver
+from agentrl.weight_sync.base import AdapterLoader, AdapterSaver, Publisher, PublishTarget
 
 
 class FileAdapterSync:
@@ -48,3 +51,9 @@ class FileAdapterSync:
         versions = sorted(p for p in self.adapter_dir.glob("v*") if p.is_dir())
         for old in versions[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def open_publisher(sync: FileSync, target: PublishTarget) -> AsyncIterator[Publisher]:
+    """The ``file`` transport over ``target``'s engines (they must read this host's ``adapter_dir``)."""
+    yield FileAdapterSync(target.trainer, target.engines, target.adapter_dir, target.adapter_name)

@@ -26,14 +26,16 @@ import os
 import secrets
 import time
 import weakref
+from collections.abc import AsyncIterator
 from multiprocessing import shared_memory
 from typing import Any, Protocol
 
-from agentrl.core.errors import EngineError
-from agentrl.core.versions import engine_label
-from agentrl.weight_sync.base import LoadingEngines
+from agentrl.config.sync import FullSync
+from agentrl.weight_sync.base import LoadingEngines, Publisher, PublishTarget
 from agentrl.weight_sync.buckets import Layout, layout_bytes, payload_bytes, plan_buckets
-from agentrl.weight_sync.shm import SyncError, _release, worker_failures
+from agentrl.weight_sync.hosts import call_body_engines
+from agentrl.weight_sync.inplace import SyncError, release_segment
+from agentrl.weight_sync.rotation import abandon, each_endpoint, go_live, live_urls
 
 BEGIN_METHOD = "agentrl_begin_weights"
 LOAD_METHOD = "agentrl_load_weights"
@@ -41,60 +43,6 @@ LOAD_BYTES_METHOD = "agentrl_load_weights_bytes"
 FINISH_METHOD = "agentrl_finish_weights"
 DTYPE_METHOD = "agentrl_weight_dtype"
 DEFAULT_BUCKET_BYTES = 128 << 20
-
-
-def live_urls(engine: Any) -> list[str]:
-    """The endpoints of ``engine`` (a client or a subset) that are in rotation now."""
-    pool = getattr(getattr(engine, "client", engine), "pool", None)
-    down = {e.url for e in pool.endpoints if e.down} if pool is not None else set()
-    return [u for u in engine.endpoints if u not in down]
-
-
-async def abandon(engine: LoadingEngines, reasons: dict[str, str]) -> None:
-    """Engines left with a partial load: their frozen requests aborted (best effort: an engine that does not
-    answer is out already), then out of rotation until a complete load."""
-    if not reasons:
-        return
-    with contextlib.suppress(Exception):
-        await engine.subset(list(reasons)).pause("abort")
-    for url, why in reasons.items():
-        engine.take_out(url, f"incomplete full-weight load: {why}")
-
-
-async def go_live(engine: LoadingEngines, urls: list[str], version: int, *,
-                  set_version: bool = True) -> dict[str, float]:
-    """After a complete load on ``urls``: the new version's label, the prefix cache dropped (running requests
-    preempted: they recompute their KV under the new weights) and generation resumed. The two stages' ms."""
-    t0 = time.perf_counter()
-    done = engine.subset(urls)
-    if set_version:
-        await done.set_weight_version(engine_label(version))
-    await done.reset_prefix_cache(running=True)
-    t1 = time.perf_counter()
-    await done.resume()
-    return {"full_version_reset_ms": (t1 - t0) * 1e3, "full_resume_ms": (time.perf_counter() - t1) * 1e3}
-
-
-async def each_endpoint(engine: LoadingEngines, method: str, kwargs: dict[str, str], urls: list[str],
-                        failed: dict[str, str], timeout_s: float) -> list[dict[str, Any]]:
-    """Run ``method`` on the endpoints of ``urls`` that have not failed; record the ones that fail now (by url,
-    with why). Returns the records of the workers that applied it."""
-    todo = [u for u in urls if u not in failed]
-    if not todo:
-        return []
-    try:
-        results = await engine.subset(todo).collective_rpc(method, kwargs=kwargs, timeout=timeout_s)
-    except EngineError as exc:  # every targeted engine failed the call
-        failed.update({u: f"{method}: {exc}" for u in todo})
-        return []
-    done: list[dict[str, Any]] = []
-    for url, workers in zip(todo, results, strict=True):
-        bad = worker_failures(workers) or ([] if workers else ["no worker answered"])
-        if bad or any(isinstance(w, dict) and w.get("down") for w in workers):
-            failed[url] = f"{method}: " + ("; ".join(bad) or "out of rotation")
-        else:
-            done += [w for w in workers if isinstance(w, dict)]
-    return done
 
 
 class WeightSource(Protocol):
@@ -146,7 +94,7 @@ class FullWeightSync:
         self._slot = max(layout_bytes(b) for b in self.buckets)
         name = f"agentrl_full_{os.getpid()}_{secrets.token_hex(4)}"
         self.shm = shared_memory.SharedMemory(name=name, create=True, size=2 * self._slot)
-        self._finalizer = weakref.finalize(self, _release, self.shm)
+        self._finalizer = weakref.finalize(self, release_segment, self.shm)
 
     @property
     def bytes_per_sync(self) -> int:
@@ -260,3 +208,12 @@ class FullWeightSync:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@contextlib.asynccontextmanager
+async def open_publisher(sync: FullSync, target: PublishTarget) -> AsyncIterator[Publisher]:
+    """The ``full`` transport over ``target``'s engines: shared memory for the engines on this host, the call
+    body for the others (``sync.carrier = "network"``: for every engine)."""
+    with FullWeightSync(target.trainer, target.engines,
+                        remote=await call_body_engines(sync.carrier, target.engines)) as publisher:
+        yield publisher

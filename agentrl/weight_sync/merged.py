@@ -1,16 +1,16 @@
 """Merged LoRA sync: only the adapter crosses to the engines, which merge it into their base weights and
-generate on plain weights (``pipeline.lora_sync = "merged"``).
+generate on plain weights (the ``merged`` transport; its engine half is :mod:`agentrl.engine.transports.merged`).
 
 Per sync (:meth:`MergedAdapterSync.publish`):
 
 1. the trainer's adapter tensors are written into a shared-memory segment owned here (the in-place copy's
-   packed layout, :mod:`agentrl.weight_sync.shm`), or packed into the call body for engines on other hosts;
+   packed layout, :mod:`agentrl.weight_sync.inplace`), or packed into the call body for engines on other hosts;
 2. every engine pauses with ``keep`` (in-flight requests freeze where they are) and merges: ``W0 + scaling *
    B @ A`` for each module the adapter touches, from its kept copy of the base weights
    (:mod:`agentrl.engine.merge`), loaded with vLLM's own weight loading;
 3. every engine that merged is labelled with the new version, drops its prefix cache (running requests are
    preempted and recompute their KV under the new weights) and resumes, as after a full-weight load
-   (:func:`agentrl.weight_sync.full.go_live`). In-flight episodes go on, and every token keeps the version
+   (:func:`agentrl.weight_sync.rotation.go_live`). In-flight episodes go on, and every token keeps the version
    that produced it.
 
 An engine that fails the merge is left with a partial load: it leaves the rotation (its frozen requests are
@@ -21,16 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+from agentrl.config.sync import MergedSync
 from agentrl.core.versions import engine_label
-from agentrl.weight_sync.base import LoadingEngines
-from agentrl.weight_sync.full import abandon, each_endpoint, go_live, live_urls
-from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError, control_stages, worker_failures
+from agentrl.weight_sync.base import LoadingEngines, Publisher, PublishTarget
+from agentrl.weight_sync.control import controlled
+from agentrl.weight_sync.hosts import call_body_engines
+from agentrl.weight_sync.inplace import SyncError, control_stages, worker_failures
+from agentrl.weight_sync.rotation import abandon, each_endpoint, go_live, live_urls
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
 MERGE_METHOD = "agentrl_merge_lora"
 MERGE_BYTES_METHOD = "agentrl_merge_lora_bytes"
@@ -201,3 +207,17 @@ class MergedAdapterSync(SharedMemoryAdapterSync):
                 "payload_b64": payload, "meta_json": meta, "layout_id": self._layout_id}, away, failed,
                 self.rpc_timeout_s))
         return [w for done in await asyncio.gather(*calls) for w in done]
+
+
+@contextlib.asynccontextmanager
+async def open_publisher(sync: MergedSync, target: PublishTarget) -> AsyncIterator[Publisher]:
+    """The ``merged`` transport over ``target``'s engines: the adapter through shared memory to the engines on
+    this host, in the call body to the others (``sync.carrier = "network"``: to every engine), merged by each
+    engine (those on this host over their local control socket where ``sync.control`` asks for it and they
+    can open one)."""
+    client = target.engines
+    remote = await call_body_engines(sync.carrier, client)
+    here = [u for u in client.endpoints if u not in remote]
+    async with controlled(client, here, enabled=sync.control == "socket" and bool(here)) as fast:
+        with MergedAdapterSync(target.trainer, fast, remote=remote) as publisher:
+            yield publisher

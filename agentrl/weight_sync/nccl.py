@@ -1,4 +1,5 @@
-"""Full-weight sync on GPUs through vLLM's own NCCL weight-transfer engine (``pipeline.weight_sync = "nccl"``).
+"""The ``nccl`` transport: full-weight sync on GPUs through vLLM's own NCCL weight-transfer engine (its engine
+half is vLLM's, started by ``inference.weight_transfer_backend``, which resolution sets for this transport).
 
 The engines pause with ``keep``; the trainer broadcasts its weights into every engine over NCCL (rank 0
 drives each engine's ``start_weight_update`` / ``update_weights`` / ``finish_weight_update``:
@@ -12,11 +13,14 @@ machine the project could borrow has no vLLM. The unit tests check the sequence 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from agentrl.weight_sync.base import LoadingEngines
-from agentrl.weight_sync.full import abandon, go_live, live_urls
+from agentrl.config.sync import NcclSync
+from agentrl.weight_sync.base import LoadingEngines, Publisher, PublishTarget
+from agentrl.weight_sync.rotation import abandon, go_live, live_urls
 
 
 class NcclSource(Protocol):
@@ -53,3 +57,9 @@ class NcclWeightSync:
         return {"full_pause_ms": (t1 - t0) * 1e3, "full_nccl_ms": (t2 - t1) * 1e3,
                 "nccl_send_ms": float(out.get("nccl_send_ms", 0.0)), **live_ms,
                 "total_ms": (t3 - t0) * 1e3, "sync_s": t3 - t0, "engines_failed": 0.0}
+
+
+@contextlib.asynccontextmanager
+async def open_publisher(sync: NcclSync, target: PublishTarget) -> AsyncIterator[Publisher]:
+    """The ``nccl`` transport over ``target``'s engines, with its rendezvous at ``sync.addr``."""
+    yield NcclWeightSync(target.trainer, target.engines, sync.addr)

@@ -1,31 +1,34 @@
 """Weight sync over the network: the adapter travels in the request body, for engines on other hosts.
 
 An engine on another host can map neither this host's shared memory nor its files. The trainer's LoRA
-tensors are packed in the same layout as the shared-memory segment (:func:`agentrl.weight_sync.shm.pack_layout`),
+tensors are packed in the same layout as the shared-memory segment (:func:`agentrl.weight_sync.inplace.pack_layout`),
 base64-encoded into one ``POST /collective_rpc`` per engine, and every worker decodes them into a buffer of
 its own (reused while the layout stays the same) and copies them into the adapter's live slot with the
 same copy plan as the shared-memory path (``agentrl_update_lora_bytes`` in
 :mod:`agentrl.engine.adapter`). An engine that has no slot yet gets the adapter's files in the call
 (``agentrl_write_adapter`` writes them under the engine host's temporary directory) and loads them from
-there once. Nothing needs a shared filesystem.
+there once. Nothing needs a shared filesystem. The engine half is :mod:`agentrl.engine.transports.network`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import shutil
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agentrl.config.sync import NetworkSync
 from agentrl.core.versions import engine_label
-from agentrl.weight_sync.base import ADAPTER_NOT_LOADED
-from agentrl.weight_sync.shm import (
+from agentrl.weight_sync.base import ADAPTER_NOT_LOADED, Publisher, PublishTarget
+from agentrl.weight_sync.inplace import (
     SyncError,
     after_copy,
     applied,
@@ -145,3 +148,10 @@ class NetworkAdapterSync:
 def _not_loaded(worker: Any) -> bool:
     """Whether ``worker`` refused because the adapter has no slot there (by the record's code, never its text)."""
     return isinstance(worker, dict) and not worker.get("ok") and worker.get("code") == ADAPTER_NOT_LOADED
+
+
+@contextlib.asynccontextmanager
+async def open_publisher(sync: NetworkSync, target: PublishTarget) -> AsyncIterator[Publisher]:
+    """The ``network`` transport over every engine of ``target`` (no shared memory, no shared filesystem)."""
+    yield NetworkAdapterSync(target.trainer, target.engines, target.adapter_name, target.adapter_dir / "network",
+                             reset="", b_scale=target.b_scale)

@@ -10,7 +10,8 @@ import pytest
 from agentrl.config.trainer import ALL_LINEAR
 from agentrl.inference import InferenceClient, VLLMServerConfig
 from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
-from agentrl.weight_sync.shm import SharedMemoryAdapterSync, SyncError
+from agentrl.weight_sync.inplace import SyncError
+from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.conftest import tiny_model_config
 
 pytestmark = pytest.mark.integration
@@ -160,16 +161,20 @@ async def test_network_path_creates_the_slot_and_updates_in_place(vllm_server, t
 
 
 async def test_the_probe_routes_a_local_engine_to_shared_memory(vllm_server, tmp_path: Path) -> None:
-    from agentrl.weight_sync.route import adapter_publisher, engines_on_this_host
+    from agentrl.config.sync import ShmSync
+    from agentrl.weight_sync.base import PublishTarget
+    from agentrl.weight_sync.hosts import engines_on_this_host
+    from agentrl.weight_sync.registry import open_publisher
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
     async with InferenceClient([vllm_server.url], timeout_s=60) as client:
         assert await engines_on_this_host(client) == {vllm_server.url: True}
         trainer = _FileTrainer(random_lora(lora_shapes("tiny", 16), seed=4))
-        async with adapter_publisher("shm", trainer, client, "probe-policy", tmp_path) as pub:
+        target = PublishTarget(trainer, client, adapter_name="probe-policy", adapter_dir=tmp_path)
+        async with open_publisher(ShmSync(), target) as pub:
             assert isinstance(pub, SharedMemoryAdapterSync)
             assert pub.atomic  # its syncs go over the engine core's control socket
-        async with adapter_publisher("shm", trainer, client, "probe-policy", tmp_path, control=False) as pub:
+        async with open_publisher(ShmSync(control="http"), target) as pub:
             assert isinstance(pub, SharedMemoryAdapterSync) and not pub.atomic
         assert not list(Path("/dev/shm").glob("agentrl_probe_*")), "the probe's segment is unlinked"
 

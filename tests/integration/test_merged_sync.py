@@ -191,7 +191,7 @@ async def test_an_adapter_with_its_norms_and_embedding_trains_through_the_merge(
         "name": "lora-whole", "steps": 2, "tasks_per_step": 4, "group_size": 4, "eval_size": 2, "eval_every": 0,
         "time_limit_min": None, "engine_warmup": False,
         "trainer": {"lora_train_norms": True, "lora_train_embedding": True, "lr": 5e-2, "lr_schedule": "constant"}})
-    assert cfg.trainer.lora_trains_whole and cfg.pipeline.lora_sync == "auto"
+    assert cfg.trainer.lora_trains_whole and cfg.transport.transport == "auto"  # settled when the run resolves it
     await TrainingRun(cfg, progress=False).run()
     run_dir = tmp_path / "lora-whole"
     train = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["kind"] == "train"]

@@ -183,7 +183,7 @@ def test_moe_lora_training_merges_and_replays_routing_sync_then_async(moe_server
     }
     async def sync_run() -> None:
         run = await TrainingRun(load_config(None, {**base, "name": "moe-sync", "steps": 2}), progress=False).open()
-        assert run.cfg.pipeline.lora_sync == "merged" and not run.cfg.inference.enable_lora  # settled by open()
+        assert run.cfg.transport.transport == "merged" and not run.cfg.inference.enable_lora  # settled on resolution
         await run.run()
 
     asyncio.run(sync_run())

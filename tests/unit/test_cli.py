@@ -132,7 +132,7 @@ def test_full_weight_rl_is_accepted_and_what_it_cannot_do_refused_at_config_time
     assert "lora = false" in r.stdout and "enable_lora = false" in r.stdout
     cfg.write_text("[trainer]\nlora = false\n[pipeline]\nweight_sync = \"file\"\n")
     r = run("train", "--env", "calc", "--config", str(cfg), "--print-config")
-    assert r.returncode == 2 and "config error: pipeline.weight_sync = 'file' reloads LoRA adapters" in r.stderr
+    assert r.returncode == 2 and "config error: pipeline.weight_sync = 'file' serves a LoRA adapter" in r.stderr
 
 
 def test_a_whole_model_given_as_adapter_points_to_model(tmp_path: Path) -> None:

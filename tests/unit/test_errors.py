@@ -22,8 +22,8 @@ from agentrl.core.errors import AgentRLError
 from agentrl.inference.client import InferenceClient, InferenceError, NoEnginesError
 from agentrl.inference.routing import EndpointPool
 from agentrl.weight_sync.base import ADAPTER_NOT_LOADED, BAD_REQUEST, UPDATE_REFUSED
+from agentrl.weight_sync.inplace import SyncError
 from agentrl.weight_sync.network import UPDATE_BYTES_METHOD, WRITE_METHOD, NetworkAdapterSync
-from agentrl.weight_sync.shm import SyncError
 
 ROOTS = ("agentrl", "agentrl.envs", "agentrl.sandbox")
 SKIP = (

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[set[str]] = [
     {"core", "core.errors", "tools", "http", "tools.install"},  # (``core`` and ``tools`` hold only a docstring)
     {"core.masks"},  # the sampling-mask encoding, which the trajectory types carry
-    {"core.types", "core.utils", "core.shape", "config", "http.base", "moe"},  # the contracts, pure config, small helpers
+    {"core.types", "core.utils", "core.shape", "http.base", "moe"},  # the contracts, small helpers
+    {"config"},  # pure config (its resolution reads a model's MoE shape)
     {"core.versions", "sandbox"},
     {"environment", "weight_sync", "tracking"},
     {"engine"},  # what runs inside the vLLM engine: the worker extension and every vLLM patch

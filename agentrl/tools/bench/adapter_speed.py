@@ -8,7 +8,7 @@ bare generations (the raw phase of ``agentrl bench loop``), alternating the base
 random rank-``--adapter-rank`` adapter on every linear layer (the LoRA recipe's targets), served
 
 - ``lora``: by vLLM's LoRA serving (the adapter loaded once from files; requests name it);
-- ``merged``: merged into the engine's weights (``pipeline.lora_sync = "merged"``): before each adapter phase
+- ``merged``: merged into the engine's weights (``pipeline.weight_sync = "merged"``): before each adapter phase
   the adapter is published (:class:`agentrl.weight_sync.merged.MergedAdapterSync`), before each base phase a
   zero adapter, which gives the base weights back. The merges are not timed in the phases; their engine time
   is reported (``merge_engine_ms_p50``).

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit code (1 when a sync fails or serves the wrong version label)."""
     from agentrl.tools.bench.engine import scratch_dir
     from agentrl.tools.bench.models import build_random_qwen2
-    from agentrl.weight_sync.shm import SyncError
+    from agentrl.weight_sync.inplace import SyncError
 
     ap = _parser()
     args = ap.parse_args(argv)

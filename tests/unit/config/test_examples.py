@@ -18,4 +18,4 @@ def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
     assert set(cfg.trainer.lora_target_modules) >= {"q_proj", "o_proj", "gate_proj", "down_proj"}
     assert cfg.inference.dtype == "float32"
     # the adapter merged into the served weights each step (the engine generates faster without one on a CPU)
-    assert cfg.pipeline.lora_sync == "merged" and not cfg.serves_adapter and cfg.skip_uniform_groups
+    assert cfg.transport.transport == "merged" and not cfg.serves_adapter and cfg.skip_uniform_groups

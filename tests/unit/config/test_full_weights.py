@@ -40,20 +40,25 @@ def test_a_kl_penalty_with_full_weights_is_refused_in_one_line() -> None:
     assert load_config(None, {"env": "calc", "trainer": {"loss": {"kl_coef": 0.05}}}).trainer.loss.kl_coef == 0.05
 
 
-def test_file_weight_sync_with_full_weights_is_refused() -> None:
-    problems = _problems(pipeline={"weight_sync": "file"}, **FULL)
-    assert len(problems) == 1 and problems[0].startswith("pipeline.weight_sync = 'file' reloads LoRA adapters")
-    assert "use pipeline.weight_sync = 'shm' or 'network'" in problems[0]
-    for method in ("shm", "network"):
-        cfg = load_config(None, {"env": "calc", "pipeline": {"weight_sync": method}, **FULL})
-        assert cfg.pipeline.weight_sync == method
+def test_an_adapter_transport_with_full_weights_is_refused() -> None:
+    for name in ("file", "shm", "network", "merged"):
+        problems = _problems(pipeline={"weight_sync": name}, **FULL)
+        assert len(problems) == 1 and problems[0].startswith(f"pipeline.weight_sync = '{name}' serves a LoRA adapter")
+        assert "use 'full' (through shared memory or the call body) or 'nccl'" in problems[0]
+    for carrier in ("shm", "network"):
+        cfg = load_config(None, {"env": "calc", "pipeline": {"weight_sync": {"transport": "full", "carrier": carrier}},
+                                 **FULL})
+        assert cfg.transport.transport == "full" and cfg.resolved().transport.carrier == carrier
+    assert load_config(None, {"env": "calc", **FULL}).resolved().transport.transport == "full"  # what auto picks
 
 
 def test_full_weight_engines_serve_no_lora_unless_asked() -> None:
     assert load_config(None, {"env": "calc", **FULL}).resolved().inference.enable_lora is False
     asked = load_config(None, {"env": "calc", "inference": {"enable_lora": True}, **FULL}).resolved()
     assert asked.inference.enable_lora is True
-    assert load_config(None, {"env": "calc"}).resolved().inference.enable_lora is True
+    slots = {"env": "calc", "trainer": {"lora_train_embedding": False}}  # an adapter the LoRA slots serve
+    assert load_config(None, slots).resolved().inference.enable_lora is True
+    assert load_config(None, {"env": "calc"}).resolved().inference.enable_lora is False  # calc's preset: merged
     twice = load_config(None, {"env": "calc", **FULL}).resolved().resolved()
     assert twice.inference.enable_lora is False
 

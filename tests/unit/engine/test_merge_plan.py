@@ -12,7 +12,7 @@ import torch
 
 from agentrl.engine.adapter_plan import UpdateError
 from agentrl.engine.merge import Checkpoint, build_merge_plan, lora_module
-from agentrl.weight_sync.shm import layout_views, pack_layout
+from agentrl.weight_sync.inplace import layout_views, pack_layout
 
 PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
 

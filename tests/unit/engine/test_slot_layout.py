@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from agentrl.engine.slot_layout import SlotTensor, rehome
-from agentrl.weight_sync.shm import pack_layout
+from agentrl.weight_sync.inplace import pack_layout
 
 SLOTS, RANK = 2, 4
 

@@ -23,7 +23,7 @@ def _dtype(cmd: list[str]) -> str:
 
 
 def test_auto_on_the_cpu_build_is_the_float32_checkpoints_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    monkeypatch.setattr(engine, "cpu_build", lambda: True)
     for model, want in [(_model(tmp_path, "float32"), "float32"),
                         (_model(tmp_path, "float32", key="torch_dtype"), "float32"),  # older transformers
                         (_model(tmp_path, "bfloat16"), "auto"), (_model(tmp_path, None), "auto"),
@@ -36,13 +36,13 @@ def test_auto_on_the_cpu_build_is_the_float32_checkpoints_own(tmp_path: Path, mo
 
 
 def test_auto_on_a_gpu_build_is_left_to_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_is_cpu_build", lambda: False)
+    monkeypatch.setattr(engine, "cpu_build", lambda: False)
     cmd = VLLMServer(VLLMServerConfig(model=_model(tmp_path, "float32")), tmp_path).build_command()
     assert _dtype(cmd) == "auto"
 
 
 def test_the_cpu_kv_cache_is_sized_from_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    monkeypatch.setattr(engine, "cpu_build", lambda: True)
     d = tmp_path / "smollm2"
     d.mkdir()
     # SmolLM2-135M: 30 layers, 3 KV heads of 64, float32: 46,080 bytes a token; 128 x 1024 tokens = 5.6 GiB
@@ -73,11 +73,11 @@ def test_the_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path, monkey
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     model = _model(tmp_path, "float32")
-    monkeypatch.setattr(engine, "_is_cpu_build", lambda: True)
+    monkeypatch.setattr(engine, "cpu_build", lambda: True)
     assert backend(VLLMServer(VLLMServerConfig(model=model), tmp_path)) == ("uni", "0")
     # the user's choice, and tensor parallelism, keep vLLM's worker processes
     mp = VLLMServer(VLLMServerConfig(model=model, extra_args=["--distributed-executor-backend", "mp"]), tmp_path)
     assert backend(mp) == ("mp", None)
     assert backend(VLLMServer(VLLMServerConfig(model=model, tensor_parallel_size=2), tmp_path)) == (None, None)
-    monkeypatch.setattr(engine, "_is_cpu_build", lambda: False)  # a GPU build chooses by itself
+    monkeypatch.setattr(engine, "cpu_build", lambda: False)  # a GPU build chooses by itself
     assert backend(VLLMServer(VLLMServerConfig(model=model), tmp_path)) == (None, None)

@@ -86,10 +86,10 @@ def test_a_gpu_build_with_triton_captures_natively(monkeypatch: pytest.MonkeyPat
     returns routed experts itself; without Triton agentrl's worker capture is used."""
     import importlib.util
 
-    import agentrl.inference.server as server
+    import agentrl.config.facts as facts
     from agentrl.launch.doctor import VLLM_NATIVE
 
-    monkeypatch.setattr(server, "_is_cpu_build", lambda: False)
+    monkeypatch.setattr(facts, "cpu_build", lambda: False)
     if importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed")
     assert routing_capture_path() == VLLM_NATIVE

@@ -57,10 +57,10 @@ def test_a_config_that_cannot_run_is_refused_at_construction(tmp_path: Path) -> 
 
 def test_open_loads_and_claims_once(tmp_path: Path) -> None:
     run = TrainingRun(_cfg(tmp_path, eval_size=3))
-    assert run.cfg.name is None and run.cfg.pipeline.lora_sync == "auto"
+    # settled with the config: calc's preset trains the embedding beside the adapter, which the engines serve merged
+    assert run.cfg.name is None and run.cfg.transport.transport == "merged"
     assert asyncio.run(run.open()) is run
-    # settled by open(): calc's preset trains the embedding beside the adapter, which the engines serve merged
-    assert run.cfg.name == "calc" and run.cfg.pipeline.lora_sync == "merged" and run.moe is None
+    assert run.cfg.name == "calc" and run.cfg.transport.transport == "merged" and run.moe is None
     assert run.run_dir == tmp_path / "runs" / "calc" and (run.run_dir / "run.json").is_file()
     assert json.loads((run.run_dir / "run.json").read_text())["run_id"] == run.run_id
     assert run.env_cls.__name__ and run.train_tasks and len(run.eval_tasks) == 3
@@ -95,12 +95,12 @@ def test_resume_finds_the_latest_complete_checkpoint(tmp_path: Path) -> None:
     assert resumed.resume_from[0].name == "step_000004" and resumed.resume_from[1]["step"] == 4
 
 
-def test_the_moe_plan_is_settled_by_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_moe_shape_is_read_by_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's config is read by open(): a black-box agent of a MoE model is trained with replay (the
-    policy endpoint's rows carry routing), its LoRA sync settled as for agentrl's own loop."""
+    policy endpoint's rows carry routing), its transport settled with the config as for agentrl's own loop."""
     monkeypatch.setattr(run_mod, "model_moe", lambda model: INFO)
     run = asyncio.run(TrainingRun(_cfg(tmp_path, agent={"command": ["python", "agent.py"]})).open())
-    assert run.moe == INFO and run.cfg.trainer.routing_replay and run.cfg.pipeline.lora_sync != "auto"
+    assert run.moe == INFO and run.cfg.trainer.routing_replay and run.cfg.transport.transport != "auto"
 
 
 def test_a_driver_ends_a_run_early_without_touching_its_frozen_config(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from agentrl.weight_sync.base import LOAD_FAILED
 from agentrl.weight_sync.buckets import layout_bytes, payload_bytes, plan_buckets
-from agentrl.weight_sync.full import FullWeightSync, SyncError
+from agentrl.weight_sync.full import FullWeightSync
+from agentrl.weight_sync.inplace import SyncError
 
 SPECS = [("embed", [10, 8]), ("l0.q", [8, 8]), ("l0.k", [8, 8]), ("l1.q", [8, 8]), ("norm", [8])]
 

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from agentrl.weight_sync.shm import fill, layout_meta, layout_views, pack_layout
+from agentrl.weight_sync.inplace import fill, layout_meta, layout_views, pack_layout
 
 
 def test_fill_scales_b_only_and_meta_names_the_scale() -> None:

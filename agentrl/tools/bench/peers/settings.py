@@ -104,7 +104,7 @@ def trl_differences(cfg: Any, env_cls: Any, generation: str) -> list[str]:
         out.append(f"LoRA: the same adapter on both sides through peft (rank {cfg.trainer.lora_rank}, alpha "
                    f"{cfg.trainer.lora_alpha:g}, {', '.join(cfg.trainer.lora_target_modules)}), each initialised "
                    "from its own framework's random draw; agentrl's engine generates on the base weights with the "
-                   "adapter merged into them at each sync (pipeline.lora_sync = merged), TRL generates through "
+                   "adapter merged into them at each sync (pipeline.weight_sync = merged), TRL generates through "
                    "the peft model; both final adapters are merged into the base model the same way for the "
                    "evaluation.")
     if cfg.mode == "async":
@@ -138,5 +138,5 @@ def agentrl_overrides(*, model: str, steps: int, tasks_per_step: int, group_size
     }
     if weights == "lora":
         trainer.update(lora_train_norms=False, lora_train_embedding=False)
-        over["pipeline"] = {"lora_sync": "merged"}
+        over["pipeline"] = {"weight_sync": "merged"}
     return over

@@ -75,7 +75,7 @@ def test_lora_maps_to_the_same_peft_adapter_served_merged() -> None:
                                       output_dir="runs", name="x", weights="lora")
     cfg = load_config(None, over).resolved()
     t = cfg.trainer
-    assert t.lora and not t.lora_trains_whole and cfg.pipeline.lora_sync == "merged"
+    assert t.lora and not t.lora_trains_whole and cfg.transport.transport == "merged"
     assert settings.trl_peft(cfg) == {"r": t.lora_rank, "lora_alpha": t.lora_alpha, "lora_dropout": 0.0,
                                       "target_modules": list(t.lora_target_modules), "bias": "none",
                                       "use_rslora": False, "task_type": "CAUSAL_LM"}

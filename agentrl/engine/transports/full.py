@@ -1,4 +1,4 @@
-"""The worker-extension methods for full-weight sync: load one bucket of the trainer's weights into the
+"""The ``full`` transport's engine half (its publisher half is :mod:`agentrl.weight_sync.full`): load one bucket of the trainer's weights into the
 running model, in place, with vLLM's own ``model.load_weights`` (which knows the model's packed and sharded
 layouts: q/k/v into ``qkv_proj``, tensor-parallel slices...).
 
@@ -53,8 +53,8 @@ def _views(buf: Any, layout: Layout, *, own: bool = False) -> Iterator[tuple[str
         yield name, view.clone() if own else view
 
 
-class FullWeightsMixin:
-    """Full-weight loading methods of the worker extension (called through ``collective_rpc``)."""
+class FullEngine:
+    """The ``full`` transport's worker methods (called through ``collective_rpc``): loading full weights."""
 
     def _agentrl_load(self, t0: float, weights: Iterator[tuple[str, Any]]) -> dict[str, Any]:
         """Load ``weights`` inside a load begun by :meth:`agentrl_begin_weights`."""

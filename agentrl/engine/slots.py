@@ -1,26 +1,19 @@
-"""The worker-extension methods that replace a loaded LoRA adapter's weights in place, from POSIX shared
-memory (an engine on the publisher's host) or from the request body (an engine on another host), and that
-write an adapter's files for an engine that cannot read the publisher's.
-
-``POST /collective_rpc`` with ``{"method": "agentrl_update_lora", "kwargs": {...}}`` runs
-:meth:`AdapterMixin.agentrl_update_lora` on every worker. The copy itself is planned by
-:mod:`agentrl.engine.adapter_plan`; every vLLM internal it reads goes through :mod:`agentrl.engine.vllm_patches`.
+"""What replacing a loaded LoRA adapter's weights in place takes in the worker, whichever transport brought
+them (shared memory: :mod:`agentrl.engine.transports.shm`; the call body:
+:mod:`agentrl.engine.transports.network`): the adapter's slot, the copy into it (planned by
+:mod:`agentrl.engine.adapter_plan`), the label and the prefix-cache reset after it, and the worker's mappings of
+the publisher's segments. Every vLLM internal it reads goes through :mod:`agentrl.engine.vllm_patches`.
 
 This module must import without vLLM and torch (the launcher imports the extension to check it).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import re
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.core.errors import WeightSyncError
 from agentrl.engine import vllm_patches
 from agentrl.engine.adapter_plan import (
     AdapterNotLoaded,
@@ -28,15 +21,10 @@ from agentrl.engine.adapter_plan import (
     UpdateError,
     build_plan,
     cache_after_update,
-    decode_payload,
     release_slot,
 )
-from agentrl.engine.install import REGISTRY, STATS, needs_patches
-from agentrl.weight_sync.base import SHM_UNAVAILABLE, WRITE_FAILED
-from agentrl.weight_sync.worker_io import attach_segment, failure, failure_of
-
-_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-"""A file or directory name sent by the publisher: one path segment, no traversal."""
+from agentrl.engine.install import REGISTRY, STATS
+from agentrl.weight_sync.worker_io import attach_segment, failure_of
 
 
 def label_and_reset(core: Any, version: str, reset: str) -> dict[str, Any]:
@@ -50,15 +38,10 @@ def label_and_reset(core: Any, version: str, reset: str) -> dict[str, Any]:
     return {"version_set": bool(version), "prefix_reset": ok, "reset_ms": (time.perf_counter() - t0) * 1e3}
 
 
-class AdapterWriteError(WeightSyncError, ValueError):
-    """The adapter files sent to the engine cannot be written: a name that is not one path segment.
-    ``agentrl_write_adapter`` returns it as a failure record carrying its ``code``."""
-
-    code = WRITE_FAILED
-
-
-class AdapterMixin:
-    """The in-place adapter methods of the worker extension (called through ``collective_rpc``, string args)."""
+class SlotsMixin:
+    """What the in-place adapter transports share in the worker (:mod:`agentrl.engine.transports.shm`,
+    :mod:`~agentrl.engine.transports.network`): the adapter's slot, its cached copy plan, the copy and the
+    engine-core ops after it, and the mapping of the publisher's segments."""
 
     def _agentrl_manager(self) -> Any:
         manager = vllm_patches.lora_adapter_manager(self)
@@ -72,78 +55,6 @@ class AdapterMixin:
         if adapter.isdigit():
             return int(adapter), None
         raise AdapterNotLoaded(f"adapter {adapter!r} was never loaded on this worker (load it once from a file)")
-
-    @needs_patches
-    def agentrl_update_lora(self, adapter: str, shm_name: str, meta_json: str, layout_id: str = "",
-                            weight_version: str = "", reset_prefix_cache: str = "") -> dict[str, Any]:
-        """Copy the tensors described by ``meta_json`` from segment ``shm_name`` into adapter ``adapter``.
-
-        ``adapter`` is the LoRA name (or its int id). ``meta_json``: ``{"nbytes": int, "tensors": [[peft
-        name, dtype, shape, byte offset], ...]}``; ``layout_id`` names that layout (plans are cached per
-        layout). ``weight_version`` / ``reset_prefix_cache`` ("1", or "running": also preempt running requests)
-        are applied in the engine core when it runs in this process (reported back; otherwise the caller does
-        them over HTTP). Returns ``{"ok", "engine_ms", "slot", "version_set", "prefix_reset", "reset_ms", ...}``
-        or ``{"ok": False, "code", "error"}`` (``code``: one of :mod:`agentrl.weight_sync.base`'s failure codes,
-        or ``inference.vllm_version_refused`` when the patches were refused).
-        """
-        return self._agentrl_apply(time.perf_counter(), adapter, shm_name,
-                                   lambda meta: self._agentrl_segment(shm_name, int(meta["nbytes"])),
-                                   meta_json, layout_id, weight_version, reset_prefix_cache)
-
-    @needs_patches
-    def agentrl_update_lora_bytes(self, adapter: str, payload_b64: str, meta_json: str, layout_id: str = "",
-                                  weight_version: str = "", reset_prefix_cache: str = "") -> dict[str, Any]:
-        """As :meth:`agentrl_update_lora`, with the packed tensors in the call itself (base64 of the same
-        layout), for an engine that cannot map the publisher's shared memory (another host). The bytes are
-        decoded into a buffer of this worker that is reused while the layout stays the same, so the copy
-        plan is built once. The result also carries ``decode_ms``."""
-        t0 = time.perf_counter()
-        try:
-            key = f"net:{layout_id or meta_json}"
-            buf, new = decode_payload(self.__dict__.setdefault("_agentrl_netbufs", {}), key, payload_b64,
-                                      int(json.loads(meta_json)["nbytes"]))
-            if new:
-                self.__dict__["_agentrl_plans"] = {}  # plans hold views into the older buffer
-        except (UpdateError, ValueError) as exc:
-            return failure_of(exc)
-        decode_ms = (time.perf_counter() - t0) * 1e3
-        out = self._agentrl_apply(time.perf_counter(), adapter, key, lambda meta: buf, meta_json, layout_id,
-                                  weight_version, reset_prefix_cache)
-        out["decode_ms"] = decode_ms
-        return out
-
-    def agentrl_write_adapter(self, dir_name: str, files_json: str) -> dict[str, Any]:
-        """Write an adapter directory sent in the call (``{file name: base64}``) under this host's temporary
-        directory and return its path, for ``load_lora_adapter`` on an engine that cannot read the
-        publisher's files. ``dir_name`` and the file names are single path segments."""
-        try:
-            files = json.loads(files_json)
-            names = [dir_name, *files]
-            if not all(isinstance(n, str) and _SEGMENT.match(n) for n in names):
-                raise AdapterWriteError(f"names must be single path segments: {names}")
-            root = os.path.join(tempfile.gettempdir(), "agentrl-adapters", dir_name)
-            os.makedirs(root, exist_ok=True)
-            for name, data in files.items():
-                tmp = os.path.join(root, f".{name}.{os.getpid()}.tmp")
-                with open(tmp, "wb") as f:
-                    f.write(base64.b64decode(data, validate=True))
-                os.replace(tmp, os.path.join(root, name))  # workers of one host may write the same files
-        except (ValueError, OSError) as exc:
-            return failure(WRITE_FAILED, f"cannot write the adapter: {exc}")
-        return {"ok": True, "path": root}
-
-    def agentrl_probe_shm(self, shm_name: str, nonce: str) -> dict[str, Any]:
-        """Whether this worker can map the publisher's segment ``shm_name`` and read ``nonce`` from it:
-        the test that picks shared memory (same host) or the network for this engine."""
-        data = nonce.encode()
-        try:
-            mm, _ = attach_segment(shm_name, len(data))
-        except (OSError, ValueError) as exc:
-            return failure(SHM_UNAVAILABLE, f"cannot map shared memory {shm_name!r}: {exc}")
-        try:
-            return {"ok": bytes(mm[: len(data)]) == data}
-        finally:
-            mm.close()
 
     def _agentrl_apply(self, t0: float, adapter: str, source: str, get_buf: Callable[[dict[str, Any]], Any],
                        meta_json: str, layout_id: str, weight_version: str, reset_prefix_cache: str) -> dict[str, Any]:
