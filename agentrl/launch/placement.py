@@ -191,86 +191,117 @@ def plan_run(cfg: Any, gpus: list[str] | None = None) -> Plan:
     - A GPU on both sides caps vLLM's memory share at 0.5 (set to 0.45 when left at its default).
     """
     gpus = visible_gpus() if gpus is None else gpus
-    pc: PlacementConfig = cfg.placement
-    inf = cfg.inference
-    tp = inf.tensor_parallel_size
-    local_servers = not cfg.endpoints
-    trainer_on_gpu = bool(gpus) and cfg.trainer.device != "cpu"
-    notes: list[str] = []
-
     if not gpus:
-        asked = [flag for flag, v in (("--inference-gpus", pc.inference_gpus), ("--trainer-gpus", pc.trainer_gpus)) if v]
-        if asked:
-            raise PlacementError(f"{' and '.join(asked)} given, but no GPU is visible (CUDA_VISIBLE_DEVICES / "
-                                 "nvidia-smi); leave them out to run on the CPU")
-        if cfg.trainer.device == "cuda":
-            raise PlacementError("trainer.device = 'cuda', but no GPU is visible; use 'auto' or 'cpu'")
-        return _cpu_plan(cfg, notes)
+        _check_cpu_only(cfg)
+        return _cpu_plan(cfg, [])
+    inf_dev, trn_dev = _devices(cfg, len(gpus))
+    nproc = _trainer_ranks(cfg, trn_dev)
+    notes: list[str] = []
+    util = _memory_share(cfg.inference, sorted(set(inf_dev) & set(trn_dev)), notes)
+    procs = [*_server_processes(cfg.inference, gpus, inf_dev, util), _trainer_process(cfg, gpus, trn_dev, nproc)]
+    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=len(gpus),
+                notes=notes + _node_notes(cfg) + _memory_notes(cfg, nproc))
+
+
+def _check_cpu_only(cfg: Any) -> None:
+    """No GPU is visible: refuse the settings that ask for one."""
+    pc = cfg.placement
+    asked = [flag for flag, v in (("--inference-gpus", pc.inference_gpus), ("--trainer-gpus", pc.trainer_gpus)) if v]
+    if asked:
+        raise PlacementError(f"{' and '.join(asked)} given, but no GPU is visible (CUDA_VISIBLE_DEVICES / "
+                             "nvidia-smi); leave them out to run on the CPU")
+    if cfg.trainer.device == "cuda":
+        raise PlacementError("trainer.device = 'cuda', but no GPU is visible; use 'auto' or 'cpu'")
+
+
+def _devices(cfg: Any, n: int) -> tuple[list[int], list[int]]:
+    """The GPUs (indexes of the ``n`` visible ones) of the local vLLM servers and of the trainer: the flags'
+    lists as given, the other side's by :func:`plan_run`'s rules."""
+    pc: PlacementConfig = cfg.placement
+    tp = cfg.inference.tensor_parallel_size
+    local_servers = not cfg.endpoints
+    trainer_on_gpu = cfg.trainer.device != "cpu"
     if not local_servers and pc.inference_gpus:
         raise PlacementError("--inference-gpus places local vLLM servers, but --endpoint servers are used and "
                              "none is started; leave one of them out")
-
-    n = len(gpus)
     inf_dev = _checked(pc.inference_gpus, n, "--inference-gpus") if local_servers else []
     trn_dev = _checked(pc.trainer_gpus, n, "--trainer-gpus")
     if not trainer_on_gpu and trn_dev:
         raise PlacementError("--trainer-gpus given, but trainer.device = 'cpu'")
     if local_servers and pc.inference_gpus is None:
-        if pc.trainer_gpus is not None:
-            inf_dev = [d for d in range(n) if d not in trn_dev][: _fit(n - len(trn_dev), tp)]
-            if not inf_dev:
-                raise PlacementError(f"--trainer-gpus {pc.trainer_gpus} leaves no GPU for the vLLM server "
-                                     f"(tensor-parallel size {tp}); give --inference-gpus")
-        elif trainer_on_gpu and n >= 2:
-            inf_dev = list(range(max(tp, _fit(n // 2, tp))))
-            if len(inf_dev) > n:
-                raise PlacementError(f"tensor-parallel size {tp} needs {tp} GPUs, only {n} visible")
-        else:
-            if tp > n:
-                raise PlacementError(f"tensor-parallel size {tp} needs {tp} GPUs, only {n} visible")
-            inf_dev = list(range(tp))
+        inf_dev = _default_inference_devices(pc, n, tp, trn_dev, trainer_on_gpu)
     if trainer_on_gpu and pc.trainer_gpus is None:
         trn_dev = [d for d in range(n) if d not in inf_dev] or list(range(n))
     if len(inf_dev) % tp:
         raise PlacementError(f"--inference-gpus {format_devices(inf_dev)} is {len(inf_dev)} GPU(s), not a multiple "
                              f"of the tensor-parallel size {tp}: each vLLM server takes {tp}")
+    return inf_dev, trn_dev
 
-    nproc = cfg.nproc
-    if trn_dev:
-        if "nproc" in cfg.model_fields_set and cfg.nproc != len(trn_dev):
-            raise PlacementError(f"--nproc {cfg.nproc} contradicts the {len(trn_dev)} trainer GPU(s) "
-                                 f"{format_devices(trn_dev)}: the trainer runs one rank per GPU")
-        nproc = len(trn_dev)
 
+def _default_inference_devices(pc: PlacementConfig, n: int, tp: int, trn_dev: list[int],
+                               trainer_on_gpu: bool) -> list[int]:
+    """The servers' GPUs when ``--inference-gpus`` is not given: what the trainer's leave (a multiple of the
+    tensor-parallel size), half of them when the trainer is on GPUs too, else the first ``tp``."""
+    if pc.trainer_gpus is not None:
+        inf_dev = [d for d in range(n) if d not in trn_dev][: _fit(n - len(trn_dev), tp)]
+        if not inf_dev:
+            raise PlacementError(f"--trainer-gpus {pc.trainer_gpus} leaves no GPU for the vLLM server "
+                                 f"(tensor-parallel size {tp}); give --inference-gpus")
+        return inf_dev
+    if trainer_on_gpu and n >= 2:
+        inf_dev = list(range(max(tp, _fit(n // 2, tp))))
+        if len(inf_dev) > n:
+            raise PlacementError(f"tensor-parallel size {tp} needs {tp} GPUs, only {n} visible")
+        return inf_dev
+    if tp > n:
+        raise PlacementError(f"tensor-parallel size {tp} needs {tp} GPUs, only {n} visible")
+    return list(range(tp))
+
+
+def _trainer_ranks(cfg: Any, trn_dev: list[int]) -> int:
+    """The trainer's ranks: one per trainer GPU (an ``--nproc`` that says otherwise is refused), else ``nproc``."""
+    if not trn_dev:
+        return cfg.nproc
+    if "nproc" in cfg.model_fields_set and cfg.nproc != len(trn_dev):
+        raise PlacementError(f"--nproc {cfg.nproc} contradicts the {len(trn_dev)} trainer GPU(s) "
+                             f"{format_devices(trn_dev)}: the trainer runs one rank per GPU")
+    return len(trn_dev)
+
+
+def _memory_share(inf: Any, shared: list[int], notes: list[str]) -> float:
+    """vLLM's memory share: as set, but capped where GPUs (``shared``) host both vLLM and the trainer (set to
+    the shared default when left out, with a note)."""
     util = inf.gpu_memory_utilization
-    shared = sorted(set(inf_dev) & set(trn_dev))
-    if shared:
-        if "gpu_memory_utilization" in inf.model_fields_set:
-            if util > SHARED_GPU_MAX_UTILIZATION:
-                raise PlacementError(
-                    f"GPU(s) {format_devices(shared)} host both vLLM and the trainer, but "
-                    f"inference.gpu_memory_utilization = {util:g} leaves the trainer too little memory; set it "
-                    f"to at most {SHARED_GPU_MAX_UTILIZATION} or give the two sides separate GPUs "
-                    "(--inference-gpus / --trainer-gpus)")
-        else:
-            util = SHARED_GPU_AUTO_UTILIZATION
-            notes.append(f"GPU(s) {format_devices(shared)} are shared by vLLM and the trainer: vLLM's memory "
-                         f"share is set to {util:g} (inference.gpu_memory_utilization)")
+    if not shared:
+        return util
+    if "gpu_memory_utilization" not in inf.model_fields_set:
+        notes.append(f"GPU(s) {format_devices(shared)} are shared by vLLM and the trainer: vLLM's memory "
+                     f"share is set to {SHARED_GPU_AUTO_UTILIZATION:g} (inference.gpu_memory_utilization)")
+        return SHARED_GPU_AUTO_UTILIZATION
+    if util > SHARED_GPU_MAX_UTILIZATION:
+        raise PlacementError(
+            f"GPU(s) {format_devices(shared)} host both vLLM and the trainer, but "
+            f"inference.gpu_memory_utilization = {util:g} leaves the trainer too little memory; set it "
+            f"to at most {SHARED_GPU_MAX_UTILIZATION} or give the two sides separate GPUs "
+            "(--inference-gpus / --trainer-gpus)")
+    return util
 
-    procs: list[ProcessPlan] = []
-    for i in range(0, len(inf_dev), tp):
-        group = inf_dev[i : i + tp]
-        procs.append(ProcessPlan(
-            role="vllm", name=f"vllm-{i // tp}", devices=group,
-            env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in group)},
-            port=(inf.port + i // tp) if inf.port else None, tensor_parallel_size=tp,
-            gpu_memory_utilization=util))
-    procs.append(ProcessPlan(
-        role="trainer", name="trainer", devices=trn_dev, nproc=nproc,
-        env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in trn_dev)} if trn_dev else {},
-        cpu_cores=cfg.trainer.cpu_cores))
-    return Plan(processes=procs, endpoints=list(cfg.endpoints), gpus_visible=n,
-                notes=notes + _node_notes(cfg) + _memory_notes(cfg, nproc))
+
+def _server_processes(inf: Any, gpus: list[str], inf_dev: list[int], util: float) -> list[ProcessPlan]:
+    """One vLLM server per ``tensor_parallel_size`` GPUs of ``inf_dev``."""
+    tp = inf.tensor_parallel_size
+    return [ProcessPlan(role="vllm", name=f"vllm-{i // tp}", devices=inf_dev[i : i + tp],
+                        env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in inf_dev[i : i + tp])},
+                        port=(inf.port + i // tp) if inf.port else None, tensor_parallel_size=tp,
+                        gpu_memory_utilization=util)
+            for i in range(0, len(inf_dev), tp)]
+
+
+def _trainer_process(cfg: Any, gpus: list[str], trn_dev: list[int], nproc: int) -> ProcessPlan:
+    """The trainer job on ``trn_dev`` (none: the CPU)."""
+    return ProcessPlan(role="trainer", name="trainer", devices=trn_dev, nproc=nproc,
+                       env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[d] for d in trn_dev)} if trn_dev else {},
+                       cpu_cores=cfg.trainer.cpu_cores)
 
 
 def _node_notes(cfg: Any) -> list[str]:
