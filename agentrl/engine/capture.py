@@ -95,7 +95,7 @@ class RouterTap:
             return None
         try:
             return cls(vllm_patches.runner_model(runner), layers, top_k, experts, max_tokens + 64)
-        except ValueError:
+        except RoutingNotCapturable:
             return None
 
 

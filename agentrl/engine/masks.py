@@ -125,7 +125,7 @@ class SamplingMaskMixin:
         if cap is None:
             try:
                 cap = MaskCapture.install(self.model_runner)
-            except (ValueError, AttributeError, ImportError) as exc:
+            except (MaskCaptureRefused, AttributeError, ImportError) as exc:
                 return {"ok": False, "code": MASKS_UNAVAILABLE, "error": f"{type(exc).__name__}: {exc}"}
             self.__dict__["_agentrl_masks"] = cap
         cap.active = active != "0"

@@ -32,11 +32,11 @@ class RoutingCaptureMixin:
         cap = self.__dict__.get("_agentrl_routing")
         new = cap is None
         if cap is None:
-            from agentrl.engine.capture import RoutingCapture
+            from agentrl.engine.capture import RoutingCapture, RoutingNotCapturable
 
             try:
                 cap = RoutingCapture.install(self.model_runner)
-            except (ValueError, AttributeError, ImportError) as exc:
+            except (RoutingNotCapturable, AttributeError, ImportError) as exc:
                 return {"ok": False, "code": ROUTING_UNAVAILABLE, "error": f"{type(exc).__name__}: {exc}"}
             self.__dict__["_agentrl_routing"] = cap
         return {"ok": True, "layers": cap.layers, "top_k": cap.top_k, "experts": cap.experts,
