@@ -50,7 +50,7 @@ from typing import Any, ClassVar, TypeVar
 
 from agentrl.core.errors import EnvError
 from agentrl.core.types import Message
-from agentrl.environment.schema import function_schema, validate_arguments
+from agentrl.environment.schema import ArgumentSchemaError, function_schema, validate_arguments
 
 Task = dict[str, Any]
 """A task is a JSON object with at least an ``id``; everything else is the environment's business."""
@@ -384,7 +384,7 @@ class Environment:
             raise ToolArgumentError(f"unknown tool {name!r}; available tools: {sorted(specs)}")
         try:
             kwargs = validate_arguments(spec.schema, arguments)
-        except ValueError as e:
+        except ArgumentSchemaError as e:
             raise ToolArgumentError(str(e)) from e
         method = getattr(self, spec.attr)
         spent = ToolTime()  # set by a sync tool's thread; otherwise the time since ``t0`` on this thread

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from agentrl.core.errors import EngineError
-from agentrl.core.masks import SamplingMask
+from agentrl.core.masks import SamplingMask, SamplingMaskError
 
 _CONTEXT_RE = re.compile(r"maximum (model|context) length", re.IGNORECASE)
 """vLLM's text for a prompt longer than ``max_model_len``: vLLM gives it no code of its own (the error type
@@ -135,7 +135,7 @@ def sampling_mask_of(rec: dict[str, Any], n: int, url: str) -> SamplingMask:
     try:
         mask.extend([int(c) for c in rec["counts"]], base64.b64decode(rec["data"]))
         mask.check(n)
-    except ValueError as e:
+    except (SamplingMaskError, ValueError) as e:  # ValueError: counts or base64 that do not parse
         raise InferenceError(f"{url}: the engine's sampling masks do not fit the completion: {e}",
                              endpoint=url) from None
     return mask
@@ -249,6 +249,6 @@ def parse_json(parse: Any, load: Callable[[], Any], url: str, source: str, excer
     assembled it); a malformed body becomes an ``InferenceError`` naming ``source``, with ``excerpt``."""
     try:
         return parse(load(), url)
-    except (ValueError, KeyError, IndexError, TypeError) as e:
+    except (MalformedAnswer, ValueError, KeyError, IndexError, TypeError) as e:  # builtins: JSON of another shape
         raise InferenceError(f"{source} returned an unexpected body ({type(e).__name__}: {e})"
                              + (f": {excerpt}" if excerpt else ""), endpoint=url) from e

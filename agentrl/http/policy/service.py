@@ -26,7 +26,7 @@ from agentrl.http.policy.rows import Routed, Row, commit, fork, plan_call, prefi
 from agentrl.inference.client import Generation
 from agentrl.inference.stream import OnTokens
 from agentrl.inference.wire import ContextLengthError, InferenceError
-from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.chat import ChatFormat, UnusableChatTemplate
 from agentrl.rollout.generator import Generator
 
 log = logging.getLogger("agentrl.http.policy")
@@ -78,7 +78,7 @@ class PolicyService:
         if req.tools and req.tool_choice != "none":
             try:
                 opening = self.chat.call_opening(req.tools, None)
-            except ValueError:
+            except UnusableChatTemplate:
                 return None
             marker = opening.split(maxsplit=1)[0] if opening.strip() else ""
             if not marker:
@@ -183,7 +183,7 @@ class PolicyService:
             return ""
         try:
             return self.chat.call_opening(tools, forced or None)
-        except ValueError as e:
+        except UnusableChatTemplate as e:
             raise ApiError(400, f"tool_choice {req.tool_choice!r}: {e}", code="invalid_request_error",
                            param="tool_choice") from None
 

@@ -8,7 +8,8 @@ import logging
 import uuid
 from typing import Any
 
-from agentrl.environment.base import Environment, Task
+from agentrl.core.errors import ConfigError
+from agentrl.environment.base import Environment, NoTasksError, Task
 from agentrl.environment.registry import load_env
 from agentrl.http.errors import ApiError
 from agentrl.http.server.protocol import EnvInfo
@@ -71,13 +72,13 @@ class EnvCatalog:
             cls = self.classes[name]
             try:
                 tasks = [dict(t) for t in cls.tasks(split)]
-            except NotImplementedError:
+            except NoTasksError:
                 raise ApiError(
                     404,
                     f"environment {name!r} has no built-in dataset; create sessions on a task "
                     "object ('task') instead",
                 ) from None
-            except (ValueError, KeyError) as e:
+            except (ConfigError, ValueError, KeyError) as e:  # agentrl's unknown split; a user env's own
                 raise ApiError(404, f"environment {name!r} has no split {split[:64]!r}: {e}") from None
             for i, t in enumerate(tasks):
                 t.setdefault("id", f"{split}-{i}")

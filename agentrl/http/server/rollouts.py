@@ -66,12 +66,12 @@ class RolloutService:
 
     async def chat_format(self, requested: str | None, tool_parser: str = "hermes") -> Any:
         """The ``ChatFormat`` of a configured tokenizer with a tool parser (loaded once per pair)."""
-        from agentrl.rollout.toolcalls import check_tool_parser_name
+        from agentrl.rollout.toolcalls import ToolParserError, check_tool_parser_name
 
         name = self._tokenizer_name(requested)
         try:
             await asyncio.to_thread(check_tool_parser_name, tool_parser)
-        except ValueError as e:
+        except ToolParserError as e:
             raise ApiError(422, str(e), code="unknown_tool_parser") from None
         key = (name, tool_parser)
         async with self._load_lock:
