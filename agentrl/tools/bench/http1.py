@@ -71,7 +71,7 @@ class Connection:
                 if not status_line:
                     raise HttpError("connection closed")
                 return await self._read_response(status_line)
-            except (ConnectionError, asyncio.IncompleteReadError) as e:
+            except (HttpError, ConnectionError, asyncio.IncompleteReadError) as e:
                 await self.close()
                 failed = e
         raise HttpError(f"{type(failed).__name__}: {failed}") from failed

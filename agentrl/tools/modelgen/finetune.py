@@ -84,7 +84,7 @@ def conversations_from_jsonl(path: Path, limit: int) -> list[tuple[list[dict[str
             messages, tools = row["messages"], row.get("tools")
             if not isinstance(messages, list) or not any(m.get("role") == "assistant" for m in messages):
                 raise SftDataError("no assistant message")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (SftDataError, ValueError, KeyError, TypeError, AttributeError) as e:  # builtins: not such a row
             raise SftDataError(f"{path}, line {n}: not a {{\"messages\": [...], \"tools\": [...]}} row with an "
                                f"assistant message ({e})") from e
         out.append((messages, tools))
