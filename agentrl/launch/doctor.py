@@ -217,7 +217,7 @@ def _blind_to_tools(chat: Any, msgs: list[dict[str, Any]], tools: list[dict[str,
 def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str | None = None) -> DoctorReport:
     """Run every check on ``model`` (a directory with a tokenizer and chat template) with ``tool_parser``, and
     the template ``chat_template`` names instead of the model's own (a built-in name or a file)."""
-    from agentrl.rollout.chat import ChatFormat
+    from agentrl.rollout.chat import ChatFormat, UnusableChatTemplate
     from agentrl.rollout.templates import UnknownChatTemplate
 
     report = DoctorReport(model=str(model), tool_parser=tool_parser, chat_template=chat_template or "own")
@@ -235,7 +235,7 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
     except UnknownChatTemplate as e:
         problems.append(str(e))
         return report
-    except ValueError as e:
+    except UnusableChatTemplate as e:
         problems.append(f"{e} (fix the tokenizer files of {model}, or use --chat-template)")
         return report
     report.chat_template = chat.chat_template
@@ -258,7 +258,7 @@ def diagnose(model: str | Path, tool_parser: str = "hermes", chat_template: str 
         return report  # nothing to parse back or replay
     try:
         turn = _sampled_turn(chat, msgs, tools)
-    except ValueError as e:
+    except TemplateProbeError as e:
         problems.append(str(e))
         return report
     turn_text = chat.decode(turn)
@@ -295,7 +295,7 @@ def _check_roundtrip(chat: Any, tokenizer: Any, tool_parser: str, turn_text: str
     """Round trip of the sampled turn ``turn_text`` through the chosen ``tool_parser``: fill
     ``report.roundtrip_ok``, and when it fails, the parsers that do read the template's tool call and a problem
     naming the fix."""
-    from agentrl.rollout.toolcalls import ToolCallParser, tool_parser_names
+    from agentrl.rollout.toolcalls import ToolCallParser, ToolParserError, tool_parser_names
 
     if tool_parser not in tool_parser_names():
         report.problems.append(f"unknown tool parser {tool_parser!r}: use --tool-parser with one of vLLM's parsers "
@@ -305,7 +305,7 @@ def _check_roundtrip(chat: Any, tokenizer: Any, tool_parser: str, turn_text: str
         parsed = chat.parse(turn_text, tools)
         report.roundtrip_ok = _calls_match(parsed)
         why = f"it read {[(c.name, c.arguments) for c in parsed.tool_calls]}, errors {parsed.errors}"
-    except ValueError as e:
+    except ToolParserError as e:  # the parser cannot be used with this tokenizer
         why = str(e)
     if report.roundtrip_ok:
         return
@@ -313,7 +313,7 @@ def _check_roundtrip(chat: Any, tokenizer: Any, tool_parser: str, turn_text: str
         try:
             if name != tool_parser and _calls_match(ToolCallParser(name, tokenizer).parse(turn_text, tools)):
                 report.parsers_that_read_the_template.append(name)
-        except ValueError:
+        except ToolParserError:
             continue
     fix = (f"use --tool-parser {report.parsers_that_read_the_template[0]} (tool_parser = "
            f"{json.dumps(report.parsers_that_read_the_template[0])})"
@@ -328,6 +328,8 @@ def _check_observation_delta(chat: Any, msgs: list[dict[str, Any]], tools: list[
     """The observation delta, replayed as the loop does it after the sampled tool-call ``turn``: fill
     ``report.observation_delta_ok`` (for an appends-only template, ``rewrite`` None, the whole replayed
     sequence must also equal the tokenized full render), with a problem when it fails."""
+    from agentrl.rollout.chat import UnusableChatTemplate
+
     problems = report.problems
     try:
         obs = chat.observation_ids([msgs[3]], tools, ended_with=turn[-1])
@@ -346,7 +348,7 @@ def _check_observation_delta(chat: Any, msgs: list[dict[str, Any]], tools: list[
             problems.append(f"the observation delta agentrl computes ({chat.observation_text([msgs[3]], tools)[:120]!r}) "
                             f"is not what the template renders after a tool-call turn ({(tail or '')[:120]!r}); "
                             "this chat template cannot be used for token-faithful multi-turn rollouts")
-    except ValueError as e:
+    except UnusableChatTemplate as e:
         problems.append(f"{e}; this chat template cannot be used for token-faithful multi-turn rollouts")
     except Exception as e:  # a template that refuses the dummy conversation the delta is computed from
         problems.append(f"the chat template cannot render a tool result after a plain assistant turn, which is how "
