@@ -22,41 +22,50 @@ async def evaluate(
 
 
 async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: float = 1.0) -> dict[str, Any]:
-    """Start the inference stack for ``cfg`` (a RunConfig), optionally load ``adapter`` (into a LoRA slot, or
-    merged into the weights when it carries trained norms), and evaluate
-    on the first ``n`` held-out tasks, inside the environment's run scope. Without an adapter the model is
-    ``cfg.model`` itself (a full-weight run's ``final_model`` directory, for one)."""
-    from pathlib import Path
-
+    """Start the inference stack for ``cfg`` (a RunConfig), optionally publish ``adapter`` (a saved peft adapter)
+    through the transport a run that trained it would settle on (its LoRA slot, or merged into the weights
+    when it carries tensors trained whole: :mod:`agentrl.config.sync`), and evaluate on the first ``n``
+    held-out tasks, inside the environment's run scope. Without an adapter the model is ``cfg.model`` itself
+    (a full-weight run's ``final_model`` directory, for one)."""
     from agentrl.environment.registry import load_env
     from agentrl.environment.tasks import load_tasks
     from agentrl.launch.stack import inference_stack
     from agentrl.rollout.groups import RolloutWorkers
-    from agentrl.rollout.templates import carried
-    from agentrl.weight_sync.merged import AdapterDirectory, MergedAdapterSync, carries_whole_tensors
+    from agentrl.weight_sync.base import PublishTarget
+    from agentrl.weight_sync.registry import open_publisher
+    from agentrl.weight_sync.saved import AdapterDirectory
 
-    # an adapter with trained norms is merged into the engine's weights (vLLM's LoRA slots hold no norms)
-    merged = adapter is not None and carries_whole_tensors(adapter)
-    if adapter is not None:  # a full-weight run's config resolves to engines without LoRA
-        changes: dict[str, object] = {"inference.enable_lora": not merged}
-        if cfg.chat_template is None:  # the template the adapter was trained with, when it carries one
-            changes["chat_template"] = carried(adapter)
-        cfg = cfg.with_changes(changes)
+    if adapter is not None:
+        cfg = cfg.with_changes(_served_as_trained(cfg, adapter))
     cfg = cfg.resolved()
     env_cls = load_env(cfg.env)
     tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
                        columns=cfg.task_columns)[:n]
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:
         model = None
-        if merged:
-            with MergedAdapterSync(AdapterDirectory(adapter), stack.client) as sync:
-                await sync.publish(1)
-        elif adapter is not None:
-            await stack.client.load_lora_adapter(cfg.adapter_name, str(Path(adapter).resolve()))
-            model = cfg.adapter_name
+        if adapter is not None:
+            target = PublishTarget(AdapterDirectory(adapter), stack.client, adapter_name=cfg.adapter_name,
+                                   adapter_dir=cfg.output_dir / "eval" / "adapters")
+            async with open_publisher(cfg.transport, target) as publisher:
+                await publisher.publish(1)
+            model = cfg.policy_model
         workers = RolloutWorkers(env_cls, stack.client, stack.chat, cfg.sampling, model=model,
                                  max_concurrency=cfg.max_concurrency)
         result = await evaluate(workers, tasks, temperature=temperature)
     result.update({"env": cfg.env, "model": cfg.model, "adapter": str(adapter) if adapter else None,
                    "num_tasks": len(tasks), "temperature": temperature})
     return result
+
+
+def _served_as_trained(cfg: Any, adapter: Any) -> dict[str, object]:
+    """The settings that serve the saved ``adapter`` as the run that trained it: a LoRA run whose tensors trained
+    whole are the ones it carries (the transport is then settled by the config's one rule), and the chat
+    template it was trained with, when it carries one and ``cfg`` names none."""
+    from agentrl.rollout.templates import carried
+    from agentrl.weight_sync.saved import carries_whole_tensors
+
+    changes: dict[str, object] = {"trainer.lora": True, "trainer.lora_train_norms": False,
+                                  "trainer.lora_train_embedding": carries_whole_tensors(adapter)}
+    if cfg.chat_template is None:
+        changes["chat_template"] = carried(adapter)
+    return changes

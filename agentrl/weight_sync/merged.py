@@ -42,39 +42,6 @@ MERGE_METHOD = "agentrl_merge_lora"
 MERGE_BYTES_METHOD = "agentrl_merge_lora_bytes"
 
 
-class AdapterDirectory:
-    """A saved adapter (``adapter_config.json``, ``adapter_model.safetensors``) standing in for the trainer of a
-    :class:`MergedAdapterSync`: how an evaluation serves an adapter that vLLM's LoRA slots cannot hold (one
-    with tensors trained whole, ``trainer.lora_train_norms``, ``trainer.lora_train_embedding``)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-
-    async def get_adapter_tensors(self) -> dict[str, Any]:
-        from safetensors.torch import load_file
-
-        return load_file(str(self.path / "adapter_model.safetensors"))
-
-    async def save_adapter(self, path: str | Path) -> dict[str, Any]:
-        import shutil
-
-        shutil.copytree(self.path, path)
-        return {"path": str(path)}
-
-
-def carries_whole_tensors(adapter: str | Path) -> bool:
-    """Whether a saved adapter also carries tensors trained whole (trained norms, peft's ``modules_to_save``;
-    a trained embedding), which vLLM's LoRA slots cannot serve: it is served merged."""
-    from safetensors import safe_open
-
-    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    weights = Path(adapter) / "adapter_model.safetensors"
-    if config.get("modules_to_save") or not weights.is_file():  # an older peft's .bin: vLLM reads it as it is
-        return bool(config.get("modules_to_save"))
-    with safe_open(str(weights), framework="pt") as f:
-        return any(".lora_" not in k for k in f.keys())
-
-
 class MergedAdapterSync(SharedMemoryAdapterSync):
     """Publish a LoRA adapter that the engines of ``engine`` merge into their weights.
 

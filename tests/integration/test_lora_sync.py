@@ -179,6 +179,30 @@ async def test_the_probe_routes_a_local_engine_to_shared_memory(vllm_server, tmp
         assert not list(Path("/dev/shm").glob("agentrl_probe_*")), "the probe's segment is unlinked"
 
 
+async def test_an_evaluated_adapter_is_published_into_its_slot(vllm_server, tiny_model_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """``agentrl eval --adapter``: a saved adapter with no tensor trained whole is served from a LoRA slot
+    (the transport a run that trained it settles on, ``shm``: its first publish loads the files), and the
+    evaluation samples from that slot, which then serves the file's weights."""
+    from agentrl.config.run import load_config
+    from agentrl.orchestrator.evaluate import run_eval
+
+    tensors = random_lora(lora_shapes("tiny", 16), seed=9)
+    adapter = save_lora(tmp_path / "adapter", tensors)
+    cfg = load_config(None, {"env": "calc", "model": str(tiny_model_dir), "endpoints": [vllm_server.url],
+                             "output_dir": str(tmp_path), "adapter_name": "eval-policy"})
+    result = await run_eval(cfg, adapter=adapter, n=2)
+    assert result["num_tasks"] == 2 and result["adapter"] == str(adapter), result
+    async with InferenceClient([vllm_server.url], timeout_s=60) as client:
+        try:
+            served = await _greedy(client, "eval-policy")
+            await client.load_lora_adapter("eval-file", str(adapter))
+            assert _close(served, await _greedy(client, "eval-file"))
+        finally:
+            for name in ("eval-policy", "eval-file"):
+                await client.unload_lora_adapter(name)
+
+
 async def test_over_the_control_socket_the_copy_serves_what_a_file_load_serves(vllm_server, tmp_path: Path) -> None:
     """Every linear layer with modules scaled differently, each version one message on the engine core's
     control socket (copy, label, reset between two steps): a file load of the same tensors serves the same; a

@@ -18,8 +18,8 @@ from agentrl.core.versions import token_versions
 from agentrl.inference import InferenceClient
 from agentrl.tools.bench.models import ATTENTION, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.control import controlled
+from agentrl.weight_sync.inplace import SyncError
 from agentrl.weight_sync.merged import MergedAdapterSync
-from agentrl.weight_sync.shm import SyncError
 from tests.integration.conftest import tiny_model_config
 from tests.integration.vllm_metrics import slowed_engine, start_paused_mid_generation, streaming_past
 
@@ -177,7 +177,7 @@ async def test_an_adapter_with_its_norms_and_embedding_trains_through_the_merge(
     what the trainer scores, and at the end the engine serves what peft's own merge of the final adapter
     gives, norms and embedding included: the same adapter without its norms, or without its embedding, would
     score measurably differently. Last in the module: it leaves trained norms and embedding in the engine,
-    which the module's fixture restores."""
+    which the module's fixture restores. The evaluation of the saved adapter serves the same."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -220,6 +220,17 @@ async def test_an_adapter_with_its_norms_and_embedding_trains_through_the_merge(
                         p.copy_(fresh[name])
         return merged.eval()
 
+    # ``agentrl eval --adapter``: the saved adapter carries its norms and embedding, so the evaluation serves it
+    # merged (the transport a run that trained it settles on); the linear layers are set back to the base's
+    # first, so what the engine serves below is the evaluation's merge
+    from agentrl.orchestrator.evaluate import run_eval
+
+    async with InferenceClient([engine.url], timeout_s=120) as client:
+        with MergedAdapterSync(_Trainer(_zero()), client) as zero:
+            await zero.publish(3)
+    result = await run_eval(cfg.with_changes({"output_dir": str(tmp_path / "eval")}), adapter=run_dir / "final_adapter",
+                            n=2)
+    assert result["num_tasks"] == 2 and result.get("num_failed", 0) == 0, result
     async with InferenceClient([engine.url], timeout_s=120) as client:
         gen = await client.generate(PROMPT, max_tokens=24, temperature=0.0, model="base")
     ids = PROMPT + list(gen.token_ids)
