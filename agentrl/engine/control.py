@@ -109,7 +109,7 @@ class ControlServer:
                     msg = json.loads(data)
                     if msg.get("method") not in ALLOWED or not isinstance(msg.get("kwargs"), dict):
                         raise ControlMessageError(f"method must be one of {sorted(ALLOWED)}, with kwargs")
-                except (ValueError, AttributeError) as exc:
+                except (ControlMessageError, ValueError, AttributeError) as exc:
                     _send(conn, {"id": msg.get("id") if isinstance(msg, dict) else None,
                                  "workers": [failure(BAD_REQUEST, f"unreadable control message: {exc}")]})
                     continue

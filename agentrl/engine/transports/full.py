@@ -76,6 +76,8 @@ class FullEngine:
         try:
             with torch.inference_mode():  # fused MoE experts (transformers' layout) split to checkpoint names
                 vllm_patches.load_weight_bucket(self, to_checkpoint(counted(), model_type))
+        except LoadError as exc:  # raised by the bucket's views as vLLM reads them
+            return failure_of(exc)
         except (KeyError, ValueError, RuntimeError, AssertionError) as exc:
             return failure(LOAD_FAILED, f"load_weights failed after {count} tensors: "
                                            f"{type(exc).__name__}: {exc}")
@@ -132,10 +134,7 @@ class FullEngine:
             except (OSError, ValueError) as exc:
                 return failure(SHM_UNAVAILABLE, f"cannot map shared memory {shm_name!r}: {exc}")
         buf = segs[shm_name][1][base:]
-        try:
-            return self._agentrl_load(t0, _views(buf, layout, own=True))
-        except LoadError as exc:
-            return failure_of(exc)
+        return self._agentrl_load(t0, _views(buf, layout, own=True))
 
     @needs_patches
     def agentrl_load_weights_bytes(self, payload_b64: str, meta_json: str) -> dict[str, Any]:
@@ -151,10 +150,7 @@ class FullEngine:
         except (ValueError, KeyError, TypeError) as exc:
             return failure(BAD_REQUEST, f"bad bucket payload: {exc}")
         decode_ms = (time.perf_counter() - t0) * 1e3
-        try:
-            out = self._agentrl_load(t0, _views(buf, layout))
-        except LoadError as exc:
-            return failure_of(exc)
+        out = self._agentrl_load(t0, _views(buf, layout))
         out["decode_ms"] = decode_ms
         return out
 

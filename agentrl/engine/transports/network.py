@@ -76,6 +76,6 @@ class NetworkEngine(SlotsMixin):
                 with open(tmp, "wb") as f:
                     f.write(base64.b64decode(data, validate=True))
                 os.replace(tmp, os.path.join(root, name))  # workers of one host may write the same files
-        except (ValueError, OSError) as exc:
+        except (AdapterWriteError, ValueError, OSError) as exc:
             return failure(WRITE_FAILED, f"cannot write the adapter: {exc}")
         return {"ok": True, "path": root}
