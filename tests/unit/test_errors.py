@@ -28,7 +28,6 @@ from agentrl.weight_sync.network import UPDATE_BYTES_METHOD, WRITE_METHOD, Netwo
 ROOTS = ("agentrl", "agentrl.envs", "agentrl.sandbox")
 SKIP = (
     "agentrl.tools.scaffold.example_env_check",  # a template for users to copy, not a module of agentrl
-    "agentrl.envs.swe.repos.",  # the SWE tasks' small sample repositories: task data, not agentrl code
 )
 NOT_ERRORS = {
     # Control-flow signals, deliberately outside the tree (see the comment at each class):
