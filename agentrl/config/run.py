@@ -130,7 +130,7 @@ class PipelineConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _settings_that_moved(cls, data: Any) -> Any:
-        """The weight-sync settings that became a transport's own name the setting that holds them now."""
+        """A weight-sync setting of the earlier layout is refused with the setting that holds it now."""
         moved = {"lora_sync": "is gone: name the transport, pipeline.weight_sync = 'merged' (or 'shm' for the LoRA "
                               "slots, or 'auto')",
                  "sync_control": "is now pipeline.weight_sync.control (of the 'shm', 'merged' and 'auto' transports)",

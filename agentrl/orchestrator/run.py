@@ -2,9 +2,9 @@
 around the :class:`~agentrl.orchestrator.loop.Orchestrator` loop (``mode = "sync"`` or ``"async"``).
 
 :class:`TrainingRun` is the run's composition root, in two steps: constructing it only checks and plans
-(no disk or network I/O), :meth:`TrainingRun.open` loads and claims what the run needs
-(:class:`RunResources`), and :meth:`TrainingRun.run` opens it if nobody did, then starts the processes
-and trains.
+(no network I/O; of the disk, only the model's ``config.json``, whose MoE shape settles the weight-sync
+transport), :meth:`TrainingRun.open` loads and claims what the run needs (:class:`RunResources`), and
+:meth:`TrainingRun.run` opens it if nobody did, then starts the processes and trains.
 
 Each step is timed; the trainer's idle fraction (time not spent in ``train``) and the engine's idle
 fraction (time with no rollout in flight) are the numbers the async mode exists to shrink.
@@ -112,8 +112,9 @@ class TrainingRun:
     """One training run (see module docstring). Use ``await TrainingRun(cfg).run()``; to read the run's
     directory, tasks or metrics before it starts, ``run = await TrainingRun(cfg).open()`` first.
 
-    Construction does no disk or network I/O. It raises a ``ValueError`` when the config cannot train
-    correctly (e.g. greedy sampling) and a ``PlacementError`` for an impossible placement plan. :meth:`open`
+    Construction does no network I/O and reads nothing on disk but the model's ``config.json``. It raises a
+    ``ValueError`` when the config cannot train correctly (e.g. greedy sampling) and a ``PlacementError`` for an
+    impossible placement plan. :meth:`open`
     raises for what it loads: an unknown environment or unreachable env server, a missing task file, a run
     directory that holds another run (``RunDirError``).
     """
