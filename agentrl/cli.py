@@ -180,38 +180,54 @@ def train(
     typer.echo(json.dumps(summary))
 
 
+_ADAPTER_HELP = ("A saved policy: a LoRA adapter, a full-weight run's final_model, or a run directory. Its base "
+                 "model, chat template, tool parser, window and sampling are those it was trained with (flags and "
+                 "--config override them); a base model it does not fit is refused.")
+
+
+def _saved_policy(path: Path | None) -> Any:
+    """What describes the saved policy at ``path`` (``agentrl.launch.described``), or None without one."""
+    if path is None:
+        return None
+    from agentrl.launch.described import read_policy
+
+    return read_policy(path)
+
+
 @app.command("eval")
 @_with_settings(RunConfig, flags.EVAL)
 def eval_(
     settings: dict[str, Any],
     config: ConfigOpt = None,
-    adapter: Annotated[Path | None, typer.Option(
-        help="LoRA adapter directory to evaluate (a full-weight run's final_model: pass it as --model).")] = None,
+    adapter: Annotated[Path | None, typer.Option(help=_ADAPTER_HELP)] = None,
     n: Annotated[int, typer.Option(help="Held-out tasks to run.")] = 200,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    temperature: Annotated[float | None, typer.Option(
+        help="Sampling temperature (default: the config's eval_temperature: with --adapter, the run's).")] = None,
     policy: Annotated[str, typer.Option(
         help="model (the LLM), or a scripted check of tools and reward: oracle (the reference solution) "
              "or null (gives up at once); scripted policies need no inference server.")] = "model",
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Report the success rate on the held-out split (optionally with a LoRA adapter; a full-weight run's
-    final_model directory is evaluated with --model)."""
+    """Report the success rate on the held-out split, of a model or of a saved policy (--adapter: a LoRA
+    adapter, a full-weight run's final_model or a run directory, served as it was trained)."""
     _setup(verbose)
     from agentrl.config.run import load_config
     from agentrl.environment.registry import canonical_spec, load_env
+    from agentrl.launch.described import EVALUATED
 
     try:
+        saved = _saved_policy(adapter)
         overrides = flags.overrides(flags.EVAL, settings)
         if "env" in overrides:
             overrides["env"] = canonical_spec(overrides["env"])
-        cfg = load_config(config, overrides, flags=flags.flag_names(flags.EVAL))
+        cfg = load_config(config, overrides, flags=flags.flag_names(flags.EVAL),
+                          beneath=saved.overrides(EVALUATED) if saved else None)
+        if saved is not None:
+            saved.check_base(cfg.model)  # before any server starts
         load_env(cfg.env)
-    except (ConfigError, EnvError) as e:
+    except (ConfigError, EnvError) as e:  # NotAPolicy and BaseMismatch among them
         _fail(e)
-    if adapter is not None and not (adapter / "adapter_config.json").is_file():
-        whole = (adapter / "config.json").is_file()  # a full-weight run's final_model/
-        _fail(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)"
-              + (f"; it is a whole model: evaluate it with --model {adapter}" if whole else ""))
+    adapter = saved.path if saved is not None and saved.kind == "adapter" else None
     from agentrl.orchestrator.evaluate import run_eval
     from agentrl.rollout.scripted import POLICIES, run_scripted_eval
 
@@ -219,7 +235,8 @@ def eval_(
         _fail(f"unknown policy {policy!r}; expected model, {', '.join(sorted(POLICIES))}")
     try:
         if policy == "model":
-            result = _run(run_eval(cfg, adapter=adapter, n=n, temperature=temperature))
+            result = _run(run_eval(cfg, adapter=adapter, n=n,
+                                   temperature=cfg.eval_temperature if temperature is None else temperature))
         else:
             result = _run(run_scripted_eval(cfg, policy, n=n))
     except typer.Exit:  # Ctrl-C/SIGTERM (exit 130): already reported by _run

@@ -536,8 +536,10 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None,
-                flags: Mapping[str, str] | None = None) -> RunConfig:
-    """Defaults, then the environment's preset, then the TOML file, then ``overrides`` (nested dicts; ``None`` values are ignored).
+                flags: Mapping[str, str] | None = None, beneath: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults, then the environment's preset, then ``beneath`` (what a saved policy describes:
+    ``agentrl.launch.described``), then the TOML file, then ``overrides`` (nested dicts; ``None`` values are
+    ignored).
 
     A full-weight run (``trainer.lora = false``) that sets no ``trainer.lr`` gets a full-weight learning rate
     from the preset layer instead of the LoRA one (see :func:`~agentrl.config.presets.preset_for`).
@@ -550,10 +552,11 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         path = Path(path)
         data = read_toml(path)
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
-    env = clean.get("env", data.get("env", "calc"))
-    given = deep_update(data, clean)
+    described = deep_update(beneath or {}, data)
+    env = clean.get("env", described.get("env", "calc"))
+    given = deep_update(described, clean)
     trainer = given.get("trainer")
     full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
     embedded = is_embedded_model(given.get("model", DEFAULT_MODEL)) or given.get("model", DEFAULT_MODEL) == DEFAULT_MODEL
-    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), data), clean)
+    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), described), clean)
     return validate(RunConfig, merged, file=path, file_data=data, overrides=clean, flags=flags)

@@ -34,6 +34,7 @@ from agentrl.environment.registry import load_env
 from agentrl.environment.tasks import load_tasks, task_rng
 from agentrl.inference.client import NoEnginesError
 from agentrl.inference.watch import EnginesLost, EngineWatch
+from agentrl.launch.described import write_description
 from agentrl.launch.doctor import check_model
 from agentrl.launch.placement import Plan, plan_run
 from agentrl.launch.stack import (
@@ -320,9 +321,11 @@ class TrainingRun:
             "success_after": last["success"],
             "wall_s": time.perf_counter() - t_start,
         }
-        write_model_card(cfg.final_policy_dir, cfg, first_eval=evals[0] if evals else None,
-                         last_eval=evals[-1] if evals else None, steps=self.step, wall_s=summary["wall_s"],
-                         run_id=self.run_id)
+        figures = {"first_eval": evals[0] if evals else None, "last_eval": evals[-1] if evals else None,
+                   "steps": self.step, "wall_s": summary["wall_s"], "run_id": self.run_id}
+        write_model_card(cfg.final_policy_dir, cfg, **figures)
+        # what serves it as trained (base, template, parser, window, sampling): `agentrl eval --adapter DIR` alone
+        write_description(cfg.final_policy_dir, cfg, **figures)
         return summary
 
     def _maybe_sample(self, batch: list[Any]) -> None:
