@@ -481,6 +481,9 @@ def init_env(
 def serve_env(
     settings: dict[str, Any],
     config: Annotated[Path | None, typer.Option("--config", help="TOML server config (its 'server' table, or top level).")] = None,
+    adapter: Annotated[Path | None, typer.Option(
+        help="A saved policy (a LoRA adapter, a final_model or a run directory): whole rollouts render with the "
+             "tokenizer and chat template it was trained with (flags override them).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve environments over HTTP for agents outside this process (see docs/env-server.md)."""
@@ -491,7 +494,11 @@ def serve_env(
         overrides = flags.overrides(flags.SERVE_ENV, settings)
         if verbose:
             overrides["access_log"] = True
-        cfg = load_server_config(config, overrides, flags=flags.flag_names(flags.SERVE_ENV))
+        saved = _saved_policy(adapter)
+        described = saved.settings() if saved else {}
+        beneath = {"tokenizers": [described["model"]], "chat_template": described.get("chat_template")} if saved \
+            else None
+        cfg = load_server_config(config, overrides, flags=flags.flag_names(flags.SERVE_ENV), beneath=beneath)
         from agentrl.http.server.run import serve
 
         serve(cfg)
@@ -507,23 +514,32 @@ def serve_env(
 def serve_policy(
     settings: dict[str, Any],
     model_settings: dict[str, Any],
+    adapter: Annotated[Path | None, typer.Option(help=_ADAPTER_HELP)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Serve the policy as an OpenAI-compatible endpoint that records each episode's calls as token-faithful
-    rows (see docs/blackbox.md)."""
+    rows (see docs/blackbox.md); with --adapter, a saved policy as it was trained."""
     _setup(verbose)
     from agentrl.config.policy import load_policy_config
+    from agentrl.config.presets import deep_update
+    from agentrl.launch.described import SERVED
 
     try:
-        run = RunConfig.model_validate(flags.overrides(flags.MODEL_FLAGS, model_settings))
+        saved = _saved_policy(adapter)
+        described = saved.overrides(SERVED) if saved else {}
+        run = RunConfig.model_validate(deep_update(described, flags.overrides(flags.MODEL_FLAGS, model_settings)))
+        if saved is not None:
+            saved.check_base(run.model)  # before any server starts
         cfg = load_policy_config(flags.overrides(flags.POLICY, settings), flags=flags.flag_names(flags.POLICY))
-    except (ConfigValidationError, ValueError) as e:
+    except (ConfigError, ValueError) as e:  # ConfigValidationError, NotAPolicy, BaseMismatch
         _fail(e)
     from agentrl.http.policy.run import serve_policy as serve
 
     try:
         _run(serve(cfg, model=run.model, endpoints=run.endpoints, tool_parser=run.tool_parser,
-                   chat_template=run.chat_template, log_dir=Path("runs") / "serve-policy"))
+                   chat_template=run.chat_template, log_dir=Path("runs") / "serve-policy",
+                   adapter=saved.path if saved is not None and saved.kind == "adapter" else None,
+                   described=described or None))
     except typer.Exit:
         raise
     except (AgentRLError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:  # its own errors, a library's

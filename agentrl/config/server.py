@@ -100,8 +100,9 @@ class ServerConfig(Section):
 
 
 def load_server_config(path: Path | None = None, overrides: dict[str, Any] | None = None,
-                       flags: Mapping[str, str] | None = None) -> ServerConfig:
-    """Defaults < TOML file (``[server]`` table or top level) < ``overrides`` (``None`` values ignored).
+                       flags: Mapping[str, str] | None = None, beneath: dict[str, Any] | None = None) -> ServerConfig:
+    """Defaults < ``beneath`` (what a saved policy describes: its tokenizer and chat template) < TOML file
+    (``[server]`` table or top level) < ``overrides`` (``None`` values ignored).
 
     An invalid or unknown setting raises :class:`~agentrl.config.errors.ConfigValidationError`, one line per
     problem; a token's value is never echoed."""
@@ -115,5 +116,6 @@ def load_server_config(path: Path | None = None, overrides: dict[str, Any] | Non
         data = dict(raw.get("server", raw))
     table = ("server",) if "server" in raw else ()
     clean = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return validate(ServerConfig, {**data, **clean}, file=path, file_data=data, overrides=clean, flags=flags,
+    described = {k: v for k, v in (beneath or {}).items() if v is not None}
+    return validate(ServerConfig, {**described, **data, **clean}, file=path, file_data=data, overrides=clean, flags=flags,
                     prefix=table)

@@ -185,3 +185,29 @@ def write_description(policy_dir: Path, cfg: RunConfig, **figures: Any) -> Path:
     path = Path(policy_dir) / POLICY_FILE
     write_atomic(path, json.dumps(describe(cfg, **figures), indent=2, default=str))
     return path
+
+
+def served_as_trained(cfg: RunConfig, adapter: str | Path) -> dict[str, object]:
+    """The settings that serve the saved ``adapter`` as the run that trained it: a LoRA run whose tensors trained
+    whole are the ones it carries (the transport is then settled by the config's one rule), and the chat
+    template it was trained with, when it carries one and ``cfg`` names none."""
+    from agentrl.weight_sync.saved import carries_whole_tensors
+
+    changes: dict[str, object] = {"trainer.lora": True, "trainer.lora_train_norms": False,
+                                  "trainer.lora_train_embedding": carries_whole_tensors(adapter)}
+    if cfg.chat_template is None:
+        changes["chat_template"] = carried(adapter)
+    return changes
+
+
+async def publish_saved(cfg: RunConfig, client: Any, adapter: str | Path, adapter_dir: Path) -> None:
+    """Publish the saved ``adapter`` into ``client``'s engines through the transport ``cfg`` (changed by
+    :func:`served_as_trained`, resolved) settles on: its LoRA slot, or merged into the weights; the engines then
+    serve it as ``cfg.policy_model``. ``adapter_dir``: where a file transport writes its copies."""
+    from agentrl.weight_sync.base import PublishTarget
+    from agentrl.weight_sync.registry import open_publisher
+    from agentrl.weight_sync.saved import AdapterDirectory
+
+    target = PublishTarget(AdapterDirectory(adapter), client, adapter_name=cfg.adapter_name, adapter_dir=adapter_dir)
+    async with open_publisher(cfg.transport, target) as publisher:
+        await publisher.publish(1)

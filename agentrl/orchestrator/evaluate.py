@@ -29,14 +29,12 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     (a full-weight run's ``final_model`` directory, for one)."""
     from agentrl.environment.registry import load_env
     from agentrl.environment.tasks import load_tasks
+    from agentrl.launch.described import publish_saved, served_as_trained
     from agentrl.launch.stack import inference_stack
     from agentrl.rollout.groups import RolloutWorkers
-    from agentrl.weight_sync.base import PublishTarget
-    from agentrl.weight_sync.registry import open_publisher
-    from agentrl.weight_sync.saved import AdapterDirectory
 
     if adapter is not None:
-        cfg = cfg.with_changes(_served_as_trained(cfg, adapter))
+        cfg = cfg.with_changes(served_as_trained(cfg, adapter))
     cfg = cfg.resolved()
     env_cls = load_env(cfg.env)
     tasks = load_tasks(env_cls, "test", cfg.eval_tasks, source_split=cfg.eval_tasks_split,
@@ -44,10 +42,7 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
     async with run_scope(env_cls, f"eval-{env_cls.name or env_cls.__name__}"), inference_stack(cfg, cfg.output_dir / "eval") as stack:
         model = None
         if adapter is not None:
-            target = PublishTarget(AdapterDirectory(adapter), stack.client, adapter_name=cfg.adapter_name,
-                                   adapter_dir=cfg.output_dir / "eval" / "adapters")
-            async with open_publisher(cfg.transport, target) as publisher:
-                await publisher.publish(1)
+            await publish_saved(cfg, stack.client, adapter, cfg.output_dir / "eval" / "adapters")
             model = cfg.policy_model
         workers = RolloutWorkers(env_cls, stack.client, stack.chat, cfg.sampling, model=model,
                                  max_concurrency=cfg.max_concurrency)
@@ -56,16 +51,3 @@ async def run_eval(cfg: Any, *, adapter: Any = None, n: int = 200, temperature: 
                    "num_tasks": len(tasks), "temperature": temperature})
     return result
 
-
-def _served_as_trained(cfg: Any, adapter: Any) -> dict[str, object]:
-    """The settings that serve the saved ``adapter`` as the run that trained it: a LoRA run whose tensors trained
-    whole are the ones it carries (the transport is then settled by the config's one rule), and the chat
-    template it was trained with, when it carries one and ``cfg`` names none."""
-    from agentrl.rollout.templates import carried
-    from agentrl.weight_sync.saved import carries_whole_tensors
-
-    changes: dict[str, object] = {"trainer.lora": True, "trainer.lora_train_norms": False,
-                                  "trainer.lora_train_embedding": carries_whole_tensors(adapter)}
-    if cfg.chat_template is None:
-        changes["chat_template"] = carried(adapter)
-    return changes

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from agentrl.config.policy import PolicyConfig
 from agentrl.core.errors import AgentRLError
@@ -74,20 +75,30 @@ async def serving(service: PolicyService, token: str, uds: str | None = None) ->
 
 
 async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str], tool_parser: str,
-                       log_dir: Path, chat_template: str | None = None) -> None:
+                       log_dir: Path, chat_template: str | None = None, adapter: Path | None = None,
+                       described: dict[str, Any] | None = None) -> None:
     """``agentrl serve-policy``: the engines (started here for ``model`` unless ``endpoints``), then the
-    endpoint, until Ctrl-C or SIGTERM."""
+    endpoint, until Ctrl-C or SIGTERM. ``adapter``: a saved LoRA adapter, published into the engines as a run
+    that trained it would (``agentrl.launch.described.publish_saved``) and served in place of ``model``;
+    ``described``: the settings it was trained with (window, sampling, engine dtype), under the others."""
 
     from agentrl.config.run import load_config
+    from agentrl.launch.described import publish_saved, served_as_trained
     from agentrl.launch.stack import inference_stack
 
     token = config.token or os.environ.get(TOKEN_ENV) or None
     generated = token is None
     token = token or generate_token()
     cfg = load_config(None, {"model": model, "endpoints": endpoints or None, "tool_parser": tool_parser,
-                             "chat_template": chat_template, "name": "serve-policy"})
+                             "chat_template": chat_template, "name": "serve-policy"}, beneath=described)
+    if adapter is not None:
+        cfg = cfg.with_changes(served_as_trained(cfg, adapter))
+    cfg = cfg.resolved()
     async with inference_stack(cfg, log_dir) as stack:
-        service = PolicyService(config, stack.client, stack.chat, model=cfg.inference.served_model_name)
+        if adapter is not None:
+            await publish_saved(cfg, stack.client, adapter, log_dir / "adapters")
+        service = PolicyService(config, stack.client, stack.chat,
+                                model=cfg.policy_model if adapter is not None else cfg.inference.served_model_name)
         async with serving(service, token) as url:
             print(f"agentrl policy endpoint: {url}/v1 (engines {', '.join(stack.client.endpoints)})",
                   file=sys.stderr, flush=True)

@@ -139,18 +139,3 @@ def test_a_path_that_holds_no_policy_is_refused(tmp_path: Path) -> None:
     with pytest.raises(NotAPolicy, match="final_adapter or final_model"):
         read_policy(tmp_path / "run")
 
-
-def test_eval_refuses_a_base_the_adapter_does_not_fit_before_any_server_starts(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from agentrl import cli
-    from agentrl.orchestrator import evaluate
-
-    monkeypatch.setattr(cli, "_setup", lambda verbose: None)
-    monkeypatch.setattr(evaluate, "run_eval", lambda *a, **k: pytest.fail("an evaluation started"))
-    base, wide = _base(tmp_path / "base"), _base(tmp_path / "wide", hidden=48)
-    adapter = _adapter(tmp_path / "a")
-    write_description(adapter, _run_cfg(tmp_path, base))
-    r = CliRunner().invoke(cli.app, ["eval", "--adapter", str(adapter), "--model", str(wide)])
-    assert r.exit_code == 2 and f"does not fit the model {wide}" in r.output and str(base) in r.output, r.output
