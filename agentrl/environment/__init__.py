@@ -8,7 +8,7 @@ that finds environments by name, task sources, and the clients of environments s
 - :mod:`agentrl.environment.tasks`: an environment's splits or a JSONL file of tasks;
 - :mod:`agentrl.environment.remote`, :mod:`agentrl.environment.openenv`: environments over HTTP.
 
-The bundled environments themselves (``calc``, ``lookup``, ``swe``) are installed as
+The bundled environments themselves (``calc``, ``guess``, ``lookup``, ``swe``) are installed as
 ``agentrl.envs``.
 """
 

@@ -2,7 +2,7 @@
 
 An environment is named in one of four ways (``--env``, ``env = ...`` in a config, ``serve-env --env``):
 
-- a registered name: the built-ins (``calc``, ``lookup``, ``swe``) and the ``agentrl.envs``
+- a registered name: the built-ins (``calc``, ``guess``, ``lookup``, ``swe``) and the ``agentrl.envs``
   entry-point group;
 - ``package.module:Class``: imported like ``python -m`` and uvicorn do, so a module in the current
   directory is found without an install or ``PYTHONPATH``;
@@ -30,6 +30,7 @@ from agentrl.environment.base import Environment
 
 BUILTIN_ENVS: dict[str, str] = {
     "calc": "agentrl.envs.calc:CalcEnv",
+    "guess": "agentrl.envs.guess:GuessEnv",
     "lookup": "agentrl.envs.lookup:LookupEnv",
     "swe": "agentrl.envs.swe:SweEnv",
 }
