@@ -247,6 +247,29 @@ def eval_(
 
 
 @app.command()
+def export(
+    run_or_adapter: Annotated[Path, typer.Argument(
+        help="A run directory, a LoRA adapter or a full-weight run's final_model.")],
+    out: Annotated[Path, typer.Option(help="Output directory (new or empty).")],
+    dtype: Annotated[str, typer.Option(help="The weights' dtype: float32, bfloat16 or float16 (the merge itself is "
+                                            "done in float32).")] = "float32",
+    adapter_only: Annotated[bool, typer.Option(
+        "--adapter-only", help="Write the peft adapter (with its card and chat template) instead of a merged "
+                               "model.")] = False,
+) -> None:
+    """Write a trained policy as a plain Hugging Face model directory that vLLM, transformers or a hub take as
+    it is: the adapter merged into its base model, the chat template and stop tokens it was trained with, the
+    tokenizer and a model card with the run's figures."""
+    _setup(False)
+    from agentrl.launch.export import export as write
+
+    try:
+        typer.echo(json.dumps(write(run_or_adapter, out, dtype=dtype, adapter_only=adapter_only)))
+    except (ConfigError, OSError, ValueError, RuntimeError) as e:  # NotAPolicy, BaseMismatch, an occupied --out;
+        _fail(e)                                                  # a library's own errors while merging
+
+
+@app.command()
 def show(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (runs/NAME).")],
     step: Annotated[int | None, typer.Option(help="The step whose sample to show (default: the latest).")] = None,

@@ -35,18 +35,25 @@ def _success(rec: dict[str, Any] | None) -> str:
 
 
 def model_card(cfg: RunConfig, *, first_eval: dict[str, Any] | None, last_eval: dict[str, Any] | None,
-               steps: int, wall_s: float | None, run_id: str) -> str:
-    """The card's markdown (YAML front matter, then sections) for the run of ``cfg``."""
+               steps: int, wall_s: float | None, run_id: str, form: str = "trained", path: str | None = None,
+               dtype: str | None = None) -> str:
+    """The card's markdown (YAML front matter, then sections) for the run of ``cfg``. ``form``: what the
+    directory holds: what the run saved (``trained``), or an ``agentrl export`` of it: its LoRA adapter merged
+    into the base model's weights in ``dtype`` (``merged``) or the adapter alone (``adapter``); ``path``: the
+    directory's name in the card's commands (default: the run's own saved policy)."""
     t = cfg.trainer
-    lora = t.lora
+    merged = form == "merged" and t.lora
+    lora = t.lora and not merged
     base = cfg.model
     hub = _hub_id(base)
-    path = cfg.final_policy_dir.name
+    path = path or cfg.final_policy_dir.name
     tags = ["agentrl", "reinforcement-learning", "grpo", f"env:{cfg.env}"] + (["lora", "peft"] if lora else [])
     front = ["---", *([f"base_model: {hub}"] if hub else []), f"library_name: {'peft' if lora else 'transformers'}",
              "pipeline_tag: text-generation", "tags:", *[f"- {x}" for x in tags], "---"]
-    what = (f"a LoRA adapter (rank {t.lora_rank}, alpha {t.lora_alpha:g}, on {', '.join(t.lora_target_modules)})"
-            if lora else "the full weights")
+    adapter = f"a LoRA adapter (rank {t.lora_rank}, alpha {t.lora_alpha:g}, on {', '.join(t.lora_target_modules)})"
+    what = adapter if lora else "the full weights"
+    if merged:
+        what = f"the full weights, {adapter} merged into them ({dtype or 'float32'})"
     loss = t.loss
     rows = [
         ("base model", f"`{base}`"), ("environment", f"`{cfg.env}`"), ("trained", what),
@@ -99,9 +106,10 @@ def model_card(cfg: RunConfig, *, first_eval: dict[str, Any] | None, last_eval: 
             "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
             f'model = AutoModelForCausalLM.from_pretrained("{path}")',
             f'tokenizer = AutoTokenizer.from_pretrained("{path}")', "```", "",
-            "With vLLM:", "", "```bash", f"vllm serve {path}", "```", "",
+            "With vLLM (its tool calls parsed as training parsed them):", "", "```bash",
+            f"vllm serve {path} --enable-auto-tool-choice --tool-call-parser {cfg.tool_parser}", "```", "",
         ]
-    eval_cmd = (f"agentrl eval --env {cfg.env} --model {base} --adapter {path}" if lora
+    eval_cmd = (f"agentrl eval --adapter {path}" if form == "trained" or lora
                 else f"agentrl eval --env {cfg.env} --model {path}")
     lines += [
         f"Evaluate it again with agentrl: `{eval_cmd}`", "",

@@ -98,6 +98,11 @@ def test_model_card(tmp_path: Path, lora: bool) -> None:
         assert "PeftModel.from_pretrained(base, \"final_adapter\")" in card and "--enable-lora" in card
     else:
         assert 'AutoModelForCausalLM.from_pretrained("final_model")' in card and "vllm serve final_model" in card
+    merged = model_card(cfg, first_eval=first, last_eval=last, steps=80, wall_s=900.0, run_id="abc", form="merged",
+                        path="calc-export", dtype="bfloat16")
+    assert "library_name: transformers" in merged and "vllm serve calc-export --enable-auto-tool-choice" in merged
+    assert "| after training (step 80) | 0.620 ± 0.034 (n = 200) |" in merged
+    assert ("merged into them (bfloat16)" in merged) == lora and "agentrl eval --env calc --model calc-export" in merged
     hub = load_config(None, {"env": "calc", "model": "Qwen/Qwen2.5-0.5B-Instruct"})
     assert "base_model: Qwen/Qwen2.5-0.5B-Instruct" in model_card(hub, first_eval=None, last_eval=None, steps=0,
                                                                   wall_s=None, run_id="x")

@@ -57,24 +57,17 @@ def _child(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str] | No
 
 def merge_adapter(base: str | Path, adapter: str | Path, out: Path) -> Path:
     """A plain Hugging Face directory at ``out``: the peft LoRA adapter ``adapter`` merged into the model
-    ``base`` (``W0 + scaling * B @ A``, in float32), with the base's tokenizer files, chat template and
-    generation config. Written beside ``out`` and renamed into place."""
+    ``base`` (``W0 + scaling * B @ A``, in float32: ``agentrl export``'s merge), with the base's tokenizer files,
+    chat template and generation config. Written beside ``out`` and renamed into place."""
     import shutil
 
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from agentrl.core.utils.atomic import replace_dir
-    from agentrl.trainer.model import copy_model_files
+    from agentrl.launch.export import merge_into, save_model
 
     base, out = Path(base), Path(out)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(str(tmp), safe_serialization=True)
-    copy_model_files(base, tmp)
+    save_model(merge_into(base, adapter), base, tmp)
     replace_dir(tmp, out)
     return out
 
