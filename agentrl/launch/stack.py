@@ -81,6 +81,23 @@ def local_servers(cfg: RunConfig, plan: Plan, run_dir: Path) -> list[VLLMServer]
     return out
 
 
+def endpoint_model(url: str, wanted: str, timeout_s: float) -> str:
+    """The name to request the base model by from the server at ``url``: ``wanted`` where it serves that name
+    (agentrl's own servers do), else the one model it lists (``vllm serve DIR`` names it ``DIR``); ``wanted``
+    when it lists several or cannot be asked (the health check then reports it)."""
+    import httpx
+
+    try:
+        listed = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=timeout_s).json().get("data", [])
+                  if not m.get("parent")]  # LoRA adapters name their base as parent
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return wanted
+    if wanted in listed or len(listed) != 1:
+        return wanted
+    log.info("%s serves its model as %r: requesting that name", url, listed[0])
+    return listed[0]
+
+
 @contextlib.asynccontextmanager
 async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = None) -> AsyncIterator[InferenceStack]:
     """Start (or connect to) the engines for a run, placed by ``plan`` (default: :func:`plan_run`); stops
@@ -100,8 +117,10 @@ async def inference_stack(cfg: RunConfig, run_dir: Path, plan: Plan | None = Non
                 await asyncio.to_thread(server.start)
             endpoints = [server.url for server in servers]
         chat = await asyncio.to_thread(load_chat_format, cfg.model, cfg.tool_parser, cfg.chat_template)
-        client = InferenceClient(endpoints, model=cfg.inference.served_model_name,
-                                 timeout_s=cfg.engine_health.request_timeout_s)
+        name = cfg.inference.served_model_name
+        if cfg.endpoints:  # a server agentrl did not start may serve the model under its own name
+            name = await asyncio.to_thread(endpoint_model, endpoints[0], name, cfg.engine_health.timeout_s)
+        client = InferenceClient(endpoints, model=name, timeout_s=cfg.engine_health.request_timeout_s)
         health = await client.health()
         dead = [url for url, ok in health.items() if not ok]
         if dead:
