@@ -217,6 +217,7 @@ POLICY = (
     Flag("port"),
     Flag("token", envvar="AGENTRL_POLICY_TOKEN"),
     Flag("episode_ttl_s", "--episode-ttl"),
+    Flag("max_context_tokens"),
 )
 """``agentrl serve-policy``: settings of :class:`agentrl.config.policy.PolicyConfig`."""
 

@@ -11,6 +11,9 @@ from pydantic import Field
 from agentrl.config.base import Section
 from agentrl.config.errors import validate
 
+DEFAULT_CONTEXT_TOKENS = 2048
+"""The endpoint's window when neither its settings nor its model give one."""
+
 
 class PolicyConfig(Section):
     """The chat endpoint and its episodes."""
@@ -31,8 +34,10 @@ class PolicyConfig(Section):
     """Finished episodes whose trajectories stay readable (the oldest are forgotten first)."""
     max_tokens_per_call: int = Field(1024, ge=1)
     """Most tokens one call may generate (a request's ``max_tokens`` is capped by it)."""
-    max_context_tokens: int = Field(2048, ge=16)
-    """Prompt plus completion tokens at most; a longer prompt answers HTTP 400 ``context_length_exceeded``."""
+    max_context_tokens: int | None = Field(None, ge=16)
+    """Prompt plus completion tokens at most; a longer prompt answers HTTP 400 ``context_length_exceeded``. Unset:
+    the served model's window (what a saved policy was trained with, else ``max_position_embeddings`` in the
+    model directory's config.json), else 2048."""
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     """Largest request body accepted (HTTP 413 above)."""
     temperature: float | None = Field(None, ge=0.0)
@@ -53,6 +58,11 @@ class PolicyConfig(Section):
     each answer's own messages once)."""
     generate_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one call's generation (queueing and weight-update pauses included)."""
+
+    @property
+    def context_tokens(self) -> int:
+        """The window the endpoint enforces: ``max_context_tokens``, or ``DEFAULT_CONTEXT_TOKENS`` when unset."""
+        return self.max_context_tokens if self.max_context_tokens is not None else DEFAULT_CONTEXT_TOKENS
 
 
 def load_policy_config(overrides: Mapping[str, Any] | None = None,

@@ -1,6 +1,7 @@
 """The shape of a decoder-only transformer, read from its Hugging Face ``config.json``: what sets its parameter
 count (the trainer's memory estimate, ``agentrl.launch.memory``) and its KV cache per token (the CPU engine's
-cache size, ``agentrl.inference.server.kv_cache_gib``). Pure Python: the standard library only."""
+cache size, ``agentrl.inference.server.kv_cache_gib``), and the context window it declares (what
+``agentrl serve-policy`` serves by default). Pure Python: the standard library only."""
 
 from __future__ import annotations
 
@@ -93,3 +94,15 @@ def read_shape(model_path: str) -> DecoderShape | None:
         return DecoderShape.from_config(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_window(model_path: str) -> int | None:
+    """The context window a local model directory's ``config.json`` declares (``max_position_embeddings``, its
+    ``text_config``'s for a multimodal model); None when there is no such file or it names no window."""
+    path = Path(model_path) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        window = (config.get("text_config") or config).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None

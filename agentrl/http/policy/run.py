@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.config.policy import PolicyConfig
-from agentrl.core.errors import AgentRLError
+from agentrl.config.policy import DEFAULT_CONTEXT_TOKENS, PolicyConfig
+from agentrl.core.errors import AgentRLError, ConfigError
+from agentrl.core.shape import read_window
 from agentrl.http.auth import generate_token
 from agentrl.http.policy.service import PolicyService
 from agentrl.http.serve import bind_socket, bind_unix_socket, url_of
@@ -29,6 +30,29 @@ class EndpointStartError(AgentRLError, RuntimeError):
     """The policy endpoint's server stopped before it started serving."""
 
     code = "policy.endpoint_start"
+
+
+class WindowTooLong(ConfigError, ValueError):
+    """``--max-context-tokens`` asks for more than the model directory's window (``max_position_embeddings``)."""
+
+    code = "config.policy_window"
+
+
+def window_settings(given: int | None, model: str, described: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The window of the engines ``agentrl serve-policy`` serves, as config tables: ``given``
+    (``--max-context-tokens``); else none when a saved policy ``described`` its own (its layer holds it); else
+    the model directory's ``max_position_embeddings``; else ``DEFAULT_CONTEXT_TOKENS`` (never an environment
+    preset's). Raises `WindowTooLong` when ``given`` exceeds the model's window."""
+    declared = read_window(model)
+    if given is not None and declared is not None and given > declared:
+        raise WindowTooLong(f"--max-context-tokens {given} is more than the window of {model} "
+                            f"(max_position_embeddings = {declared}); give at most {declared}")
+    trained = described or {}
+    if given is None and ("max_context_tokens" in trained.get("sampling", {})
+                          or "max_model_len" in trained.get("inference", {})):
+        return {}
+    window = given if given is not None else declared if declared is not None else DEFAULT_CONTEXT_TOKENS
+    return {"inference": {"max_model_len": window}, "sampling": {"max_context_tokens": window}}
 
 
 @contextlib.asynccontextmanager
@@ -89,11 +113,13 @@ async def serve_policy(config: PolicyConfig, *, model: str, endpoints: list[str]
     token = config.token or os.environ.get(TOKEN_ENV) or None
     generated = token is None
     token = token or generate_token()
+    window = window_settings(config.max_context_tokens, model, described)
     cfg = load_config(None, {"model": model, "endpoints": endpoints or None, "tool_parser": tool_parser,
-                             "chat_template": chat_template, "name": "serve-policy"}, beneath=described)
+                             "chat_template": chat_template, "name": "serve-policy", **window}, beneath=described)
     if adapter is not None:
         cfg = cfg.with_changes(served_as_trained(cfg, adapter))
     cfg = cfg.resolved()
+    config = config.model_copy(update={"max_context_tokens": cfg.context_tokens})  # the engines' window
     async with inference_stack(cfg, log_dir) as stack:
         if adapter is not None:
             await publish_saved(cfg, stack.client, adapter, log_dir / "adapters")

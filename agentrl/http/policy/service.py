@@ -135,10 +135,10 @@ class PolicyService:
         opening = self._opening(tools, req)
         if opening:
             plan = prefill(plan, self.chat.encode(opening))
-        room = self.config.max_context_tokens - len(plan.prompt_ids)
+        room = self.config.context_tokens - len(plan.prompt_ids)
         if room <= 0:
             raise ApiError(400, f"the prompt is {len(plan.prompt_ids)} tokens; this endpoint's context is "
-                                f"{self.config.max_context_tokens}", code="context_length_exceeded", param="messages")
+                                f"{self.config.context_tokens}", code="context_length_exceeded", param="messages")
         asked = req.max_completion_tokens or req.max_tokens or self.config.max_tokens_per_call
         budget = min(asked, self.config.max_tokens_per_call, room)
         sent = self.policy_version()

@@ -74,7 +74,8 @@ def test_cli_flag_set_is_pinned() -> None:
     )
     assert flags["doctor"] == sorted(["--model", "--tool-parser", "--chat-template", "--json"])
     assert flags["serve-policy"] == sorted(["--model", "--endpoint", "--tool-parser", "--chat-template", "--host", "--port",
-                                            "--token", "--episode-ttl", "--adapter", "--verbose", "-v"])
+                                            "--token", "--episode-ttl", "--max-context-tokens", "--adapter", "--verbose",
+                                            "-v"])
     assert flags["export"] == sorted(["run_or_adapter", "--out", "--dtype", "--adapter-only"])
     assert flags["sft"] == sorted(["--model", "--out", "--env", "--data", "--chat-template", "--steps", "--batch-size",
                                    "--lr", "--full", "--lora-rank", "--examples", "--seed"])

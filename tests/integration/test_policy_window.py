@@ -1,0 +1,68 @@
+"""`agentrl serve-policy --model DIR` serves the model's own window (the tiny model's 2,048 tokens), not an
+environment preset's (calc's 1,024): a prompt between the two is answered."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOKEN = "policy-window-token-0123456789"
+
+
+def _serve(model: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-policy", "--model", str(model), "--port", "0",
+                             "--token", TOKEN, *extra],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def _url(proc: subprocess.Popen) -> str:
+    lines = []
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        if (found := re.search(r"policy endpoint: (http://\S+)/v1", line)):
+            return found.group(1)
+    proc.wait(timeout=30)
+    raise AssertionError("agentrl serve-policy stopped before serving:\n" + "".join(lines))
+
+
+def _long_prompt(model: Path, low: int, high: int) -> str:
+    """A user message whose prompt is between ``low`` and ``high`` tokens."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    words = ["apple", "pear", "seven", "plus", "box"]
+    text = ""
+    while len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)) < low:
+        text += " ".join(words) + " "
+    assert len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)) < high
+    return text
+
+
+@pytest.mark.timeout(900)
+def test_serve_policy_serves_the_models_window(tiny_model_dir: Path) -> None:
+    import httpx
+
+    prompt = _long_prompt(tiny_model_dir, 1300, 1900)  # more than calc's 1,024, less than the model's 2,048
+    proc = _serve(tiny_model_dir)
+    try:
+        url = _url(proc)
+        with httpx.Client(timeout=600) as h:
+            ep = h.post(f"{url}/v1/episodes", json={}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+            r = h.post(f"{ep['base_url']}/chat/completions", headers={"Authorization": f"Bearer {ep['api_key']}"},
+                       json={"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert 1300 <= r.json()["usage"]["prompt_tokens"] < 1900
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
