@@ -7,13 +7,14 @@ import statistics
 
 import pytest
 
+from agentrl.config.run import load_config
 from agentrl.core.types import StopReason
 from agentrl.environment.base import ToolArgumentError, ToolError
 from agentrl.environment.registry import load_env
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.guess import GuessEnv, GuessTaskError, binary_search, make_tasks, score
 from agentrl.envs.guess.tasks import budget, max_guesses
-from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted, tool_call_text
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted, run_scripted_eval, tool_call_text
 
 ORACLE_GUESSES_MEAN = 6.46
 """Mean guesses (one a turn) of binary search over the test split (docs/environments.md states it)."""
@@ -56,6 +57,13 @@ def test_oracle_scores_one_on_every_test_task() -> None:
     assert [t.num_tool_calls for t in trajs] == turns == [t.metrics["guesses"] for t in trajs]
     assert statistics.mean(turns) == pytest.approx(ORACLE_GUESSES_MEAN) and max(turns) == 8
     assert sum(n >= 5 for n in turns) == 181  # 90.5% of the oracle's episodes take 5 turns or more
+
+
+def test_agentrl_eval_policy_oracle_scores_one() -> None:
+    """What ``agentrl eval --env guess --policy oracle`` runs, in process."""
+    out = asyncio.run(run_scripted_eval(load_config(None, {"env": "guess"}), "oracle", n=200))
+    assert (out["num_tasks"], out["success"], out["reward_mean"], out["unsolved"]) == (200, 1.0, 1.0, [])
+    assert out["metric_guesses"] == pytest.approx(ORACLE_GUESSES_MEAN)
 
 
 def test_null_policy_scores_zero() -> None:

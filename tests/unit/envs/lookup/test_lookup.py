@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from agentrl.config.run import load_config
 from agentrl.core.types import Message, StopReason, ToolCall
 from agentrl.environment.base import ToolArgumentError, ToolError
 from agentrl.environment.registry import load_env
@@ -15,7 +16,7 @@ from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.lookup import LookupEnv, LookupTaskError, make_tasks, normalize, world
 from agentrl.envs.lookup.tasks import TEST_WORLDS, question
 from agentrl.envs.lookup.world import _generate, words
-from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted
+from agentrl.rollout.scripted import NullPolicy, OraclePolicy, run_scripted, run_scripted_eval
 
 ORACLE_LOOKUPS_MEAN = 3.025
 """Mean search and open calls of the oracle over the test split (docs/environments.md states it)."""
@@ -76,6 +77,13 @@ def test_oracle_scores_one_on_every_test_task_with_two_to_four_lookups() -> None
     assert set(lookups) == {2, 3, 4}
     assert statistics.mean(lookups) == pytest.approx(ORACLE_LOOKUPS_MEAN)
     assert max(t.num_turns for t in trajs) < LookupEnv.max_turns
+
+
+def test_agentrl_eval_policy_oracle_scores_one() -> None:
+    """What ``agentrl eval --env lookup --policy oracle`` runs, in process."""
+    out = asyncio.run(run_scripted_eval(load_config(None, {"env": "lookup"}), "oracle", n=200))
+    assert (out["num_tasks"], out["success"], out["reward_mean"], out["unsolved"]) == (200, 1.0, 1.0, [])
+    assert out["metric_lookups"] == pytest.approx(ORACLE_LOOKUPS_MEAN)
 
 
 def test_null_policy_scores_zero() -> None:
