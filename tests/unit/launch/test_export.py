@@ -118,3 +118,25 @@ def test_the_command_writes_one_json_line_and_names_an_occupied_out(
     assert r.exit_code == 2 and "already exists and is not empty" in r.output
     r = CliRunner().invoke(cli.app, ["export", str(run), "--out", str(tmp_path / "x"), "--dtype", "int8"])
     assert r.exit_code == 2 and "expected one of float32, bfloat16, float16" in r.output
+
+
+def test_a_full_weight_run_exports_its_model_in_the_dtype_asked(tiny_tokenizer_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "runs" / "full"
+    shutil.copytree(tiny_tokenizer_model, run / "final_model")
+    cfg = load_config(None, {"model": str(tiny_tokenizer_model), "output_dir": str(tmp_path / "runs"), "name": "full",
+                             "trainer": {"lora": False}})
+    (run / "run.json").write_text(json.dumps({"run_id": "f1"}))
+    (run / "config.json").write_text(cfg.model_dump_json())
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 4, "success": 0.5, "run_id": "f1"}))
+    out = tmp_path / "exported"
+    result = export(run, out, dtype="float16")
+    assert not result["merged"] and result["from"] == str(run / "final_model")
+    want = AutoModelForCausalLM.from_pretrained(str(tiny_tokenizer_model), dtype=torch.float16)(input_ids=IDS).logits
+    got = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float16)(input_ids=IDS).logits
+    torch.testing.assert_close(got, want)
+    card = (out / "README.md").read_text()
+    assert "library_name: transformers" in card and "| after training (step 4) | 0.500" in card
