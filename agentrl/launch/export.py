@@ -83,6 +83,10 @@ def export(source: str | Path, out: str | Path, *, dtype: str = "float32", adapt
         raise NotAPolicy(f"--adapter-only: {saved.path} is a whole model, not a LoRA adapter")
     settings = saved.settings()
     base = settings["model"]
+    if not adapter_only:
+        from agentrl.launch.stack import ensure_model
+
+        ensure_model(base)  # the embedded model's default directory is installed on demand, as a run does
     saved.check_base(base)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -144,10 +148,11 @@ def _write_generation_config(out: Path, base: str, settings: dict[str, Any]) -> 
     path = out / "generation_config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
     config["eos_token_id"] = chat.stop_token_ids
-    if "sampling.temperature" in settings:
-        config.update({"do_sample": settings["sampling.temperature"] > 0,
-                       "temperature": settings["sampling.temperature"],
+    if "sampling.temperature" in settings:  # top_k 0 is "off" to transformers and vLLM (transformers' default: 50)
+        config.update({"do_sample": settings["sampling.temperature"] > 0, "temperature": settings["sampling.temperature"],
                        "top_p": settings.get("sampling.top_p", 1.0), "top_k": settings.get("sampling.top_k", 0)})
+        if settings.get("sampling.min_p"):
+            config["min_p"] = settings["sampling.min_p"]
     path.write_text(json.dumps(config, indent=2))
     return chat.stop_token_ids
 
