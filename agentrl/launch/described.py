@@ -56,6 +56,7 @@ class SavedPolicy:
     path: Path
     """The policy's directory: a peft adapter, or a whole model (a full-weight run's ``final_model``)."""
     kind: Literal["adapter", "model"]
+    """``adapter``: served on its base model; ``model``: served as the model itself."""
     config: dict[str, Any] = field(default_factory=dict)
     """The resolved config of the run that trained it (JSON; empty: nothing describes the run)."""
     base: str | None = None
