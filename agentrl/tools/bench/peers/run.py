@@ -152,8 +152,9 @@ def evaluate_models(cfg: Any, models: dict[str, str], n: int) -> dict[str, dict[
 
     out = {}
     for name, model in models.items():
-        one = cfg.with_changes({"model": model, "trainer.lora": False, "output_dir": str(cfg.run_dir / "eval"),
-                                "name": name})
+        # a whole model directory, as a full-weight run's engines serve it (its transport settled anew)
+        one = cfg.with_changes({"model": model, "trainer.lora": False, "pipeline.weight_sync": "auto",
+                                "output_dir": str(cfg.run_dir / "eval"), "name": name})
         res = asyncio.run(run_eval(one, n=n, temperature=cfg.eval_temperature))
         out[name] = {"success": res["success"], "n": res.get("num_tasks", n)}
     return out
