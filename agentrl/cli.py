@@ -243,6 +243,8 @@ def eval_(
         raise
     except (AgentRLError, FileNotFoundError, ValueError, RuntimeError) as e:  # the run's own errors, and a library's
         _fail(f"{type(e).__name__}: {e}")
+    if saved is not None:
+        result["described_by"] = saved.source  # where the settings it was served with came from
     typer.echo(json.dumps(result))
 
 
