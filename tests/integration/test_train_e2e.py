@@ -151,6 +151,17 @@ async def test_train_two_steps_then_resume(vllm_server, tiny_model_dir: Path, tm
     assert f"| before training (step 0) | {evals[0]['success']:.3f}" in card
     assert f"| after training (step 2) | {evals[-1]['success']:.3f}" in card
     assert "library_name: peft" in card and "PeftModel.from_pretrained" in card and str(tiny_model_dir) in card
+    # The saved adapter describes itself (what `agentrl eval --adapter` alone serves it with), and its run's figures.
+    from agentrl.launch.described import EVALUATED, POLICY_FILE, read_policy
+    from agentrl.launch.fit import fingerprint
+
+    policy = read_policy(run_dir)
+    assert policy.path == run_dir / "final_adapter" and policy.source.endswith(POLICY_FILE)
+    assert (policy.base, policy.base_digest) == (str(tiny_model_dir), fingerprint(tiny_model_dir))
+    described = policy.settings(EVALUATED)
+    assert (described["env"], described["eval_tasks"], described["sampling.max_context_tokens"]) == (
+        "calc", str(heldout), 1024)
+    assert policy.figures["last_eval"]["success"] == evals[-1]["success"] and policy.figures["steps"] == 2
 
     # Resume: continues from step 2 to step 3 with the same version counter, in the same tracker runs.
     overrides["steps"] = 3
