@@ -110,6 +110,23 @@ class Message(BaseModel):
         return out
 
 
+def message_field(message: Message | dict[str, Any], key: str) -> Any:
+    """``key`` of a message given as a :class:`Message` or as its OpenAI dict (None when it has none)."""
+    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
+
+
+def tool_call_names(message: Message | dict[str, Any]) -> list[str]:
+    """The names of the tools a message calls, whether a :class:`Message` or an OpenAI dict (whose calls name
+    their tool at the top or under ``function``)."""
+    names = []
+    for call in message_field(message, "tool_calls") or []:
+        if isinstance(call, dict):
+            names.append(call.get("name") or (call.get("function") or {}).get("name"))
+        else:
+            names.append(getattr(call, "name", None))
+    return [n for n in names if n]
+
+
 class Timings(BaseModel):
     """Wall-clock seconds spent in each part of an episode."""
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import httpx
 
 from agentrl.core.errors import EnvError
+from agentrl.core.types import message_field
 from agentrl.environment.base import (
     Environment,
     EnvStateError,
@@ -52,10 +53,6 @@ class OpenEnvError(EnvError, RuntimeError):
     """The OpenEnv server was unreachable, refused a request, or answered an error."""
 
     code = "env.openenv"
-
-
-def _field(message: Any, key: str) -> Any:
-    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
 
 
 def _ws_url(base: str) -> str:
@@ -226,9 +223,9 @@ class OpenEnvEnvironment(Environment):
         """The sum of the rewards the server returned in this episode (0 when none). An episode the model
         ended with a final answer sends it first, as a last turn, to a server that takes turns."""
         if type(self).accepts_turns and not self.finished and self._ws is not None:
-            final = next((m for m in reversed(messages) if _field(m, "role") == "assistant"), None)
-            if final is not None and not _field(final, "tool_calls"):
-                self._record(await self._request({"type": "step", "data": {"content": _field(final, "content") or ""}}))
+            final = next((m for m in reversed(messages) if message_field(m, "role") == "assistant"), None)
+            if final is not None and not message_field(final, "tool_calls"):
+                self._record(await self._request({"type": "step", "data": {"content": message_field(final, "content") or ""}}))
         return {"reward": float(sum(self._rewards)), "server_rewards": float(len(self._rewards))}
 
     async def close(self) -> None:

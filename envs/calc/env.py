@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from agentrl.core.types import Message
+from agentrl.core.types import Message, message_field, tool_call_names
 from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
@@ -37,20 +37,6 @@ def last_number(text: str) -> float | None:
         return float(found[-1].replace(",", ""))
     except ValueError:
         return None
-
-
-def _field(message: Message | dict[str, Any], key: str) -> Any:
-    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
-
-
-def _call_names(message: Message | dict[str, Any]) -> list[str]:
-    names = []
-    for call in _field(message, "tool_calls") or []:
-        if isinstance(call, dict):
-            names.append(call.get("name") or (call.get("function") or {}).get("name"))
-        else:
-            names.append(getattr(call, "name", None))
-    return [n for n in names if n]
 
 
 def ideal_messages(task: Task, system_prompt: str | None) -> list[dict[str, Any]]:
@@ -116,10 +102,10 @@ class CalcEnv(Environment):
 
     async def reward(self, messages: list[Message]) -> dict[str, float]:
         """1.0 if the last assistant message has no tool call and ends with the right number; else 0.0."""
-        used_tool = any("calculate" in _call_names(m) for m in messages if _field(m, "role") == "assistant")
-        assistant = [m for m in messages if _field(m, "role") == "assistant"]
+        used_tool = any("calculate" in tool_call_names(m) for m in messages if message_field(m, "role") == "assistant")
+        assistant = [m for m in messages if message_field(m, "role") == "assistant"]
         correct = False
-        if assistant and not _field(assistant[-1], "tool_calls"):
-            value = last_number(_field(assistant[-1], "content") or "")
+        if assistant and not message_field(assistant[-1], "tool_calls"):
+            value = last_number(message_field(assistant[-1], "content") or "")
             correct = value is not None and value == float(self.task["answer"])
         return {"reward": 1.0 if correct else 0.0, "used_tool": 1.0 if used_tool else 0.0}

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from agentrl.core.types import Message
+from agentrl.core.types import Message, message_field, tool_call_names
 from agentrl.environment.base import Environment, Task, ToolError, tool
 from agentrl.environment.tasks import TaskSourceError
 from agentrl.envs.lookup.tasks import check_task, make_tasks, normalize
@@ -47,20 +47,6 @@ def open_text(w: World, entity_id: str) -> str:
         raise ToolError(f"no entity with id {entity_id!r}; ids look like e12 and come from search results "
                         "or page links")
     return w.page(w.entities[key])
-
-
-def _field(message: Message | dict[str, Any], key: str) -> Any:
-    return message.get(key) if isinstance(message, dict) else getattr(message, key, None)
-
-
-def _call_names(message: Message | dict[str, Any]) -> list[str]:
-    names = []
-    for call in _field(message, "tool_calls") or []:
-        if isinstance(call, dict):
-            names.append(call.get("name") or (call.get("function") or {}).get("name"))
-        else:
-            names.append(getattr(call, "name", None))
-    return [n for n in names if n]
 
 
 class LookupEnv(Environment):
@@ -154,15 +140,15 @@ class LookupEnv(Environment):
         """The answer of the episode: the ``answer`` call's, else a last assistant message without calls."""
         if self.submitted is not None:
             return self.submitted
-        assistant = [m for m in messages if _field(m, "role") == "assistant"]
-        if assistant and not _field(assistant[-1], "tool_calls"):
-            return _field(assistant[-1], "content") or None
+        assistant = [m for m in messages if message_field(m, "role") == "assistant"]
+        if assistant and not message_field(assistant[-1], "tool_calls"):
+            return message_field(assistant[-1], "content") or None
         return None
 
     async def reward(self, messages: list[Message]) -> dict[str, float]:
         """1.0 if the answer is the right name (see `normalize`), else 0.0; with the number of lookups."""
         given = self._given(messages)
         correct = given is not None and normalize(given) == normalize(self.task["answer"])
-        lookups = sum(n in LOOKUP_TOOLS for m in messages if _field(m, "role") == "assistant" for n in _call_names(m))
+        lookups = sum(n in LOOKUP_TOOLS for m in messages if message_field(m, "role") == "assistant" for n in tool_call_names(m))
         return {"reward": 1.0 if correct else 0.0, "answered": 1.0 if given is not None else 0.0,
                 "lookups": float(lookups)}
