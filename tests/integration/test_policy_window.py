@@ -38,11 +38,17 @@ def _long_prompt(model: Path, low: int, high: int) -> str:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
+
+    def tokens(text: str) -> int:  # the rendered prompt's length (the template rendered as text, then counted)
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False)
+        return len(tok(rendered, add_special_tokens=False)["input_ids"])
+
     words = ["apple", "pear", "seven", "plus", "box"]
     text = ""
-    while len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)) < low:
+    while tokens(text) < low:
         text += " ".join(words) + " "
-    assert len(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)) < high
+    assert tokens(text) < high
     return text
 
 
