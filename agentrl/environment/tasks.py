@@ -52,6 +52,12 @@ class TaskSourceError(ConfigError, ValueError):
     code = "config.task_source"
 
 
+def check_split(split: str, splits: Any) -> None:
+    """Raise :class:`TaskSourceError` when ``split`` is not one of an environment's built-in ``splits``."""
+    if split not in splits:
+        raise TaskSourceError(f"unknown split {split!r}; expected one of {sorted(splits)}")
+
+
 class MissingDataExtra(TaskSourceError, ImportError):
     """Reading the task source needs an optional package that is not installed (``agentrl[data]``)."""
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from agentrl.core.types import Message, message_field, tool_call_names
 from agentrl.environment.base import Environment, Task, ToolError, tool
-from agentrl.environment.tasks import TaskSourceError
+from agentrl.environment.tasks import check_split
 from agentrl.envs.calc.evaluator import CalcError, format_number, safe_eval
 from agentrl.envs.calc.tasks import make_tasks
 
@@ -72,8 +72,7 @@ class CalcEnv(Environment):
     @classmethod
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The built-in problems of ``split`` ("train": 2000, "test": 200), generated once and cached."""
-        if split not in SPLIT_SIZES:
-            raise TaskSourceError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
+        check_split(split, SPLIT_SIZES)
         return [dict(t) for t in _cached_tasks(split)]
 
     async def reset(self, task: Task) -> str:

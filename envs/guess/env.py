@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from agentrl.core.errors import EnvError
 from agentrl.core.types import Message
 from agentrl.environment.base import Environment, Task, ToolError, tool
-from agentrl.environment.tasks import TaskSourceError
+from agentrl.environment.tasks import check_split
 from agentrl.envs.guess.tasks import binary_search, budget, make_tasks, max_guesses, score
 
 SPLIT_SIZES = {"train": 2000, "test": 200}
@@ -73,8 +73,7 @@ class GuessEnv(Environment):
     @classmethod
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The built-in tasks of ``split`` ("train": 2000, "test": 200), generated once and cached."""
-        if split not in SPLIT_SIZES:
-            raise TaskSourceError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
+        check_split(split, SPLIT_SIZES)
         return [dict(t) for t in _cached_tasks(split)]
 
     @classmethod

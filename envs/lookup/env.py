@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from agentrl.core.types import Message, message_field, tool_call_names
 from agentrl.environment.base import Environment, Task, ToolError, tool
-from agentrl.environment.tasks import TaskSourceError
+from agentrl.environment.tasks import check_split
 from agentrl.envs.lookup.tasks import check_task, make_tasks, normalize
 from agentrl.envs.lookup.world import World, words, world
 
@@ -68,8 +68,7 @@ class LookupEnv(Environment):
     @classmethod
     def tasks(cls, split: str = "train") -> Sequence[Task]:
         """The built-in questions of ``split`` ("train": 2000, "test": 200), generated once and cached."""
-        if split not in SPLIT_SIZES:
-            raise TaskSourceError(f"unknown split {split!r}; expected one of {sorted(SPLIT_SIZES)}")
+        check_split(split, SPLIT_SIZES)
         return [dict(t, relations=list(t["relations"])) for t in _cached_tasks(split)]
 
     @classmethod
