@@ -119,3 +119,16 @@ def tiny_tokenizer_model(tmp_path_factory: pytest.TempPathFactory):
     from tests.fixtures_model import build_random_tiny_model
 
     return build_random_tiny_model(tmp_path_factory.mktemp("random-tiny"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe_counters() -> None:
+    """The test environment ``Probe`` counts calls per task id in class-level counters; a test starts
+    with them empty, so that what it reads does not depend on which tests ran before it on its worker
+    (a session opened without a task draws one at random, which an earlier test may have counted)."""
+    import sys
+
+    helpers = sys.modules.get("tests.env_server_helpers")
+    if helpers is not None:
+        helpers.Probe.calls.clear()
+        helpers.Probe.closed.clear()
