@@ -17,6 +17,7 @@ from agentrl.config.errors import ConfigValidationError
 from agentrl.config.policy import PolicyConfig
 from agentrl.config.run import RunConfig
 from agentrl.config.server import ServerConfig
+from agentrl.config.tinker import TinkerConfig
 from agentrl.core.errors import AgentRLError, ConfigError, EnvError
 
 
@@ -569,6 +570,26 @@ def serve_policy(
         raise
     except (AgentRLError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:  # its own errors, a library's
         _fail(f"{type(e).__name__}: {e}")
+
+
+@app.command("serve-tinker")
+@_with_settings(TinkerConfig, flags.TINKER)
+def serve_tinker(settings: dict[str, Any], verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Serve the Tinker API (the official tinker SDK and tinker-cookbook recipes) on one base model: many LoRA
+    training clients on one trainer, their saved adapters sampled from one vLLM engine (see docs/tinker.md;
+    pip install 'agentrl[tinker]')."""
+    _setup(verbose)
+    from agentrl.config.tinker import load_tinker_config
+
+    try:
+        cfg = load_tinker_config(flags.overrides(flags.TINKER, settings), flags=flags.flag_names(flags.TINKER))
+        from agentrl.tinker.run import serve
+
+        serve(cfg)
+    except KeyboardInterrupt:
+        typer.echo("agentrl serve-tinker: stopped", err=True)
+    except (ConfigError, OSError) as e:  # keys, model directory, the extra, the socket
+        _fail(e)
 
 
 def _passthrough(module: str, ctx: typer.Context) -> None:

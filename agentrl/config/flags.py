@@ -24,7 +24,7 @@ from pydantic_core import PydanticUndefined
 from agentrl.config.errors import SettingError
 from agentrl.config.presets import set_dotted
 
-__all__ = ["DOCTOR", "EVAL", "MODEL_FLAGS", "POLICY", "SERVE_ENV", "TRAIN", "Flag", "flag_names", "help_text", "overrides", "setting_field", "value_type"]
+__all__ = ["DOCTOR", "EVAL", "MODEL_FLAGS", "POLICY", "SERVE_ENV", "TINKER", "TRAIN", "Flag", "flag_names", "help_text", "overrides", "setting_field", "value_type"]
 
 
 @dataclass(frozen=True)
@@ -220,6 +220,19 @@ POLICY = (
     Flag("max_context_tokens"),
 )
 """``agentrl serve-policy``: settings of :class:`agentrl.config.policy.PolicyConfig`."""
+
+TINKER = (
+    Flag("model"),
+    Flag("model_name"),
+    Flag("host"),
+    Flag("port"),
+    Flag("max_adapters"),
+    Flag("max_rank"),
+    Flag("api_keys"),
+    Flag("dir"),
+    Flag("max_model_len"),
+)
+"""``agentrl serve-tinker``: settings of :class:`agentrl.config.tinker.TinkerConfig`."""
 
 SERVE_ENV = (
     Flag("envs", "--env"),

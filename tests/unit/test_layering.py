@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"envs", "tools.scaffold"},
     {"launch"},
     {"tools.modelgen"},
-    {"http.policy", "http.server"},  # the HTTP front ends
+    {"http.policy", "http.server", "tinker"},  # the HTTP front ends (tinker: the Tinker API server)
     {"orchestrator"},
     {"tools.bench"},
     {"cli"},
@@ -133,7 +133,7 @@ def test_the_check_sees_an_import_that_runs_up(tmp_path: Path) -> None:
     assert layer["orchestrator"] > layer["rollout"] > layer["inference"]
 
 
-def test_the_top_level_holds_at_most_16_entries() -> None:
+def test_the_top_level_holds_at_most_17_entries() -> None:
     entries = sorted(p.name for p in (ROOT / "agentrl").iterdir()
                      if p.name != "__pycache__" and not p.name.startswith("."))
-    assert len(entries) <= 16, entries
+    assert len(entries) <= 17, entries  # 16, and tinker/: the Tinker API server (its own front end)

@@ -16,9 +16,10 @@ from agentrl.config.errors import SettingError
 from agentrl.config.policy import PolicyConfig
 from agentrl.config.run import RunConfig
 from agentrl.config.server import ServerConfig
+from agentrl.config.tinker import TinkerConfig
 
 SETS = [(RunConfig, flags.TRAIN), (RunConfig, flags.EVAL), (RunConfig, flags.DOCTOR),
-        (PolicyConfig, flags.POLICY), (ServerConfig, flags.SERVE_ENV)]
+        (PolicyConfig, flags.POLICY), (ServerConfig, flags.SERVE_ENV), (TinkerConfig, flags.TINKER)]
 
 
 @pytest.mark.parametrize(("model", "flag_set"), SETS)
@@ -53,7 +54,8 @@ def test_overrides_nest_dotted_settings_and_skip_what_was_not_given() -> None:
 def test_the_commands_options_are_the_flag_sets() -> None:
     group = typer.main.get_command(cli.app)
     for command, flag_set in (("train", flags.TRAIN), ("eval", flags.EVAL), ("doctor", flags.DOCTOR),
-                              ("serve-env", flags.SERVE_ENV), ("serve-policy", flags.POLICY + flags.MODEL_FLAGS)):
+                              ("serve-env", flags.SERVE_ENV), ("serve-policy", flags.POLICY + flags.MODEL_FLAGS),
+                              ("serve-tinker", flags.TINKER)):
         opts = {o for p in group.commands[command].params for o in p.opts}  # type: ignore[attr-defined]
         assert {f.name for f in flag_set} <= opts, command
 

@@ -1,0 +1,149 @@
+"""Sampling: saving an adapter for samplers, sampling sessions, ``asample`` (and ``compute_logprobs``,
+which the SDK sends as a one-token sample with prompt logprobs). The engine starts on first need, so a
+server that only trains never starts one."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.tinker.checkpoints import Checkpoints
+from agentrl.tinker.errors import TinkerNotFound, TinkerUserError
+from agentrl.tinker.futures import Future, Futures
+from agentrl.tinker.sampler import SamplerError, SlotSampler
+from agentrl.tinker.service import Model, TinkerService
+from agentrl.tinker.wire import sample_response
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    owner: str
+    model_path: str | None
+    adapter: str | None
+    """The adapter's name in the engine (None: the base model)."""
+    adapter_dir: Path | None
+
+
+def _adapter_name(owner: str, path: str) -> str:
+    return "t" + hashlib.sha256(f"{owner}|{path}".encode()).hexdigest()[:20]
+
+
+def _prompt_tokens(prompt: Any) -> list[int]:
+    tokens: list[int] = []
+    for chunk in prompt.chunks:
+        if getattr(chunk, "type", None) != "encoded_text":
+            raise TinkerUserError(f"a {getattr(chunk, 'type', '?')} chunk in the prompt: this server samples from "
+                                  "token chunks (EncodedTextChunk) only")
+        tokens += [int(t) for t in chunk.tokens]
+    if not tokens:
+        raise TinkerUserError("the prompt has no tokens")
+    return tokens
+
+
+class Sampling:
+    """The samplers of every owner, over one lazily started engine."""
+
+    def __init__(self, svc: TinkerService, start_engine: Callable[[], Awaitable[SlotSampler]]) -> None:
+        self.svc = svc
+        self._start_engine = start_engine
+        self._engine: asyncio.Task[SlotSampler] | None = None
+        self.samplers: dict[str, Sampler] = {}
+
+    async def engine(self) -> SlotSampler:
+        """The engine, started on first call (a failed start is tried again on the next call)."""
+        if self._engine is None or (self._engine.done() and self._engine.exception() is not None):
+            self._engine = asyncio.get_running_loop().create_task(self._start_engine())
+        try:
+            return await asyncio.shield(self._engine)
+        except Exception as e:
+            raise SamplerError(f"the sampling engine did not start: {e}") from e
+
+    def _sampler(self, owner: str, model_path: str | None, base_model: str | None) -> Sampler:
+        if model_path is None:
+            if base_model is not None and base_model != self.svc.model_name:
+                raise TinkerUserError(f"base model {base_model!r}: this server serves {self.svc.model_name!r} only")
+            return Sampler(uuid.uuid4().hex, owner, None, None, None)
+        ckpt = self.svc.checkpoints.find(model_path, owner)
+        return Sampler(uuid.uuid4().hex, owner, model_path, _adapter_name(owner, model_path), ckpt.dir)
+
+    def create_sampling_session(self, owner: str, req: Any) -> str:
+        self.svc.session(owner, req.session_id)
+        s = self._sampler(owner, req.model_path, req.base_model)
+        self.samplers[s.sampler_id] = s
+        return s.sampler_id
+
+    def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
+        s = self.samplers.get(sampler_id)
+        if s is None or s.owner != owner:
+            raise TinkerNotFound(f"no sampler {sampler_id!r} for this API key")
+        return {"sampler_id": s.sampler_id, "base_model": self.svc.model_name, "model_path": s.model_path}
+
+    def save_weights_for_sampler(self, owner: str, req: Any) -> Future:
+        """The adapter as it is now, at ``tinker://MODEL/sampler_weights/NAME`` (a name of its own when the
+        SDK asks for a sampling session instead of a path); published into the engine when it is running."""
+        async def work(model: Model, fut: Future) -> None:
+            model.sampler_saves += 1
+            name = req.path or f"sampler-{model.sampler_saves:06d}"
+            ckpt = self.svc.checkpoints.new(owner, model.model_id, "sampler_weights", name)
+            await self.svc.run(self.svc.trainer.save, model.adapter, ckpt.dir, optimizer=False)
+            Checkpoints.seal(ckpt, owner, {"base_model": self.svc.model_name, "optimizer": False,
+                                           "user_metadata": req.user_metadata})
+            out: dict[str, Any] = {"path": ckpt.path, "type": "save_weights_for_sampler"}
+            if req.path is None:
+                s = self._sampler(owner, ckpt.path, None)
+                self.samplers[s.sampler_id] = s
+                out["sampling_session_id"] = s.sampler_id
+            if self._engine is not None and self._engine.done() and self._engine.exception() is None:
+                await self._engine.result().publish(_adapter_name(owner, ckpt.path), ckpt.dir)
+            Futures.succeed(fut, json=out)
+        return self.svc._ordered(owner, req.model_id, req.seq_id, "save_weights_for_sampler", work)
+
+    def asample(self, owner: str, req: Any) -> Future:
+        """``POST /api/v1/asample``: ``num_samples`` sequences; the future carries ``sample_sequence_ids``."""
+        if req.sampling_session_id is not None:
+            s = self.samplers.get(req.sampling_session_id)
+            if s is None or s.owner != owner:
+                raise TinkerNotFound(f"no sampling session {req.sampling_session_id!r} for this API key")
+        else:
+            s = self._sampler(owner, req.model_path, req.base_model)
+        prompt = _prompt_tokens(req.prompt)
+        sp = req.sampling_params
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
+        if req.num_samples < 1 or max_tokens < 1:
+            raise TinkerUserError("num_samples and max_tokens must be at least 1")
+        if len(prompt) + max_tokens > self.svc.max_context:
+            raise TinkerUserError(f"{len(prompt)} prompt tokens + max_tokens {max_tokens} exceed the context of "
+                                  f"{self.svc.max_context} tokens")
+        fut = self.svc.futures.create(owner, "sample")
+        fut.extra["sample_sequence_ids"] = [f"{fut.request_id}:{i}" for i in range(req.num_samples)]
+
+        async def work() -> None:
+            engine = await self.engine()
+            if s.adapter is not None and s.adapter_dir is not None:
+                await engine.publish(s.adapter, s.adapter_dir)
+            res = await engine.sample(s.adapter, prompt, num_samples=req.num_samples, max_tokens=max_tokens,
+                                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed,
+                                      stop=sp.stop, prompt_logprobs=bool(req.prompt_logprobs),
+                                      topk_prompt_logprobs=req.topk_prompt_logprobs)
+            lps = res.prompt_logprobs
+            if lps is not None and req.prompt_logprobs_last_n:
+                keep = len(lps) - req.prompt_logprobs_last_n
+                lps = [None] * keep + lps[keep:]
+            Futures.succeed(fut, proto=sample_response(res.sequences, lps, res.topk_prompt_logprobs))
+        return self.svc.spawn(fut, work)
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            if not self._engine.done():
+                self._engine.cancel()
+            elif self._engine.exception() is None:
+                await self._engine.result().close()
