@@ -34,6 +34,11 @@ Monkeypatches, installed once per worker process by :func:`install_patches`:
    the CPU build down. On ``CPUModelRunner`` only, ``_sample`` keeps those generators' states and puts them back
    once it has sampled (an exact rewind: the seeded stream does not depend on how the prefill was split), and
    ``_bookkeeping_sync`` runs without them, so vLLM's offset rewind never sees a CPU generator.
+17. :func:`patch_cpu_lora_fast_path` (CPU build only; off with ``AGENTRL_CPU_LORA_FAST=0``): wraps
+   ``PunicaWrapperCPU.update_metadata`` (the step's per-token slot ids, ``token_lora_indices``, grouped by slot
+   once per step) and replaces its ``add_lora_linear``, ``add_shrink`` and ``add_expand`` with plain and
+   batched GEMMs on the same stacked slot tensors (:mod:`agentrl.engine.cpu_lora`, which says where vLLM's
+   torch ops lose their time); a call that does not fit runs vLLM's own op.
 7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
    once the model is loaded and before vLLM compiles it, every MoE router's capture hook
    (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
@@ -162,7 +167,7 @@ def check_vllm_version(running: str | None = None, allow: str | None = None) -> 
 def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float],
                     attach_router_tap: Callable[[Any], Any],
                     release_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
-    """Install the monkeypatches (1-3, 7, 8, 14, 15; idempotent) in a vLLM worker process, after the version check.
+    """Install the monkeypatches (1-3, 7, 8, 14, 15, 17; idempotent) in a vLLM worker process, after the version check.
     ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released (patch 14).
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
@@ -176,6 +181,7 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
     patch_cpu_seeded_chunks()
+    stats["cpu_lora_fast"] = float(patch_cpu_lora_fast_path())
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------
@@ -235,6 +241,81 @@ def patch_lora_worker_manager(registry: dict[str, tuple[int, str]], stats: dict[
     WorkerLoRAManager._load_adapter = _load_adapter  # type: ignore[method-assign]
     LRUCacheWorkerLoRAManager._apply_adapters = _apply_adapters  # type: ignore[method-assign]
     LRUCacheWorkerLoRAManager.add_adapter = _add_adapter  # type: ignore[method-assign]
+
+
+_PUNICA_CPU = "vllm.lora.punica_wrapper.punica_cpu"
+
+
+@_uses("patch", Target(_PUNICA_CPU, "PunicaWrapperCPU.update_metadata"),
+       Target(_PUNICA_CPU, "PunicaWrapperCPU.add_lora_linear"), Target(_PUNICA_CPU, "PunicaWrapperCPU.add_shrink"),
+       Target(_PUNICA_CPU, "PunicaWrapperCPU.add_expand"),
+       Target("vllm.lora.punica_wrapper.punica_base", "PunicaWrapperBase.token_lora_indices"),
+       Target("vllm.platforms", "current_platform"))
+def patch_cpu_lora_fast_path(force: bool = False) -> bool:
+    """Patch 17: the CPU LoRA fast path (:mod:`agentrl.engine.cpu_lora`) in place of vLLM's torch ops, on the
+    CPU build (``force``: on any build, for tests) unless ``AGENTRL_CPU_LORA_FAST=0``. Idempotent; whether it
+    is installed."""
+    from agentrl.engine import cpu_lora
+
+    if not cpu_lora.enabled():
+        return False
+    from vllm.platforms import current_platform
+
+    if not force and not current_platform.is_cpu():
+        return False
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    update, linear = PunicaWrapperCPU.update_metadata, PunicaWrapperCPU.add_lora_linear
+    shrink, expand = PunicaWrapperCPU.add_shrink, PunicaWrapperCPU.add_expand
+    if getattr(update, "_agentrl_hook", False):
+        return True
+
+    def update_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = update(self, *args, **kwargs)
+        self._agentrl_groups = cpu_lora.Groups.of(self.token_lora_indices)
+        return out
+
+    def _groups(self: Any, y: Any, x: Any, *weights: Any) -> Any:
+        g = getattr(self, "_agentrl_groups", None)
+        fits = g is not None and g.covers(x) and y.size(-2) == g.n and cpu_lora.same_dtype(y, x, *weights)
+        return g if fits else None
+
+    def add_lora_linear(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float,
+                        output_slices: Any, *, buffer: Any = None, **kwargs: Any) -> Any:
+        g = None if buffer is not None or kwargs.get("add_inputs", True) is False or y.dim() != 2 \
+            else _groups(self, y, x, lora_a_stacked, lora_b_stacked)
+        if g is None:
+            return linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
+                          **kwargs)
+        cpu_lora.lora_linear(g, y, x, lora_a_stacked, lora_b_stacked, scale, tuple(output_slices))
+        return None
+
+    def add_shrink(self: Any, y: Any, x: Any, lora_a_stacked: Any, scale: float, **kwargs: Any) -> Any:
+        x2 = x.view(-1, x.shape[-1])
+        g = None if isinstance(y, tuple) or y.dim() != 3 else _groups(self, y, x2, lora_a_stacked)
+        if g is None:
+            return shrink(self, y, x, lora_a_stacked, scale, **kwargs)
+        cpu_lora.shrink(g, y, x2, lora_a_stacked, scale)
+        return None
+
+    def add_expand(self: Any, y: Any, x: Any, lora_b_stacked: Any, output_slices: Any, offset_start: int = 0,
+                   add_inputs: bool = True, **kwargs: Any) -> Any:
+        g = None if not add_inputs or isinstance(x, tuple) or x.dim() != 3 or y.dim() != 2 \
+            else _groups(self, y, x[0], lora_b_stacked)
+        if g is None:
+            return expand(self, y, x, lora_b_stacked, output_slices, offset_start, add_inputs, **kwargs)
+        cpu_lora.expand(g, y, x, lora_b_stacked, tuple(output_slices), offset_start)
+        return None
+
+    for fn, orig in ((update_metadata, update), (add_lora_linear, linear), (add_shrink, shrink),
+                     (add_expand, expand)):
+        fn._agentrl_original = orig  # type: ignore[attr-defined]
+    update_metadata._agentrl_hook = True  # type: ignore[attr-defined]
+    PunicaWrapperCPU.update_metadata = update_metadata  # type: ignore[method-assign]
+    PunicaWrapperCPU.add_lora_linear = add_lora_linear  # type: ignore[method-assign]
+    PunicaWrapperCPU.add_shrink = add_shrink  # type: ignore[method-assign]
+    PunicaWrapperCPU.add_expand = add_expand  # type: ignore[method-assign]
+    return True
 
 
 @_uses("patch", Target(_GPU, "GPUModelRunner.load_model"), Target(_CPU, "CPUModelRunner.load_model", optional=True))

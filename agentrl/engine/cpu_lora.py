@@ -1,0 +1,178 @@
+"""Serving LoRA slots on vLLM's CPU build at close to the base model's speed: a fast path for the punica ops.
+
+Where vLLM 0.32's CPU LoRA path loses its time (``vllm/lora/ops/torch_ops/lora_ops.py``, called by
+``PunicaWrapperCPU``): the model runner always sends ``is_prefill=True``, so every LoRA linear layer, at every
+step, for every slice of a packed module (q/k/v, gate/up), does ``repeat_interleave`` of the per-sequence slot
+ids into per-token ids, then **gathers a whole weight matrix per token** (``lora_b_weights[indices]``: ``T x out x
+R`` floats copied for a ``T``-token step) and multiplies with a batched ``einsum`` (one matrix-vector product per
+token), twice (shrink, expand), plus a zeroed ``float32`` buffer per slice. On SmolLM2-135M at rank 16 that gather
+alone copies ``T x 24,576`` floats per ``gate_up`` slice per layer, more than the base GEMM reads. Tokens of no
+adapter (slot ``-1``) in a batch with adapters are multiplied with the *last* slot's weights (Python's ``-1``):
+correct only while that slot is empty.
+
+The fast path computes the same ``y[:, slice_i] += scale * (x @ A_i^T) @ B_i^T`` with plain GEMMs on the slot
+tensors the layers hold (views of the one-copy layout of :mod:`agentrl.engine.slot_layout` after the first
+in-place update, so an update is served at the next step), and does its index work once per step, when vLLM sets
+the step's token-to-slot mapping (:meth:`Groups.of`), not once per layer:
+
+- **no token uses an adapter**: nothing is done;
+- **every token uses one slot** (training's case): two GEMMs per slice (``torch.mm`` then ``addmm_`` into the
+  output's column slice), no gather;
+- **several slots, or tokens of no adapter beside them**: the tokens are grouped by slot once per step (a padded
+  ``slots x max_tokens`` gather index); per module ``x`` is gathered once, each slice is one batched GEMM over
+  the slots for the shrink and one for the expand, and the rows are added back with ``index_add_``. Tokens of no
+  adapter get nothing added.
+
+It is installed on the CPU build only (:func:`agentrl.engine.vllm_patches.patch_cpu_lora_fast_path`; on CUDA
+vLLM's punica kernels stay), and is switched off with ``AGENTRL_CPU_LORA_FAST=0`` in the engine's environment
+(to compare). Where a call does not fit (another dtype than the slot tensors', a step whose token count differs
+from the mapping's, ``add_inputs=False``), vLLM's own op runs.
+
+This module must import without torch at module level (imported inside the functions).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+ENV_SWITCH = "AGENTRL_CPU_LORA_FAST"
+"""``0`` in the engine's environment keeps vLLM's own CPU LoRA ops (for comparison); anything else: the fast
+path on the CPU build."""
+
+
+def enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether the fast path is wanted in this process (``AGENTRL_CPU_LORA_FAST`` is not ``0``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass
+class Groups:
+    """One step's tokens grouped by LoRA slot, computed once per step from the per-token slot ids.
+
+    ``mode`` is ``"none"`` (no token uses a slot), ``"one"`` (every token uses slot ``slot``) or ``"many"``.
+    For ``"many"``: ``slots`` (``S`` slot ids, a long tensor), ``gather`` (``S * width`` token rows, each slot's
+    tokens padded with its first one), ``keep`` (positions of the real rows in ``gather``, None when nothing is
+    padded) and ``rows`` (the token row of each kept position)."""
+
+    n: int
+    mode: str
+    slot: int = -1
+    slots: Any = None
+    width: int = 0
+    gather: Any = None
+    keep: Any = None
+    rows: Any = None
+
+    @classmethod
+    def of(cls, indices: Any) -> Groups:
+        """The grouping of per-token slot ids ``indices`` (a 1-D long tensor; ``-1``: no adapter)."""
+        import torch
+
+        n = int(indices.numel())
+        idx = indices.to("cpu")
+        used = idx >= 0
+        n_used = int(used.sum())
+        if n_used == 0:
+            return cls(n=n, mode="none")
+        slots, counts = torch.unique(idx[used], return_counts=True)
+        if n_used == n and slots.numel() == 1:
+            return cls(n=n, mode="one", slot=int(slots[0]))
+        rows_used = torch.nonzero(used, as_tuple=True)[0]
+        order = torch.argsort(idx[used], stable=True)
+        sorted_rows = rows_used[order]  # token rows grouped by slot, slot ascending
+        width = int(counts.max())
+        starts = torch.cumsum(counts, 0) - counts
+        col = torch.arange(width).unsqueeze(0)  # (1, width)
+        real = col < counts.unsqueeze(1)  # (S, width)
+        pos = torch.where(real, starts.unsqueeze(1) + col, starts.unsqueeze(1))  # padding: the slot's first token
+        gather = sorted_rows[pos.reshape(-1)]
+        keep = None if bool(real.all()) else torch.nonzero(real.reshape(-1), as_tuple=True)[0]
+        rows = gather if keep is None else gather[keep]
+        return cls(n=n, mode="many", slots=slots, width=width, gather=gather, keep=keep, rows=rows)
+
+    def covers(self, x: Any) -> bool:
+        """Whether ``x`` (tokens x features) is this step's tokens (else vLLM's own op must run)."""
+        return x.dim() == 2 and x.size(0) == self.n
+
+
+def _weights(stacked: Any, slots: Any) -> Any:
+    """The slots' matrices of one stacked buffer ``(max_loras, 1, rows, cols)``: ``(S, rows, cols)``."""
+    return stacked.index_select(0, slots)[:, 0]
+
+
+def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
+                output_slices: tuple[int, ...], offset_start: int = 0) -> None:
+    """``y[:, slice_i] += scale * (x @ A_i^T) @ B_i^T`` for each slice, per token with the token's slot (none
+    for tokens of no adapter); ``y`` is written in place."""
+    import torch
+
+    if g.mode == "none":
+        return
+    off = offset_start
+    if g.mode == "one":
+        s = g.slot
+        for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
+            h = torch.mm(x, a[s, 0].t())
+            y[:, off:off + size].addmm_(h, b[s, 0, :size].t(), alpha=scale)
+            off += size
+        return
+    xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
+    for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
+        h = torch.bmm(xg, _weights(a, g.slots).transpose(1, 2))
+        out = torch.bmm(h, _weights(b, g.slots)[:, :size].transpose(1, 2)).view(-1, size)
+        if g.keep is not None:
+            out = out.index_select(0, g.keep)
+        y[:, off:off + size].index_add_(0, g.rows, out, alpha=scale)
+        off += size
+
+
+def shrink(g: Groups, y: Any, x: Any, a_stacked: tuple, scale: float) -> None:
+    """``y[i] = scale * x @ A_i^T`` for the rows of tokens with a slot (``y``: ``(slices, T, R)``, zeroed by
+    the caller; rows of no adapter stay as they are)."""
+    import torch
+
+    if g.mode == "none":
+        return
+    if g.mode == "one":
+        for i, a in enumerate(a_stacked):
+            h = torch.mm(x, a[g.slot, 0].t())
+            y[i].copy_(h if scale == 1.0 else h * scale)
+        return
+    xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
+    for i, a in enumerate(a_stacked):
+        h = torch.bmm(xg, _weights(a, g.slots).transpose(1, 2)).view(-1, a.size(2))
+        if g.keep is not None:
+            h = h.index_select(0, g.keep)
+        if scale != 1.0:
+            h = h * scale
+        y[i].index_copy_(0, g.rows, h.to(y.dtype))
+
+
+def expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[int, ...],
+           offset_start: int = 0) -> None:
+    """``y[:, slice_i] += x[i] @ B_i^T`` for the rows of tokens with a slot (``x``: ``(slices, T, R)``)."""
+    import torch
+
+    if g.mode == "none":
+        return
+    off = offset_start
+    for i, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
+        xi = x[i].to(y.dtype)
+        if g.mode == "one":
+            y[:, off:off + size].addmm_(xi, b[g.slot, 0, :size].t())
+        else:
+            xg = xi.index_select(0, g.gather).view(g.slots.numel(), g.width, xi.size(1))
+            out = torch.bmm(xg, _weights(b, g.slots)[:, :size].transpose(1, 2)).view(-1, size)
+            if g.keep is not None:
+                out = out.index_select(0, g.keep)
+            y[:, off:off + size].index_add_(0, g.rows, out)
+        off += size
+
+
+def same_dtype(*tensors: Any) -> bool:
+    """Whether every tensor (or the first of every tuple) has the first one's dtype."""
+    dtypes = {(t[0] if isinstance(t, tuple) else t).dtype for t in tensors}
+    return len(dtypes) == 1

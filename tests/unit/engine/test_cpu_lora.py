@@ -1,0 +1,126 @@
+"""The CPU LoRA fast path (agentrl.engine.cpu_lora, patch 17) against vLLM's own torch-ops path, on random
+slots and token-to-slot mappings: one adapter, several, none, tokens of no adapter beside adapters, packed
+slices (q/k/v sizes), the shrink/expand pair row-parallel layers use, and the step grouping itself.
+
+vLLM's CPU ops give a token of no adapter (slot -1) the *last* slot's weights (Python's -1); the reference keeps
+that last slot zero, which gives the intended "nothing added", and the fast path must add nothing there."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm.lora.punica_wrapper.punica_cpu")
+
+from vllm.lora.layers.utils import LoRAMapping  # noqa: E402
+from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
+
+from agentrl.engine import cpu_lora, vllm_patches  # noqa: E402
+
+RANK, HIDDEN = 8, 48
+SLICES = (48, 16, 16)  # packed q/k/v output sizes
+SLOTS = 5  # the last one stays empty: vLLM's slot for tokens of no adapter (see the module docstring)
+
+
+def _orig(name: str):
+    fn = getattr(PunicaWrapperCPU, name)
+    return getattr(fn, "_agentrl_original", fn)
+
+
+@pytest.fixture(scope="module")
+def patched() -> None:
+    assert vllm_patches.patch_cpu_lora_fast_path(force=True)
+
+
+def _stacked(seed: int, n_slices: int, in_dim: int, outs: tuple[int, ...]) -> tuple[tuple, tuple]:
+    gen = torch.Generator().manual_seed(seed)
+    a = tuple(torch.randn(SLOTS, 1, RANK, in_dim, generator=gen) for _ in range(n_slices))
+    b = tuple(torch.randn(SLOTS, 1, o, RANK, generator=gen) for o in outs)
+    for t in (*a, *b):
+        t[SLOTS - 1].zero_()
+    return a, b
+
+
+def _wrapper(slot_of_seq: list[int], lens: list[int]) -> PunicaWrapperCPU:
+    """A wrapper whose step maps sequence ``i`` (``lens[i]`` tokens) to slot ``slot_of_seq[i]`` (-1: none)."""
+    index_to_id = [10 + i for i in range(SLOTS - 1)] + [None]
+    ids = [index_to_id[s] if s >= 0 else 0 for s in slot_of_seq]
+    token_ids = [i for i, n in zip(ids, lens, strict=True) for _ in range(n)]
+    w = PunicaWrapperCPU(256, 32, device="cpu")
+    w.update_metadata(LoRAMapping(token_ids, ids, is_prefill=True), index_to_id, SLOTS + 1, 100)
+    return w
+
+
+CASES = {
+    "one adapter": ([2, 2, 2], [5, 1, 7]),
+    "several adapters": ([0, 3, 1, 0, 3], [4, 1, 1, 6, 2]),
+    "no adapter": ([-1, -1], [3, 4]),
+    "adapters and none": ([1, -1, 2, -1, 1], [2, 3, 1, 1, 5]),
+    "one adapter and none": ([-1, 0, -1], [1, 4, 2]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lora_linear_matches_vllm(patched: None, case: str) -> None:
+    slots, lens = CASES[case]
+    w = _wrapper(slots, lens)
+    n = sum(lens)
+    a, b = _stacked(1, 3, HIDDEN, SLICES)
+    x = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(2))
+    y0 = torch.randn(n, sum(SLICES), generator=torch.Generator().manual_seed(3))
+    want, got = y0.clone(), y0.clone()
+    _orig("add_lora_linear")(w, want, x, a, b, 0.5, SLICES)
+    w.add_lora_linear(got, x, a, b, 0.5, SLICES)
+    assert w._agentrl_groups.mode == {"no adapter": "none", "one adapter": "one"}.get(case, "many")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
+    if case == "no adapter":
+        assert torch.equal(got, y0)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_shrink_expand_pair_matches_vllm(patched: None, case: str) -> None:
+    """The row-parallel layers' (o_proj, down_proj) pair: a zeroed float32 buffer, shrink, expand."""
+    slots, lens = CASES[case]
+    w = _wrapper(slots, lens)
+    n = sum(lens)
+    a, b = _stacked(4, 1, HIDDEN, (HIDDEN,))
+    x = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(5))
+    y0 = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(6))
+    outs = []
+    for shrink, expand in ((_orig("add_shrink"), _orig("add_expand")), (PunicaWrapperCPU.add_shrink,
+                                                                         PunicaWrapperCPU.add_expand)):
+        buf = torch.zeros(1, n, RANK)
+        y = y0.clone()
+        shrink(w, buf, x, a, 1.0)
+        expand(w, y, buf, b, (HIDDEN,), offset_start=0, add_input=True)
+        outs.append(y)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_groups_of_a_step() -> None:
+    g = cpu_lora.Groups.of(torch.tensor([3, -1, 0, 3, 3, 0]))
+    assert g.mode == "many" and g.slots.tolist() == [0, 3] and g.width == 3
+    assert g.gather.tolist() == [2, 5, 2, 0, 3, 4]  # slot 0's two tokens padded with its first
+    assert g.keep.tolist() == [0, 1, 3, 4, 5] and g.rows.tolist() == [2, 5, 0, 3, 4]
+    assert cpu_lora.Groups.of(torch.tensor([-1, -1])).mode == "none"
+    one = cpu_lora.Groups.of(torch.tensor([4, 4, 4]))
+    assert (one.mode, one.slot) == ("one", 4)
+    assert cpu_lora.Groups.of(torch.tensor([1, 1, 2, 2])).keep is None  # nothing padded
+
+
+def test_a_call_that_does_not_fit_runs_vllms_op(patched: None) -> None:
+    """A call in another dtype than the slot tensors': vLLM's own op runs, with its result."""
+    w = _wrapper([1], [4])
+    a, b = _stacked(7, 1, HIDDEN, (HIDDEN,))
+    x = torch.randn(4, HIDDEN).double()
+    y = torch.zeros(4, HIDDEN).double()
+    w.add_lora_linear(y, x, a, b, 1.0, (HIDDEN,))  # vLLM casts to the output's dtype
+    want = x.float() @ a[0][1, 0].t() @ b[0][1, 0].t()
+    torch.testing.assert_close(y.float(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_switch_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_lora.ENV_SWITCH, "0")
+    assert not cpu_lora.enabled()
+    assert not vllm_patches.patch_cpu_lora_fast_path(force=True)
+    assert cpu_lora.enabled({})
