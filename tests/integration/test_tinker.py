@@ -1,0 +1,260 @@
+"""``agentrl serve-tinker`` driven by the official tinker SDK (0.38.0), unmodified, on the embedded tiny model:
+a real server process (owned, killed by its process group), real LoRA training, a real vLLM engine behind the
+sampling client, two API keys, a restart on the same state directory."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import require
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+KEY_A = "tml-agentrl-test-key-a"
+KEY_B = "tml-agentrl-test-key-b"
+TOKENS = list(range(5, 29))
+"""A fixed sequence of the tiny model's token ids (24 tokens)."""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    model: Path
+    state: Path
+    keys: Path
+    log: Path
+    url: str = ""
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> Server:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(self.model), "--model-name", "tiny",
+                 "--port", str(port), "--dir", str(self.state), "--api-keys", str(self.keys), "--max-rank", "16",
+                 "--max-adapters", "2"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"serve-tinker exited: {self.log.read_text()[-2000:]}"
+            try:
+                if httpx.get(f"{self.url}/api/v1/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"serve-tinker not up in 120 s: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (the server and its engine): nothing is saved on the way out."""
+        if self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    require(importlib.util.find_spec("tinker") is not None, "the tinker SDK is not installed (pip install 'agentrl[tinker]')")
+    require(importlib.util.find_spec("vllm") is not None, "vLLM is not installed")
+    root = tmp_path_factory.mktemp("serve-tinker")
+    keys = root / "keys.txt"
+    keys.write_text(f"# test keys\n{KEY_A}\n{KEY_B}\n")
+    srv = Server(tiny_model_dir, root / "state", keys, root / "server.log").start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
+
+
+def _client(srv: Server, key: str = KEY_A):
+    import tinker
+
+    return tinker.ServiceClient(base_url=srv.url, api_key=key)
+
+
+def _datum(weights: bool = True, **extra: np.ndarray):
+    from tinker import types
+
+    inputs = {"target_tokens": np.array(TOKENS[1:], dtype=np.int64), **extra}
+    if weights:
+        inputs["weights"] = np.ones(len(TOKENS) - 1, dtype=np.float32)
+    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=inputs)
+
+
+def _steps(tc, datum, loss_fn: str, n: int, lr: float = 2e-3) -> list[float]:
+    from tinker import types
+
+    out = []
+    for _ in range(n):
+        fb = tc.forward_backward([datum], loss_fn)
+        opt = tc.optim_step(types.AdamParams(learning_rate=lr))  # submitted before waiting: the server orders them
+        out.append(fb.result().metrics["loss:sum"])
+        opt.result()
+    return out
+
+
+def test_training_clients_lower_their_loss(server: Server) -> None:
+    """Two LoRA clients on one base model, each its own adapter and AdamW: cross_entropy and importance_sampling
+    losses fall step by step on a fixed batch, and the clients do not disturb each other."""
+    sc = _client(server)
+    ce = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
+    rl = sc.create_lora_training_client(base_model="tiny", rank=8, seed=0).result()
+    assert ce.model_id.endswith(":train:0") and rl.model_id.endswith(":train:1")
+    info = ce.get_info()
+    assert info.lora_rank == 8 and info.model_data.model_name == "tiny"
+    ce_losses = _steps(ce, _datum(), "cross_entropy", 4)
+    behaviour = rl.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert rl.forward([_datum()], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(ce_losses[0], rel=1e-6)
+    datum = _datum(weights=False, logprobs=behaviour.astype(np.float32),
+                   advantages=np.ones(len(TOKENS) - 1, dtype=np.float32))
+    rl_losses = _steps(rl, datum, "importance_sampling", 4)
+    assert all(b < a for a, b in itertools.pairwise(ce_losses)), ce_losses
+    assert rl_losses[0] == pytest.approx(-(len(TOKENS) - 1), rel=1e-5)  # ratio 1 at the behaviour policy
+    assert all(b < a for a, b in itertools.pairwise(rl_losses)), rl_losses
+
+
+def test_forward_backward_custom_and_the_named_losses(server: Server) -> None:
+    """The SDK's client-side custom loss (a forward pass, then cross_entropy weighted by its gradient) and
+    every loss by name answer ``loss:sum`` as hand-computed from the returned logprobs."""
+    import torch
+
+    tc = _client(server).create_lora_training_client(base_model="tiny", rank=4, seed=1).result()
+    lp = tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+    def square(data, logprobs):
+        loss = sum((x ** 2).sum() for x in logprobs)
+        return loss, {"square:sum": float(loss.detach())}
+
+    out = tc.forward_backward_custom([_datum()], square).result()
+    assert out.metrics["loss:sum"] == pytest.approx(float((torch.tensor(lp) ** 2).sum()), rel=1e-5)
+    q = lp - 0.1  # the sampler's logprobs, a little off the learner's
+    adv = np.linspace(-1, 1, len(lp)).astype(np.float32)
+    datum = _datum(weights=False, logprobs=q.astype(np.float32), advantages=adv)
+    r = np.exp(lp - q)
+    expected = {"importance_sampling": -(r * adv).sum(),
+                "ppo": -np.minimum(r * adv, np.clip(r, 0.8, 1.2) * adv).sum(),
+                "cispo": -(np.clip(r, 0.8, 1.2) * lp * adv).sum(),
+                "dro": -(lp * adv - 0.5 * 0.05 * (lp - q) ** 2).sum()}
+    for name, want in expected.items():
+        got = tc.forward([datum], name).result().metrics["loss:sum"]
+        assert got == pytest.approx(float(want), rel=1e-4, abs=1e-4), name
+    got = tc.forward([datum], "ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.05}).result()
+    assert got.metrics["loss:sum"] == pytest.approx(float(-np.minimum(r * adv, np.clip(r, 0.9, 1.05) * adv).sum()),
+                                                    rel=1e-4)
+
+
+def test_a_sampler_reads_exactly_the_saved_weights(server: Server) -> None:
+    """save_weights_for_sampler, then the SDK's sampling client: its prompt logprobs are the trainer's logprobs
+    of the saved adapter (not the base model's), samples carry sequence ids, logprobs and stop reasons."""
+    from tinker import types
+
+    sc = _client(server)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=2).result()
+    _steps(tc, _datum(), "cross_entropy", 3)
+    trained = tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    path = tc.save_weights_for_sampler("after-3").result().path
+    assert path.startswith("tinker://") and path.endswith("/sampler_weights/after-3")
+    sampler = sc.create_sampling_client(model_path=path).result()
+    served = sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    assert served[0] is None
+    np.testing.assert_allclose(np.array(served[1:], dtype=np.float32), trained, atol=2e-4)
+    base = sc.create_sampling_client(base_model="tiny").result()
+    base_lps = base.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    assert np.abs(np.array(base_lps[1:]) - trained).max() > 0.1  # the adapter is what was served
+    res = sampler.sample(types.ModelInput.from_ints(TOKENS[:6]), num_samples=2,
+                         sampling_params=types.SamplingParams(max_tokens=5, temperature=0.0, stop=[]),
+                         include_prompt_logprobs=True).result()
+    assert len(res.sequences) == 2 and len({s.sequence_id for s in res.sequences}) == 2
+    for seq in res.sequences:
+        assert len(seq.tokens) == 5 and len(seq.logprobs) == 5 and seq.stop_reason == "length"
+    assert res.sequences[0].tokens == res.sequences[1].tokens  # greedy
+    np.testing.assert_allclose(np.array(res.prompt_logprobs[1:], dtype=np.float32), trained[:5], atol=2e-4)
+    # a save with no name hands back a sampling client at once, on the adapter as it is now
+    _steps(tc, _datum(), "cross_entropy", 1)
+    later = tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    live = tc.save_weights_and_get_sampling_client().result()
+    now = live.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    np.testing.assert_allclose(np.array(now[1:], dtype=np.float32), later, atol=2e-4)
+
+
+def test_a_second_key_sees_nothing_of_the_first(server: Server) -> None:
+    import tinker
+
+    tc = _client(server, KEY_A).create_lora_training_client(base_model="tiny", rank=4).result()
+    ckpt = tc.save_state("mine").result().path
+    h_b = {"X-API-Key": KEY_B}
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": tc.model_id}, headers=h_b)
+    assert r.status_code == 404 and "no model" in r.json()["message"]
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint"):
+        _client(server, KEY_B).create_training_client_from_state(ckpt).result()
+    fut = httpx.post(f"{server.url}/api/v1/optim_step", headers={"X-API-Key": KEY_A},
+                     json={"model_id": tc.model_id, "seq_id": 2, "adam_params": {"learning_rate": 1e-3}}).json()
+    r = httpx.post(f"{server.url}/api/v1/retrieve_future", json={"request_id": fut["request_id"]}, headers=h_b)
+    assert r.status_code == 404
+    r = httpx.post(f"{server.url}/api/v1/retrieve_future", json={"request_id": fut["request_id"]},
+                   headers={"X-API-Key": KEY_A}, timeout=60)
+    assert r.status_code == 200 and "metrics" in r.json()
+
+
+def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server: Server) -> None:
+    import tinker
+
+    sc = _client(server)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    h = {"X-API-Key": KEY_A}
+    r = httpx.post(f"{server.url}/api/v1/forward_backward", content=b"\x00not a protobuf\xff\xff",
+                   headers={**h, "Content-Type": "application/x-protobuf"})
+    assert r.status_code == 400 and "not a ForwardBackwardRequest" in r.json()["message"]
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": tc.model_id},
+                   headers={"X-API-Key": "tml-not-a-known-key"})
+    assert r.status_code == 401 and r.json()["message"] == "unknown API key"
+    r = httpx.post(f"{server.url}/api/v1/get_info", json={"model_id": "nope:train:9"}, headers=h)
+    assert r.status_code == 404
+    r = httpx.post(f"{server.url}/api/v1/optim_step", headers=h, json={"model_id": tc.model_id, "seq_id": 1,
+                                                                       "adam_params": {"learning_rat": 1}})
+    assert r.status_code == 400 and "OptimStepRequest" in r.json()["message"]
+    with pytest.raises(tinker.BadRequestError, match="LoRA rank 64: this server holds ranks 1 to 16"):
+        sc.create_lora_training_client(base_model="tiny", rank=64).result()
+    with pytest.raises(tinker.BadRequestError, match="this server serves 'tiny' only"):
+        sc.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    with pytest.raises(tinker.RequestFailedError, match="importance_sampling needs loss_fn_inputs\\['logprobs'\\]"):
+        tc.forward_backward([_datum()], "importance_sampling").result()
+    # the same server, another client: still serving
+    other = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    assert other.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_a_restart_continues_a_run_exactly(server: Server) -> None:
+    """save_state, SIGKILL the server, start it again on the same --dir:
+    create_training_client_from_state_with_optimizer takes the next step exactly as the uninterrupted run did."""
+    sc = _client(server)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=3).result()
+    _steps(tc, _datum(), "cross_entropy", 2)
+    path = tc.save_state("step-2").result().path
+    uninterrupted = _steps(tc, _datum(), "cross_entropy", 2)
+    server.kill()
+    server.start()
+    resumed = _client(server).create_training_client_from_state_with_optimizer(path).result()
+    assert _steps(resumed, _datum(), "cross_entropy", 2) == uninterrupted
