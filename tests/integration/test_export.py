@@ -1,7 +1,8 @@
 """``agentrl export`` with stock parts: an adapter of the embedded model, exported, is served by vLLM's own OpenAI
 server (not agentrl's launcher) and loaded by plain transformers, and both generate what agentrl's own serving
 of the adapter generates; ``agentrl eval --endpoint`` scores the export as ``agentrl eval --adapter`` scores the
-adapter (greedy, so the same episodes), and ``agentrl doctor`` passes it without ``--chat-template``."""
+adapter (greedy, so the same episodes), and so does ``agentrl eval --model`` on the export alone (agentrl's own
+engine); ``agentrl doctor`` passes it without ``--chat-template``."""
 
 from __future__ import annotations
 
@@ -158,5 +159,9 @@ def test_eval_scores_the_export_on_stock_vllm_as_the_adapter_and_doctor_passes_i
     assert stock["num_tasks"] == own["num_tasks"] == EPISODES and stock.get("num_failed", 0) == 0
     assert abs(stock["success"] - own["success"]) <= 1 / EPISODES, (stock, own)  # greedy: the same episodes
     assert own["described_by"] == str(adapter / "agentrl_policy.json") and "described_by" not in stock
+    # agentrl's own engine on the export (no endpoint, no other flag): the export describes itself
+    alone = evaluate("--model", str(out))
+    assert alone["num_tasks"] == EPISODES and alone.get("num_failed", 0) == 0
+    assert abs(alone["success"] - own["success"]) <= 1 / EPISODES, (alone, own)
     r = subprocess.run([*CLI, "doctor", "--model", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
