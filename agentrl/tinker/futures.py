@@ -86,6 +86,6 @@ class Futures:
         fut = self.get(request_id, owner)
         try:
             await asyncio.wait_for(fut.done.wait(), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             return None
         return fut

@@ -70,7 +70,7 @@ class Sequencer:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), self.gap_timeout_s)
-                except TimeoutError:
+                except asyncio.TimeoutError:
                     self._fail_gap()
                 continue
             self.next_seq_id += 1
