@@ -246,6 +246,39 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server: Serv
     assert other.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"] > 0
 
 
+def test_many_samplers_share_the_slots_and_an_evicted_one_is_reloaded(server: Server) -> None:
+    """Ten sampler checkpoints of one run, each after one more step, on an engine of two slots (eight adapters
+    registered at most): every sampler reads its own weights, the first one too after the least recently used
+    were unloaded and it was loaded again from its directory."""
+    from tinker import types
+
+    sc = _client(server)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8, seed=4).result()
+    saved = []
+    for i in range(10):
+        _steps(tc, _datum(), "cross_entropy", 1)
+        lps = tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        saved.append((tc.save_weights_for_sampler(f"v{i}").result().path, lps))
+    prompt = types.ModelInput.from_ints(TOKENS)
+    for path, lps in [*saved, saved[0], saved[5]]:
+        got = sc.create_sampling_client(model_path=path).result().compute_logprobs(prompt).result()
+        np.testing.assert_allclose(np.array(got[1:], dtype=np.float32), lps, atol=2e-4, err_msg=path)
+    assert np.abs(saved[0][1] - saved[-1][1]).max() > 0.05  # the versions differ: each sampler read its own
+
+
+def test_clients_training_at_once_do_not_disturb_each_other(server: Server) -> None:
+    """Three clients stepping in parallel threads lose exactly what each loses alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sc = _client(server)
+    alone = _steps(sc.create_lora_training_client(base_model="tiny", rank=4, seed=7).result(), _datum(),
+                   "cross_entropy", 3)
+    clients = [sc.create_lora_training_client(base_model="tiny", rank=4, seed=7).result() for _ in range(3)]
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda tc: _steps(tc, _datum(), "cross_entropy", 3), clients))
+    assert runs == [alone] * 3
+
+
 def test_a_restart_continues_a_run_exactly(server: Server) -> None:
     """save_state, SIGKILL the server, start it again on the same --dir:
     create_training_client_from_state_with_optimizer takes the next step exactly as the uninterrupted run did."""
