@@ -123,7 +123,9 @@ class SlotSampler:
             except Exception as e:
                 raise SamplerError(f"the engine could not load adapter {name}: {e}") from e
             self._loaded[name] = adapter_dir
-            return {"engine_ms": (time.perf_counter() - t0) * 1000}
+            ms = (time.perf_counter() - t0) * 1000
+            log.info("adapter %s published from %s in %.1f ms", name, adapter_dir, ms)
+            return {"engine_ms": ms}
 
     async def _ensure(self, name: str | None) -> str:
         if name is None:

@@ -60,12 +60,14 @@ class _Adapter:
 class LoraTrainer:
     """The base model and its adapters, by name (a name is a plain identifier: peft's module key)."""
 
-    def __init__(self, model_dir: Path, *, max_rank: int = 32) -> None:
+    def __init__(self, model_dir: Path, *, max_rank: int = 32, device: str | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         self.model_dir = Path(model_dir)
         self.max_rank = max_rank
-        self.base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        """Where the model trains: the first GPU when there is one, else the CPU."""
+        self.base = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).to(self.device)
         self.base.config.use_cache = False
         self.base.eval()  # no dropout: a forward pass is a function of the weights
         self.model: Any = None  # the peft model, once the first adapter exists
@@ -125,8 +127,8 @@ class LoraTrainer:
             ids[i, :n] = torch.from_numpy(d.tokens)
             targets[i, :n] = torch.from_numpy(tt.astype(np.int64))
             mask[i, :n] = 1
-        logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1)
         return [lp[i, : len(d.tokens)] for i, d in enumerate(data)]
 
     def forward_backward(self, name: str, data: list[WireDatum], loss_fn: str, config: dict[str, float | str],
@@ -140,7 +142,7 @@ class LoraTrainer:
         for i, d in enumerate(data):
             x = {k: torch.from_numpy(np.array(v)) for k, v in d.inputs.items()}
             losses.check_inputs(loss_fn, i, len(d.tokens), x)
-            inputs.append({k: v.float() for k, v in x.items() if k != "target_tokens"})
+            inputs.append({k: v.float().to(self.device) for k, v in x.items() if k != "target_tokens"})
         with self.lock:
             self._activate(name)
             with torch.set_grad_enabled(not forward_only):
@@ -149,7 +151,7 @@ class LoraTrainer:
                                     ).sum()
                 if not forward_only:
                     total.backward()
-        outputs = [{"logprobs": lp.detach().numpy().astype(np.float32)} for lp in lps]
+        outputs = [{"logprobs": lp.detach().cpu().numpy().astype(np.float32)} for lp in lps]
         return outputs, {"loss:sum": float(total.detach())}
 
     def optim_step(self, name: str, adam: dict[str, float]) -> dict[str, float]:
@@ -178,7 +180,7 @@ class LoraTrainer:
 
         with self.lock:
             sd = get_peft_model_state_dict(self.model, adapter_name=name)
-            return {k: v.detach().clone().contiguous() for k, v in sd.items()}
+            return {k: v.detach().cpu().clone().contiguous() for k, v in sd.items()}
 
     def save(self, name: str, out: Path, *, optimizer: bool) -> None:
         """A peft adapter directory (``adapter_model.safetensors``, ``adapter_config.json``), with the
@@ -211,7 +213,7 @@ class LoraTrainer:
                 raise TinkerUserError(f"checkpoint {src.name}: {len(missing)} tensors fit no module of this adapter")
             adapter = self.adapters[name]
             if optimizer:
-                state = torch.load(src / "optimizer.pt", weights_only=False)
+                state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=False)
                 adapter.optimizer.load_state_dict(state["optimizer"])
                 adapter.steps = int(state["steps"])
 
