@@ -35,6 +35,9 @@ class TinkerConfig(Section):
     same directory loads the checkpoints saved before."""
     max_model_len: int | None = Field(None, ge=16)
     """Prompt plus completion tokens at most; unset: the model's ``max_position_embeddings``, at most 4096."""
+    session_ttl_s: float = Field(600.0, ge=30)
+    """A session without a heartbeat for this long is finished and its adapters freed (the SDK beats every
+    10 s while its client lives)."""
     seq_gap_timeout_s: float = Field(120.0, gt=0)
     """A model's request waits this long for a missing lower ``seq_id`` before it fails."""
 

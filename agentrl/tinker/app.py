@@ -6,6 +6,7 @@ server goes on serving everyone else."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -77,13 +78,26 @@ def client_config() -> dict[str, Any]:
             "custom_loss_server_side": False, "sample_join_sampling_session": False}
 
 
-def build_app(svc: TinkerService, sampling: Sampling, keys: Keys) -> FastAPI:
-    """The app over ``svc`` (training), ``sampling`` and the accepted ``keys``."""
+def build_app(svc: TinkerService, sampling: Sampling, keys: Keys, *, session_ttl_s: float = 600.0) -> FastAPI:
+    """The app over ``svc`` (training), ``sampling`` and the accepted ``keys``; a session without a heartbeat
+    for ``session_ttl_s`` is finished and its adapters freed."""
+
+    async def reaper() -> None:
+        while True:
+            await asyncio.sleep(min(30.0, session_ttl_s / 4))
+            try:
+                await svc.expire(session_ttl_s)
+            except Exception:  # the reaper must outlive one bad round
+                log.exception("expiring sessions failed")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        await sampling.close()
+        task = asyncio.create_task(reaper(), name="tinker-session-reaper")
+        try:
+            yield
+        finally:
+            task.cancel()
+            await sampling.close()
 
     app = FastAPI(title="agentrl serve-tinker", lifespan=lifespan, docs_url=None, redoc_url=None)
 

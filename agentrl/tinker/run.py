@@ -62,7 +62,7 @@ def build(cfg: TinkerConfig) -> Any:
         return await SlotSampler.start(Path(cfg.model), state_dir=state, max_adapters=cfg.max_adapters,
                                        max_rank=cfg.max_rank, max_model_len=window, log_dir=state / "logs")
 
-    return build_app(svc, Sampling(svc, start_engine), Keys(keys))
+    return build_app(svc, Sampling(svc, start_engine), Keys(keys), session_ttl_s=cfg.session_ttl_s)
 
 
 def serve(cfg: TinkerConfig) -> None:

@@ -115,6 +115,16 @@ class TinkerService:
         for model in [m for m in self.models.values() if m.session_id == session_id]:
             await self._drop(model)
 
+    async def expire(self, ttl_s: float) -> list[str]:
+        """Finish the sessions without a heartbeat for ``ttl_s`` (their client is gone; the SDK beats every
+        10 s) and free their adapters; returns their ids."""
+        now = time.monotonic()
+        gone = [s for s in self.sessions.values() if not s.finished and now - s.last_heartbeat > ttl_s]
+        for s in gone:
+            log.info("session %s expired: no heartbeat for %.0f s", s.session_id, now - s.last_heartbeat)
+            await self.finish(s.owner, s.session_id, "expired")
+        return [s.session_id for s in gone]
+
     async def _drop(self, model: Model) -> None:
         self.models.pop(model.model_id, None)
         await model.sequencer.close()
