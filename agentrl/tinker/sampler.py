@@ -11,10 +11,12 @@ beyond that, and loaded again from its directory when it is next sampled."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,51 @@ class SamplerError(TinkerError, RuntimeError):
     """The engine failed a sampling request or could not start."""
 
     code = "tinker.sampler"
+
+
+class _Gate:
+    """Samples of a live adapter run together; an in-place update waits until none runs, and new samples
+    wait for the update: a sample never sees two versions."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            await self._cond.wait_for(lambda: self._readers == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class _Tensors:
+    """The tensors of the next in-place update (the publisher's ``AdapterSource``)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, Any] = {}
+
+    async def get_adapter_tensors(self) -> dict[str, Any]:
+        return self.tensors
 
 
 @dataclass
@@ -93,6 +140,9 @@ class SlotSampler:
         self._paths: dict[str, Path] = {}
         self._loaded: OrderedDict[str, Path] = OrderedDict()
         self._lock = asyncio.Lock()
+        self._gates: dict[str, _Gate] = {}
+        self._live: dict[str, tuple[Any, _Tensors]] = {}
+        """Per live adapter: its in-place publisher (shared memory) and the tensors it copies."""
 
     @classmethod
     async def start(cls, model_dir: Path, *, state_dir: Path, max_adapters: int = 4, max_rank: int = 32,
@@ -119,13 +169,54 @@ class SlotSampler:
                 await self._client.unload_lora_adapter(old)
             t0 = time.perf_counter()
             try:
-                await self._client.load_lora_adapter(name, str(adapter_dir.resolve()), inplace=False)
+                await self._client.load_lora_adapter(name, str(adapter_dir.resolve()), inplace=True)
             except Exception as e:
                 raise SamplerError(f"the engine could not load adapter {name}: {e}") from e
             self._loaded[name] = adapter_dir
             ms = (time.perf_counter() - t0) * 1000
             log.info("adapter %s published from %s in %.1f ms", name, adapter_dir, ms)
             return {"engine_ms": ms}
+
+    def knows(self, name: str) -> bool:
+        """Whether adapter ``name`` was published (loaded now, or loadable again from its directory)."""
+        return name in self._paths
+
+    def gate(self, name: str) -> _Gate:
+        """The reader/writer gate of live adapter ``name``."""
+        return self._gates.setdefault(name, _Gate())
+
+    async def publish_live(self, name: str, tensors: dict[str, Any], adapter_dir: Path, *, scale: float,
+                           on_update: Any = None) -> dict[str, float]:
+        """Make live adapter ``name`` serve ``tensors`` (saved in ``adapter_dir`` too): copied in place into
+        its engine slot (agentrl's shared-memory weight sync, B pre-scaled by ``scale``), or loaded from
+        ``adapter_dir`` where the engine holds no slot for it yet (first publish, or after it was unloaded).
+        Waits until no sample of ``name`` runs, then calls ``on_update()`` and updates; samples after it read
+        the new weights."""
+        from agentrl.weight_sync.inplace import SyncError
+        from agentrl.weight_sync.shm import SharedMemoryAdapterSync
+
+        async with self.gate(name).write():
+            if on_update is not None:
+                on_update()
+            if name not in self._live:
+                source = _Tensors()
+                pub = SharedMemoryAdapterSync(source, self._client, name, reset="", set_version=False, b_scale=scale)
+                self._live[name] = (pub, source)
+            pub, source = self._live[name]
+            source.tensors = tensors
+            if name in self._loaded:
+                try:
+                    out = await pub.publish(0)
+                    async with self._lock:
+                        self._paths[name] = self._loaded[name] = adapter_dir
+                        self._loaded.move_to_end(name)
+                    log.info("adapter %s updated in place in %.2f ms (engine)", name, out.get("engine_ms", -1))
+                    return {**out, "in_place": 1.0}
+                except SyncError as e:  # no slot for it (evicted by the engine): load the files instead
+                    log.info("adapter %s: in-place update refused (%s); loading it from %s", name, e, adapter_dir)
+                    async with self._lock:
+                        self._loaded.pop(name, None)
+            return {**await self.publish(name, adapter_dir), "in_place": 0.0}
 
     async def _ensure(self, name: str | None) -> str:
         if name is None:
@@ -140,9 +231,11 @@ class SlotSampler:
 
     async def sample(self, name: str | None, prompt: list[int], *, num_samples: int, max_tokens: int,
                      temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, seed: int | None = None,
-                     stop: Any = None, prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0) -> SampleResult:
+                     stop: Any = None, prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0,
+                     cache_salt: str | None = None) -> SampleResult:
         """``num_samples`` completions of ``prompt`` by adapter ``name`` (None: the base model), token-faithful,
-        with the sampled tokens' logprobs and, if asked, the prompt's."""
+        with the sampled tokens' logprobs and, if asked, the prompt's. ``cache_salt``: the version of the
+        weights, so the engine never reuses a prefix computed with another version of a live adapter."""
         model = await self._ensure(name)
         body: dict[str, Any] = {"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "n": num_samples,
                                 "temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1,
@@ -150,6 +243,8 @@ class SlotSampler:
                                 "skip_special_tokens": False, **_stop_fields(stop)}
         if seed is not None:
             body["seed"] = seed
+        if cache_salt:
+            body["cache_salt"] = cache_salt
         want_prompt = prompt_logprobs or topk_prompt_logprobs > 0
         if want_prompt:
             body["prompt_logprobs"] = max(topk_prompt_logprobs, 1)
@@ -192,6 +287,8 @@ class SlotSampler:
         return res.prompt_logprobs or []
 
     async def close(self) -> None:
+        for pub, _ in self._live.values():
+            pub.close()
         await self._http.aclose()
         await self._client.aclose()
         await asyncio.to_thread(self.server.stop)

@@ -16,8 +16,9 @@ from typing import Any
 from agentrl.tinker.checkpoints import Checkpoints
 from agentrl.tinker.errors import TinkerNotFound, TinkerUserError
 from agentrl.tinker.futures import Future, Futures
-from agentrl.tinker.sampler import SamplerError, SlotSampler
+from agentrl.tinker.sampler import SamplerError, SampleResult, SlotSampler
 from agentrl.tinker.service import Model, TinkerService
+from agentrl.tinker.trainer import LORA_ALPHA
 from agentrl.tinker.wire import sample_response
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,11 @@ class Sampler:
     owner: str
     model_path: str | None
     adapter: str | None
-    """The adapter's name in the engine (None: the base model)."""
+    """The checkpoint's own adapter name in the engine (None: the base model)."""
     adapter_dir: Path | None
+    model_id: str | None = None
+    """The training model the checkpoint was saved from: while it is that model's latest, its live adapter
+    serves it."""
 
 
 def _adapter_name(owner: str, path: str) -> str:
@@ -73,7 +77,8 @@ class Sampling:
                 raise TinkerUserError(f"base model {base_model!r}: this server serves {self.svc.model_name!r} only")
             return Sampler(uuid.uuid4().hex, owner, None, None, None)
         ckpt = self.svc.checkpoints.find(model_path, owner)
-        return Sampler(uuid.uuid4().hex, owner, model_path, _adapter_name(owner, model_path), ckpt.dir)
+        return Sampler(uuid.uuid4().hex, owner, model_path, _adapter_name(owner, model_path), ckpt.dir,
+                       ckpt.model_id)
 
     def create_sampling_session(self, owner: str, req: Any) -> str:
         self.svc.session(owner, req.session_id)
@@ -102,8 +107,7 @@ class Sampling:
                 s = self._sampler(owner, ckpt.path, None)
                 self.samplers[s.sampler_id] = s
                 out["sampling_session_id"] = s.sampler_id
-            if self._engine is not None and self._engine.done() and self._engine.exception() is None:
-                await self._engine.result().publish(_adapter_name(owner, ckpt.path), ckpt.dir)
+            await self._publish_live(model, ckpt.path, ckpt.dir)
             Futures.succeed(fut, json=out)
         return self.svc._ordered(owner, req.model_id, req.seq_id, "save_weights_for_sampler", work)
 
@@ -127,19 +131,53 @@ class Sampling:
         fut.extra["sample_sequence_ids"] = [f"{fut.request_id}:{i}" for i in range(req.num_samples)]
 
         async def work() -> None:
-            engine = await self.engine()
-            if s.adapter is not None and s.adapter_dir is not None:
-                await engine.publish(s.adapter, s.adapter_dir)
-            res = await engine.sample(s.adapter, prompt, num_samples=req.num_samples, max_tokens=max_tokens,
-                                      temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed,
-                                      stop=sp.stop, prompt_logprobs=bool(req.prompt_logprobs),
-                                      topk_prompt_logprobs=req.topk_prompt_logprobs)
+            res = await self._sample(s, prompt, num_samples=req.num_samples, max_tokens=max_tokens,
+                                     temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed,
+                                     stop=sp.stop, prompt_logprobs=bool(req.prompt_logprobs),
+                                     topk_prompt_logprobs=req.topk_prompt_logprobs)
             lps = res.prompt_logprobs
             if lps is not None and req.prompt_logprobs_last_n:
                 keep = len(lps) - req.prompt_logprobs_last_n
                 lps = [None] * keep + lps[keep:]
             Futures.succeed(fut, proto=sample_response(res.sequences, lps, res.topk_prompt_logprobs))
         return self.svc.spawn(fut, work)
+
+    def _running(self) -> SlotSampler | None:
+        ok = self._engine is not None and self._engine.done() and self._engine.exception() is None
+        return self._engine.result() if ok and self._engine is not None else None
+
+    async def _publish_live(self, model: Model, path: str, adapter_dir: Path) -> None:
+        """``path`` becomes the model's live version: copied in place into its live adapter when the engine
+        runs (else loaded when first sampled)."""
+        from safetensors.torch import load_file
+
+        engine = self._running()
+        if engine is not None:
+            tensors = await asyncio.to_thread(load_file, str(adapter_dir / "adapter_model.safetensors"))
+            try:
+                await engine.publish_live(model.live_adapter, tensors, adapter_dir, scale=LORA_ALPHA / model.spec.rank,
+                                          on_update=lambda: setattr(model, "live_path", path))
+            except Exception as e:  # every sampler reads its own checkpoint's files instead
+                log.warning("%s: the live adapter was not updated (%s); samplers load their checkpoints", model.model_id, e)
+                model.live_path = None
+        else:
+            model.live_path = path
+
+    async def _sample(self, s: Sampler, prompt: list[int], **kw: Any) -> SampleResult:
+        """Sample ``s``'s weights: the base model, the live adapter while ``s`` is its model's latest version,
+        else the checkpoint's own adapter (loaded from its directory)."""
+        engine = await self.engine()
+        if s.adapter is None or s.adapter_dir is None:
+            return await engine.sample(None, prompt, **kw)
+        model = self.svc.models.get(s.model_id or "")
+        if model is not None and model.live_path == s.model_path:
+            async with engine.gate(model.live_adapter).read():
+                if model.live_path == s.model_path:  # still the live version, and stays so while this runs
+                    if not engine.knows(model.live_adapter):
+                        await engine.publish(model.live_adapter, s.adapter_dir)
+                    return await engine.sample(model.live_adapter, prompt, cache_salt=s.adapter, **kw)
+        await engine.publish(s.adapter, s.adapter_dir)
+        return await engine.sample(s.adapter, prompt, cache_salt=s.adapter, **kw)
 
     async def close(self) -> None:
         if self._engine is not None:

@@ -49,6 +49,13 @@ class Model:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     failed: str | None = None
     sampler_saves: int = 0
+    live_path: str | None = None
+    """The model's latest sampler checkpoint, which its live engine adapter serves (updated in place)."""
+
+    @property
+    def live_adapter(self) -> str:
+        """The name of the model's live adapter in the sampling engine."""
+        return f"live-{self.adapter}"
 
 
 class TinkerService:

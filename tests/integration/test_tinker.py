@@ -248,8 +248,9 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server: Serv
 
 def test_many_samplers_share_the_slots_and_an_evicted_one_is_reloaded(server: Server) -> None:
     """Ten sampler checkpoints of one run, each after one more step, on an engine of two slots (eight adapters
-    registered at most): every sampler reads its own weights, the first one too after the least recently used
-    were unloaded and it was loaded again from its directory."""
+    registered at most): each save is copied into the run's live adapter in place; every sampler reads its own
+    weights, the older ones from their directories, the first one too after the least recently used were
+    unloaded and it was loaded again."""
     from tinker import types
 
     sc = _client(server)
@@ -264,6 +265,8 @@ def test_many_samplers_share_the_slots_and_an_evicted_one_is_reloaded(server: Se
         got = sc.create_sampling_client(model_path=path).result().compute_logprobs(prompt).result()
         np.testing.assert_allclose(np.array(got[1:], dtype=np.float32), lps, atol=2e-4, err_msg=path)
     assert np.abs(saved[0][1] - saved[-1][1]).max() > 0.05  # the versions differ: each sampler read its own
+    # the engine ran since the sampling test: every save went into the live adapter's slot in place
+    assert server.log.read_text().count("updated in place") >= 10
 
 
 def test_clients_training_at_once_do_not_disturb_each_other(server: Server) -> None:

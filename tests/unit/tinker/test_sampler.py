@@ -4,6 +4,7 @@ logprobs map to the prompt tokens'."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,3 +65,27 @@ def test_prompt_logprobs_are_the_prompt_tokens_and_the_top_k() -> None:
     lps, tops = _prompt_logprobs([1, 9, 7], raw, k=1)
     assert lps == [None, -1.5, -2.0]
     assert tops == [None, [(5, -0.5)], [(3, -0.1)]]
+
+
+async def test_an_update_waits_for_running_samples_and_holds_new_ones() -> None:
+    from agentrl.tinker.sampler import _Gate
+
+    gate, events = _Gate(), []
+
+    async def sample(tag: str, hold: float) -> None:
+        async with gate.read():
+            events.append(f"{tag} start")
+            await asyncio.sleep(hold)
+            events.append(f"{tag} end")
+
+    async def update() -> None:
+        async with gate.write():
+            events.append("update")
+
+    first = asyncio.create_task(sample("a", 0.05))
+    await asyncio.sleep(0.01)
+    writer = asyncio.create_task(update())
+    await asyncio.sleep(0.01)
+    late = asyncio.create_task(sample("b", 0.0))
+    await asyncio.gather(first, writer, late)
+    assert events == ["a start", "a end", "update", "b start", "b end"]
