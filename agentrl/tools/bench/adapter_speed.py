@@ -15,12 +15,21 @@ random rank-``--adapter-rank`` adapter on every linear layer (the LoRA recipe's 
 
 ``adapter_over_base`` is the median over the pairs of the adapter phase's tokens/s over the base phase's
 (target ≥ 0.9). The last line is one JSON object.
+
+``--adapters 1,4,16`` (``lora`` only) loads that many distinct random adapters (the largest count; the engine
+gets as many slots) and, after each base phase, runs one adapter phase per count, its episodes spread over the
+first ``N`` adapters (episode ``i`` names adapter ``i % N``), so that one batch holds them all:
+``by_adapters[N]`` has that count's rate and ratio against the same pairs' base phases (target ≥ 0.9 for one
+adapter, ≥ 0.8 for several). ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
+fast path (:mod:`agentrl.engine.cpu_lora`; ``AGENTRL_CPU_LORA_FAST=0`` in the environment of the benchmark
+that starts the engine switches it off, for the comparison).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -31,6 +40,8 @@ from agentrl.tools.bench.phases import PhaseResult, run_loop_phase, run_raw_phas
 
 NAME = "bench-adapter"
 TARGET = 0.9
+TARGET_MANY = 0.8
+"""The target of ``adapter_over_base`` with several distinct adapters in one batch."""
 
 
 class _Adapter:
@@ -62,16 +73,22 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
 
     model = await bench_model(args.model)
     merged = args.adapter == "merged"
+    counts: list[int] = list(getattr(args, "adapters", None) or [1])
     config = json.loads((Path(model) / "config.json").read_text())
-    adapter = _Adapter(random_lora(lora_shapes(config, args.adapter_rank, ALL_LINEAR), seed=0), args.adapter_rank)
+    shapes = lora_shapes(config, args.adapter_rank, ALL_LINEAR)
+    adapters = [_Adapter(random_lora(shapes, seed=i), args.adapter_rank) for i in range(max(counts))]
+    adapter = adapters[0]
+    names = [f"{NAME}-{i}" for i in range(len(adapters))]
     zero = _Adapter({n: t * 0 for n, t in adapter.tensors.items()}, args.adapter_rank)
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=1024)
-    base, with_adapter = PhaseResult(), PhaseResult()
-    ratios: list[float] = []
+    base = PhaseResult()
+    with_adapters = {n: PhaseResult() for n in counts}
+    ratios: dict[int, list[float]] = {n: [] for n in counts}
     merge_ms: list[float] = []
+    fast: float | None = None
     server = {"model": model, "dtype": "float32", "max_model_len": 1024, "enable_lora": not merged}
     if not merged:
-        server.update(max_lora_rank=engine_lora_rank(args.adapter_rank), max_loras=1)
+        server.update(max_lora_rank=engine_lora_rank(args.adapter_rank), max_loras=len(adapters))
     with scratch_dir("agentrl-bench-adapter-") as work:
         async with engine_url(args.endpoint, work, **server) as url:
             chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)
@@ -81,35 +98,52 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
                 _, reqs = await run_loop_phase(CalcEnv, tasks, args.group_size, client, chat, sampling,
                                                args.concurrency, 10**6)
                 if not merged:
-                    await adapter.save_adapter(work / NAME)
-                    await client.load_lora_adapter(NAME, str(work / NAME))
+                    for name, a in zip(names, adapters, strict=True):
+                        await a.save_adapter(work / name)
+                        await client.load_lora_adapter(name, str(work / name))
+                    with contextlib.suppress(Exception):  # an engine without agentrl's extension
+                        stats = (await client.collective_rpc("agentrl_lora_stats"))[0][0]
+                        fast = float(stats.get("cpu_lora_fast", 0.0))
 
                 async def switch(to: _Adapter) -> None:
                     if merged:
                         with MergedAdapterSync(to, client) as sync:
                             merge_ms.append(float((await sync.publish(1))["engine_ms"]))
 
-                for rep in range(-1, args.repeats):  # -1: a warm-up pair, not measured
+                for rep in range(-1, args.repeats):  # -1: a warm-up round, not measured
                     await switch(zero)
                     b = await run_raw_phase(reqs, client, sampling, args.concurrency, f"bench-base-{rep}")
-                    await switch(adapter)
-                    a = await run_raw_phase(reqs, client, sampling, args.concurrency, f"bench-adapter-{rep}",
-                                            model=None if merged else NAME)
                     if rep >= 0:
                         base.add(b)
-                        with_adapter.add(a)
-                        ratios.append((a.tokens / a.wall_s) / max(b.tokens / b.wall_s, 1e-9))
+                    await switch(adapter)
+                    for n in counts:
+                        model_names: str | list[str] | None = None if merged else (names[0] if n == 1
+                                                                                    else names[:n])
+                        a = await run_raw_phase(reqs, client, sampling, args.concurrency,
+                                                f"bench-adapter-{n}-{rep}", model=model_names)
+                        if rep >= 0:
+                            with_adapters[n].add(a)
+                            ratios[n].append((a.tokens / a.wall_s) / max(b.tokens / b.wall_s, 1e-9))
                 if merged:  # an engine of --endpoint is left with its base weights
                     await switch(zero)
                 else:
-                    await client.unload_lora_adapter(NAME)
-    ratio = statistics.median(ratios)
+                    for name in names:
+                        await client.unload_lora_adapter(name)
+    by: dict[str, Any] = {}
+    for n in counts:
+        r = statistics.median(ratios[n])
+        target = TARGET if n == 1 else TARGET_MANY
+        by[str(n)] = {"adapter_tokens_per_s": round(with_adapters[n].tokens / max(with_adapters[n].wall_s, 1e-9), 1),
+                      "adapter_over_base": round(r, 4), "adapter_over_base_pairs": [round(x, 4) for x in ratios[n]],
+                      "target": target, "target_met": bool(r >= target)}
+    first = by[str(counts[0])]
     out: dict[str, Any] = {
         "adapter": args.adapter, "adapter_rank": args.adapter_rank, "adapter_targets": list(ALL_LINEAR),
         "base_tokens_per_s": round(base.tokens / max(base.wall_s, 1e-9), 1),
-        "adapter_tokens_per_s": round(with_adapter.tokens / max(with_adapter.wall_s, 1e-9), 1),
-        "adapter_over_base": round(ratio, 4), "adapter_over_base_pairs": [round(r, 4) for r in ratios],
-        "target": TARGET, "target_met": bool(ratio >= TARGET),
+        "adapter_tokens_per_s": first["adapter_tokens_per_s"],
+        "adapter_over_base": first["adapter_over_base"], "adapter_over_base_pairs": first["adapter_over_base_pairs"],
+        "target": first["target"], "target_met": first["target_met"], "adapters": counts, "by_adapters": by,
+        "cpu_lora_fast": fast,
         "requests_per_phase": sum(len(r) for r in reqs), "tokens_per_phase": base.tokens // max(args.repeats, 1),
         "repeats": args.repeats, "concurrency": args.concurrency, "model": model,
     }
@@ -120,7 +154,10 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_result(res: dict[str, Any]) -> None:
     """The human-readable line."""
-    print(f"{res['adapter']} adapter (rank {res['adapter_rank']}, every linear layer): "
-          f"{res['adapter_tokens_per_s']:.0f} tok/s against the base model's {res['base_tokens_per_s']:.0f}: "
-          f"adapter/base {res['adapter_over_base']:.3f} (median of {res['repeats']} pairs; target ≥ {TARGET})"
-          + (f", merge {res['merge_engine_ms_p50']:.1f} ms in the engine" if "merge_engine_ms_p50" in res else ""))
+    fast = {None: "", 1.0: ", CPU fast path on", 0.0: ", vLLM's own CPU LoRA ops"}.get(res.get("cpu_lora_fast"), "")
+    for n, row in res.get("by_adapters", {"1": res}).items():
+        print(f"{res['adapter']} adapter x{n} (rank {res['adapter_rank']}, every linear layer{fast}): "
+              f"{row['adapter_tokens_per_s']:.0f} tok/s against the base model's {res['base_tokens_per_s']:.0f}: "
+              f"adapter/base {row['adapter_over_base']:.3f} (median of {res['repeats']} pairs; target ≥ "
+              f"{row['target']})"
+              + (f", merge {res['merge_engine_ms_p50']:.1f} ms in the engine" if "merge_engine_ms_p50" in res else ""))

@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare the base model with a served adapter instead (vLLM's LoRA serving, or "
                              "merged into the weights): agentrl.tools.bench.adapter_speed")
     parser.add_argument("--adapter-rank", type=int, default=16, help="--adapter: the adapter's rank")
+    parser.add_argument("--adapters", default="1", metavar="N[,N...]",
+                        help="--adapter lora: counts of distinct adapters to serve at once, requests spread over "
+                             "them in one batch, each count measured against the same base phases (e.g. 1,4,16)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if min(args.tasks, args.group_size, args.concurrency, args.repeats) < 1:
@@ -128,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tasks × (--repeats + 1) must be at most 2000 (the calc train split; one pair warms up)")
     if args.temperature <= 0:
         parser.error("--temperature must be > 0 (the raw phase replays lengths, not greedy tokens)")
+    try:
+        args.adapters = [int(n) for n in str(args.adapters).split(",") if n.strip()]
+    except ValueError:
+        parser.error("--adapters takes counts separated by commas, e.g. 1,4,16")
+    if not args.adapters or min(args.adapters) < 1:
+        parser.error("--adapters takes counts of at least 1")
+    if args.adapters != [1] and args.adapter != "lora":
+        parser.error("--adapters needs --adapter lora (a merged engine serves one policy)")
     if args.adapter:
         from agentrl.tools.bench.adapter_speed import measure_adapter, print_result
 

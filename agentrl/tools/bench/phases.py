@@ -96,14 +96,16 @@ async def run_loop_phase(env_cls: Any, tasks: list[Any], group_size: int, client
 
 
 async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: Any, concurrency: int,
-                        salt: str, model: str | None = None) -> PhaseResult:
+                        salt: str, model: str | list[str] | None = None) -> PhaseResult:
     """The same requests as bare generations: per episode in turn order, ``concurrency`` episodes at once
-    (``model``: the served model or adapter they name; None: the client's)."""
+    (``model``: the served model or adapter they name; None: the client's; a list: episode ``i`` names
+    ``model[i % len(model)]``, requests spread over several adapters in the same batches)."""
     import uuid
 
     slots = asyncio.Semaphore(concurrency)
+    names = model if isinstance(model, list) else [model]
 
-    async def one(reqs: list[Request]) -> int:
+    async def one(reqs: list[Request], model: str | None) -> int:
         key, got = uuid.uuid4().hex, 0
         async with slots:
             for q in reqs:
@@ -113,7 +115,8 @@ async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: An
                 got += len(gen.token_ids)
         return got
 
-    counts, wall, cpu = await _timed(asyncio.gather(*(one(r) for r in episodes)))
+    counts, wall, cpu = await _timed(asyncio.gather(*(one(r, names[i % len(names)])
+                                                      for i, r in enumerate(episodes))))
     want = sum(q.max_tokens for r in episodes for q in r)
     if sum(counts) != want:
         raise BenchFailed(f"the raw replay produced {sum(counts)} tokens, the loop {want} (the engine did not "

@@ -12,3 +12,42 @@ def test_requests_of_recovers_each_turn() -> None:
                    loss_mask=[1, 1, 0, 0, 1, 1])
     reqs = requests_of(t)
     assert [(q.prompt_ids, q.max_tokens) for q in reqs] == [([1, 2], 2), ([1, 2, 3, 4, 5, 6], 2)]
+
+
+def test_adapters_takes_counts_with_the_lora_adapter_only() -> None:
+    """``--adapters`` is a list of counts of at least 1, and only for ``--adapter lora`` (a merged engine
+    serves one policy); bad values stop at the parser, before any engine starts."""
+    import pytest
+
+    from agentrl.tools.bench.loop import main
+
+    for bad in (["--adapter", "lora", "--adapters", "0,4"], ["--adapter", "lora", "--adapters", "four"],
+                ["--adapter", "merged", "--adapters", "1,4"], ["--adapters", "4"]):
+        with pytest.raises(SystemExit) as exc:
+            main(bad)
+        assert exc.value.code == 2, bad
+
+
+async def test_raw_requests_spread_over_the_named_adapters() -> None:
+    """A list of adapter names: episode ``i`` names adapter ``i % N``, every turn of it the same adapter."""
+    from types import SimpleNamespace
+
+    from agentrl.tools.bench.phases import Request, run_raw_phase
+
+    seen: list[tuple[str, str | None]] = []
+
+    class _Client:
+        async def generate(self, prompt_ids: list[int], *, max_tokens: int, key: str, model: str | None,
+                           **_: object) -> SimpleNamespace:
+            seen.append((key, model))
+            return SimpleNamespace(token_ids=[0] * max_tokens)
+
+    episodes = [[Request([1], 2), Request([1, 2, 3], 1)] for _ in range(5)]
+    sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0)
+    res = await run_raw_phase(episodes, _Client(), sampling, 2, "salt", model=["a", "b"])
+    assert res.tokens == 15 and res.requests == 10
+    by_key: dict[str, set] = {}
+    for key, model in seen:
+        by_key.setdefault(key, set()).add(model)
+    assert all(len(m) == 1 for m in by_key.values())  # an episode keeps its adapter
+    assert sorted(next(iter(m)) for m in by_key.values()) == ["a", "a", "a", "b", "b"]
