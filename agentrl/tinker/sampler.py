@@ -281,11 +281,6 @@ class SlotSampler:
             result.topk_prompt_logprobs = tops if k else None
         return result
 
-    async def compute_logprobs(self, name: str | None, tokens: list[int]) -> list[float | None]:
-        """The logprob of each token of ``tokens`` given those before it (None for the first)."""
-        res = await self.sample(name, tokens, num_samples=1, max_tokens=1, prompt_logprobs=True)
-        return res.prompt_logprobs or []
-
     async def close(self) -> None:
         for pub, _ in self._live.values():
             pub.close()

@@ -86,10 +86,14 @@ class Sampling:
         self.samplers[s.sampler_id] = s
         return s.sampler_id
 
-    def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
+    def own(self, owner: str, sampler_id: str) -> Sampler:
         s = self.samplers.get(sampler_id)
         if s is None or s.owner != owner:
-            raise TinkerNotFound(f"no sampler {sampler_id!r} for this API key")
+            raise TinkerNotFound(f"no sampling session {sampler_id!r} for this API key")
+        return s
+
+    def get_sampler(self, owner: str, sampler_id: str) -> dict[str, Any]:
+        s = self.own(owner, sampler_id)
         return {"sampler_id": s.sampler_id, "base_model": self.svc.model_name, "model_path": s.model_path}
 
     def save_weights_for_sampler(self, owner: str, req: Any) -> Future:
@@ -109,16 +113,12 @@ class Sampling:
                 out["sampling_session_id"] = s.sampler_id
             await self._publish_live(model, ckpt.path, ckpt.dir)
             Futures.succeed(fut, json=out)
-        return self.svc._ordered(owner, req.model_id, req.seq_id, "save_weights_for_sampler", work)
+        return self.svc.ordered(owner, req.model_id, req.seq_id, "save_weights_for_sampler", work)
 
     def asample(self, owner: str, req: Any) -> Future:
         """``POST /api/v1/asample``: ``num_samples`` sequences; the future carries ``sample_sequence_ids``."""
-        if req.sampling_session_id is not None:
-            s = self.samplers.get(req.sampling_session_id)
-            if s is None or s.owner != owner:
-                raise TinkerNotFound(f"no sampling session {req.sampling_session_id!r} for this API key")
-        else:
-            s = self._sampler(owner, req.model_path, req.base_model)
+        s = self.own(owner, req.sampling_session_id) if req.sampling_session_id is not None \
+            else self._sampler(owner, req.model_path, req.base_model)
         prompt = _prompt_tokens(req.prompt)
         sp = req.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else 16
@@ -143,8 +143,9 @@ class Sampling:
         return self.svc.spawn(fut, work)
 
     def _running(self) -> SlotSampler | None:
-        ok = self._engine is not None and self._engine.done() and self._engine.exception() is None
-        return self._engine.result() if ok and self._engine is not None else None
+        """The engine if it has started (None while it starts, or before the first sampling request)."""
+        task = self._engine
+        return task.result() if task is not None and task.done() and task.exception() is None else None
 
     async def _publish_live(self, model: Model, path: str, adapter_dir: Path) -> None:
         """``path`` becomes the model's live version: copied in place into its live adapter when the engine
@@ -180,8 +181,8 @@ class Sampling:
         return await engine.sample(s.adapter, prompt, cache_salt=s.adapter, **kw)
 
     async def close(self) -> None:
-        if self._engine is not None:
-            if not self._engine.done():
-                self._engine.cancel()
-            elif self._engine.exception() is None:
-                await self._engine.result().close()
+        if self._engine is not None and not self._engine.done():
+            self._engine.cancel()
+        engine = self._running()
+        if engine is not None:
+            await engine.close()

@@ -149,9 +149,7 @@ class TinkerService:
         self.session(owner, session_id)
         if base_model is not None and base_model != self.model_name:
             raise TinkerUserError(f"base model {base_model!r}: this server serves {self.model_name!r} only")
-        if spec.rank > self.trainer.max_rank or spec.rank < 1:
-            raise TinkerUserError(f"LoRA rank {spec.rank}: this server holds ranks 1 to {self.trainer.max_rank} "
-                                  "(serve-tinker --max-rank)")
+        self.trainer.check(spec)
         model_id = f"{session_id}:train:{model_seq_id}"
         if model_id in self.models:
             raise TinkerUserError(f"model {model_id} exists already (model_seq_id {model_seq_id} was used)")
@@ -176,17 +174,21 @@ class TinkerService:
         fut.extra["model_id"] = model.model_id
         self._creating[key] = fut
 
-        async def work() -> None:
-            try:
-                await self.run(self.trainer.add, model.adapter, spec)
-            except Exception as e:
-                model.failed = str(e)
-                self.models.pop(model.model_id, None)
-                raise
-            finally:
-                model.ready.set()
+        async def created() -> None:
             Futures.succeed(fut, json={"model_id": model.model_id, "type": "create_model"})
-        return self.spawn(fut, work)
+        return self.spawn(fut, partial(self._make, model, created))
+
+    async def _make(self, model: Model, then: Callable[[], Awaitable[None]]) -> None:
+        """Add ``model``'s adapter, then run ``then``; a failure forgets the model. Its requests wait for this."""
+        try:
+            await self.run(self.trainer.add, model.adapter, model.spec)
+            await then()
+        except Exception as e:
+            model.failed = str(e)
+            self.models.pop(model.model_id, None)
+            raise
+        finally:
+            model.ready.set()
 
     def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
         m = self.model(owner, model_id)
@@ -195,7 +197,7 @@ class TinkerService:
                 "model_data": {"arch": self.trainer.base.config.model_type, "model_name": self.model_name,
                                "tokenizer_id": str(self.model_dir)}}
 
-    def _ordered(self, owner: str, model_id: str, seq_id: int | None, kind: str,
+    def ordered(self, owner: str, model_id: str, seq_id: int | None, kind: str,
                  work: Callable[[Model, Future], Awaitable[None]]) -> Future:
         """Queue ``work`` on the model's sequencer at ``seq_id``."""
         model = self.model(owner, model_id)
@@ -218,7 +220,7 @@ class TinkerService:
             outputs, metrics = await self.run(self.trainer.forward_backward, model.adapter, req.data, req.loss_fn,
                                               req.loss_fn_config, req.forward_only)
             Futures.succeed(fut, proto=forward_backward_output(outputs, metrics))
-        return self._ordered(owner, req.model_id, req.seq_id, "forward" if req.forward_only else "forward_backward",
+        return self.ordered(owner, req.model_id, req.seq_id, "forward" if req.forward_only else "forward_backward",
                              work)
 
     def optim_step(self, owner: str, req: Any) -> Future:
@@ -229,7 +231,7 @@ class TinkerService:
         async def work(model: Model, fut: Future) -> None:
             metrics = await self.run(self.trainer.optim_step, model.adapter, params)
             Futures.succeed(fut, json={"metrics": metrics})
-        return self._ordered(owner, req.model_id, req.seq_id, "optim_step", work)
+        return self.ordered(owner, req.model_id, req.seq_id, "optim_step", work)
 
     def unload_model(self, owner: str, model_id: str) -> Future:
         model = self.model(owner, model_id)
@@ -251,7 +253,7 @@ class TinkerService:
             Checkpoints.seal(ckpt, owner, {"base_model": self.model_name, "optimizer": True,
                                            "user_metadata": req.user_metadata})
             Futures.succeed(fut, json={"path": ckpt.path, "type": "save_weights"})
-        return self._ordered(owner, req.model_id, req.seq_id, "save_weights", work)
+        return self.ordered(owner, req.model_id, req.seq_id, "save_weights", work)
 
     def load_weights(self, owner: str, req: Any) -> Future:
         """``load_state(_with_optimizer)`` on a model, or a new model made from a checkpoint (the SDK's
@@ -266,20 +268,9 @@ class TinkerService:
             Futures.succeed(fut, json={"path": ckpt.path, "model_id": model.model_id, "type": "load_weights"})
 
         if req.model_id is not None:
-            return self._ordered(owner, req.model_id, req.seq_id, "load_weights", load)
+            return self.ordered(owner, req.model_id, req.seq_id, "load_weights", load)
         if req.session_id is None or req.model_seq_id is None:
             raise TinkerUserError("load_weights: give model_id and seq_id, or session_id and model_seq_id")
         model = self._new_model(owner, req.session_id, req.model_seq_id, req.base_model, read_spec(ckpt.dir))
         fut = self.futures.create(owner, "load_weights")
-
-        async def work() -> None:
-            try:
-                await self.run(self.trainer.add, model.adapter, model.spec)
-                await load(model, fut)
-            except Exception as e:
-                model.failed = str(e)
-                self.models.pop(model.model_id, None)
-                raise
-            finally:
-                model.ready.set()
-        return self.spawn(fut, work)
+        return self.spawn(fut, partial(self._make, model, partial(load, model, fut)))

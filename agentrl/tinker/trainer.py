@@ -75,16 +75,20 @@ class LoraTrainer:
         self.lock = threading.Lock()
 
     # adapters -------------------------------------------------------------------------------------------
-    def add(self, name: str, spec: LoraSpec) -> None:
-        """A new adapter ``name``, initialised from ``spec.seed`` (B = 0: it starts as the base model)."""
-        from peft import LoraConfig, get_peft_model
-
+    def check(self, spec: LoraSpec) -> None:
+        """Refuse an adapter shape this server cannot train and serve."""
         if spec.rank < 1 or spec.rank > self.max_rank:
             raise TinkerUserError(f"LoRA rank {spec.rank}: this server holds ranks 1 to {self.max_rank} "
                                   "(serve-tinker --max-rank)")
         if not spec.target_modules:
             raise TinkerUserError("train_attn and train_mlp are both off: the adapter would train nothing this "
                                   "server serves (train_unembed adds no LoRA here, see docs/tinker.md)")
+
+    def add(self, name: str, spec: LoraSpec) -> None:
+        """A new adapter ``name``, initialised from ``spec.seed`` (B = 0: it starts as the base model)."""
+        from peft import LoraConfig, get_peft_model
+
+        self.check(spec)
         cfg = LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=spec.target_modules,
                          task_type="CAUSAL_LM")
         with self.lock, torch.random.fork_rng():

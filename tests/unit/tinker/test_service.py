@@ -14,11 +14,15 @@ import pytest
 from agentrl.tinker.checkpoints import Checkpoints
 from agentrl.tinker.errors import TinkerGone, TinkerNotFound, TinkerUserError
 from agentrl.tinker.service import TinkerService
+from agentrl.tinker.trainer import LoraTrainer
 
 
 class FakeTrainer:
+    """The trainer's bookkeeping without a model: its own shape check, adapters by name."""
+
     max_rank = 16
     base = SimpleNamespace(config=SimpleNamespace(model_type="qwen2"))
+    check = LoraTrainer.check
 
     def __init__(self) -> None:
         self.adapters: dict[str, Any] = {}
