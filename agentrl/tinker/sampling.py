@@ -53,6 +53,16 @@ def _prompt_tokens(prompt: Any) -> list[int]:
     return tokens
 
 
+def _check_served(req: Any) -> None:
+    """Refuse the sampling options this server does not serve, rather than answer without them."""
+    unserved = [name for name, asked in (("topk_sample_logprobs", req.topk_sample_logprobs > 0),
+                                         ("target_prompt_logprobs", req.target_prompt_logprobs is not None),
+                                         ("prompt_alt_tokens_k", req.prompt_alt_tokens_k > 0),
+                                         ("record_stability_info", bool(req.record_stability_info))) if asked]
+    if unserved:
+        raise TinkerUserError(f"{', '.join(unserved)}: not served by this server (see docs/tinker.md)")
+
+
 class Sampling:
     """The samplers of every owner, over one lazily started engine."""
 
@@ -119,6 +129,7 @@ class Sampling:
         """``POST /api/v1/asample``: ``num_samples`` sequences; the future carries ``sample_sequence_ids``."""
         s = self.own(owner, req.sampling_session_id) if req.sampling_session_id is not None \
             else self._sampler(owner, req.model_path, req.base_model)
+        _check_served(req)
         prompt = _prompt_tokens(req.prompt)
         sp = req.sampling_params
         max_tokens = sp.max_tokens if sp.max_tokens is not None else 16

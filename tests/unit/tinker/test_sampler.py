@@ -89,3 +89,14 @@ async def test_an_update_waits_for_running_samples_and_holds_new_ones() -> None:
     late = asyncio.create_task(sample("b", 0.0))
     await asyncio.gather(first, writer, late)
     assert events == ["a start", "a end", "update", "b start", "b end"]
+
+
+def test_sampling_options_not_served_are_refused() -> None:
+    from agentrl.tinker.errors import TinkerUserError
+    from agentrl.tinker.sampling import _check_served
+
+    plain = SimpleNamespace(topk_sample_logprobs=0, target_prompt_logprobs=None, prompt_alt_tokens_k=0,
+                            record_stability_info=None)
+    _check_served(plain)
+    with pytest.raises(TinkerUserError, match="topk_sample_logprobs, prompt_alt_tokens_k: not served"):
+        _check_served(SimpleNamespace(**{**vars(plain), "topk_sample_logprobs": 3, "prompt_alt_tokens_k": 2}))
