@@ -231,6 +231,7 @@ TINKER = (
     Flag("api_keys"),
     Flag("dir"),
     Flag("max_model_len"),
+    Flag("seq_gap_timeout_s", "--seq-gap-timeout"),
 )
 """``agentrl serve-tinker``: settings of :class:`agentrl.config.tinker.TinkerConfig`."""
 

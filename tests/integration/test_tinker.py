@@ -53,7 +53,7 @@ class Server:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", str(self.model), "--model-name", "tiny",
                  "--port", str(port), "--dir", str(self.state), "--api-keys", str(self.keys), "--max-rank", "16",
-                 "--max-adapters", "2"],
+                 "--max-adapters", "2", "--seq-gap-timeout", "3"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -244,6 +244,40 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(server: Serv
     # the same server, another client: still serving
     other = sc.create_lora_training_client(base_model="tiny", rank=4).result()
     assert other.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
+def test_seq_ids_out_of_order_retried_or_missing(server: Server) -> None:
+    """Raw protobuf requests of one model: a chunk ahead of its turn waits for the one before it, a retried
+    seq_id answers the first request's id and runs once, a gap that nothing fills fails the request behind it
+    (category user) after --seq-gap-timeout, and the model goes on after it."""
+    from tinker import types
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    tc = _client(server).create_lora_training_client(base_model="tiny", rank=4, seed=5).result()
+    h = {"X-API-Key": KEY_A, "Content-Type": "application/x-protobuf"}
+
+    def send(seq_id: int) -> str:
+        req = types.ForwardBackwardRequest(model_id=tc.model_id, seq_id=seq_id, forward_backward_input=(
+            types.ForwardBackwardInput(data=[_datum()], loss_fn="cross_entropy")))
+        r = httpx.post(f"{server.url}/api/v1/forward_backward", headers=h,
+                       content=forward_backward_request_to_proto(req).SerializeToString())
+        assert r.status_code == 200, r.text
+        return r.json()["request_id"]
+
+    def result(rid: str) -> dict:
+        r = httpx.post(f"{server.url}/api/v1/retrieve_future", json={"request_id": rid},
+                       headers={"X-API-Key": KEY_A}, timeout=60)
+        return r.json() if r.headers["content-type"].startswith("application/json") else {"proto": r.content}
+
+    second, first = send(2), send(1)
+    assert send(2) == second  # a retry
+    assert "proto" in result(first) and "proto" in result(second)
+    stranded = send(4)  # 3 never comes
+    failed = result(stranded)
+    while failed.get("type") == "try_again":
+        failed = result(stranded)
+    assert failed["category"] == "user" and "seq_id 3 never arrived" in failed["error"]
+    assert "proto" in result(send(5))  # the model goes on
 
 
 def test_many_samplers_share_the_slots_and_an_evicted_one_is_reloaded(server: Server) -> None:
