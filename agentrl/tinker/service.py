@@ -215,6 +215,10 @@ class TinkerService:
     def forward_backward(self, owner: str, body: bytes) -> Future:
         """``POST /api/v1/forward_backward`` (a protobuf body; ``forward_only`` for ``forward``)."""
         req = parse_forward_backward(body)
+        longest = max((len(d.tokens) for d in req.data), default=0)
+        if longest > self.max_context:
+            raise TinkerUserError(f"forward_backward: a datum of {longest} tokens; this server's context is "
+                                  f"{self.max_context} tokens (serve-tinker --max-model-len)")
 
         async def work(model: Model, fut: Future) -> None:
             outputs, metrics = await self.run(self.trainer.forward_backward, model.adapter, req.data, req.loss_fn,

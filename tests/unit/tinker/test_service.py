@@ -80,3 +80,15 @@ async def test_a_finished_or_silent_session_frees_its_adapters(svc: TinkerServic
     assert await svc.expire(600) == [silent]
     assert len(trainer.adapters) == 1 and list(svc.models) == [f"{alive}:train:0"]
     assert svc.sessions[silent].finished == "expired"
+
+
+async def test_a_datum_longer_than_the_context_is_refused_at_once(svc: TinkerService) -> None:
+    tinker = pytest.importorskip("tinker")
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(list(range(600))),
+                               loss_fn_inputs={"target_tokens": list(range(600)), "weights": [1.0] * 600})
+    req = tinker.types.ForwardBackwardRequest(model_id="s:train:0", seq_id=1, forward_backward_input=(
+        tinker.types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy")))
+    with pytest.raises(TinkerUserError, match="a datum of 600 tokens; this server's context is 512"):
+        svc.forward_backward("alice", forward_backward_request_to_proto(req).SerializeToString())
