@@ -23,6 +23,12 @@ the step's token-to-slot mapping (:meth:`Groups.of`), not once per layer:
   the slots for the shrink and one for the expand, and the rows are added back with ``index_add_``. Tokens of no
   adapter get nothing added.
 
+The LoRA GEMMs of a step are small (rank ``R`` against the base layer's width): where a call's work is below
+:data:`SERIAL_MACS` multiply-adds it runs on one thread (``torch.set_num_threads(1)`` around it, 0.2 us). On two
+cores shared with other processes (the trainer), an OpenMP region of two threads waits whenever the second
+core is busy: a rank-16 shrink and expand of 128 tokens took 27 ms (median) on two threads on this machine
+under load, 27 us on one; every such region the adapter adds to a step pays that wait.
+
 It is installed on the CPU build only (:func:`agentrl.engine.vllm_patches.patch_cpu_lora_fast_path`; on CUDA
 vLLM's punica kernels stay), and is switched off with ``AGENTRL_CPU_LORA_FAST=0`` in the engine's environment
 (to compare). Where a call does not fit (another dtype than the slot tensors', a step whose token count differs
@@ -36,6 +42,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any
+
+SERIAL_MACS = 1 << 23
+"""A call whose GEMMs do fewer multiply-adds than this (8.4 M: about half a millisecond on one core) runs on one
+thread; a larger one (a long prefill) on the engine's threads."""
 
 ENV_SWITCH = "AGENTRL_CPU_LORA_FAST"
 """``0`` in the engine's environment keeps vLLM's own CPU LoRA ops (for comparison); anything else: the fast
@@ -65,6 +75,8 @@ class Groups:
     gather: Any = None
     keep: Any = None
     rows: Any = None
+    span: tuple[int, int] | None = None
+    """``(first, last + 1)`` when ``slots`` are consecutive: their matrices are a view, not a gather."""
 
     @classmethod
     def of(cls, indices: Any) -> Groups:
@@ -91,26 +103,62 @@ class Groups:
         gather = sorted_rows[pos.reshape(-1)]
         keep = None if bool(real.all()) else torch.nonzero(real.reshape(-1), as_tuple=True)[0]
         rows = gather if keep is None else gather[keep]
-        return cls(n=n, mode="many", slots=slots, width=width, gather=gather, keep=keep, rows=rows)
+        first, last = int(slots[0]), int(slots[-1])
+        span = (first, last + 1) if last - first + 1 == slots.numel() else None
+        return cls(n=n, mode="many", slots=slots, width=width, gather=gather, keep=keep, rows=rows, span=span)
 
     def covers(self, x: Any) -> bool:
         """Whether ``x`` (tokens x features) is this step's tokens (else vLLM's own op must run)."""
         return x.dim() == 2 and x.size(0) == self.n
 
 
-def _weights(stacked: Any, slots: Any) -> Any:
-    """The slots' matrices of one stacked buffer ``(max_loras, 1, rows, cols)``: ``(S, rows, cols)``."""
-    return stacked.index_select(0, slots)[:, 0]
+class _Serial:
+    """Run the block on one thread when ``macs`` is below :data:`SERIAL_MACS` (the engine's count back after)."""
+
+    __slots__ = ("macs", "prev")
+
+    def __init__(self, macs: int) -> None:
+        self.macs, self.prev = macs, 0
+
+    def __enter__(self) -> None:
+        import torch
+
+        if self.macs < SERIAL_MACS:
+            n = torch.get_num_threads()
+            if n > 1:
+                self.prev = n
+                torch.set_num_threads(1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.prev:
+            import torch
+
+            torch.set_num_threads(self.prev)
+
+
+def _weights(stacked: Any, g: Groups) -> Any:
+    """The step's slots' matrices of one stacked buffer ``(max_loras, 1, rows, cols)``: ``(S, rows, cols)``."""
+    if g.span is not None:
+        return stacked[g.span[0]:g.span[1], 0]
+    return stacked.index_select(0, g.slots)[:, 0]
 
 
 def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
                 output_slices: tuple[int, ...], offset_start: int = 0) -> None:
     """``y[:, slice_i] += scale * (x @ A_i^T) @ B_i^T`` for each slice, per token with the token's slot (none
     for tokens of no adapter); ``y`` is written in place."""
-    import torch
 
     if g.mode == "none":
         return
+    rank = a_stacked[0].size(2)
+    with _Serial(g.n * rank * (x.size(1) * len(a_stacked) + sum(output_slices))):
+        _lora_linear(g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start)
+
+
+def _lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
+                 output_slices: tuple[int, ...], offset_start: int) -> None:
+    import torch
+
     off = offset_start
     if g.mode == "one":
         s = g.slot
@@ -121,8 +169,8 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
         return
     xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
     for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
-        h = torch.bmm(xg, _weights(a, g.slots).transpose(1, 2))
-        out = torch.bmm(h, _weights(b, g.slots)[:, :size].transpose(1, 2)).view(-1, size)
+        h = torch.bmm(xg, _weights(a, g).transpose(1, 2))
+        out = torch.bmm(h, _weights(b, g)[:, :size].transpose(1, 2)).view(-1, size)
         if g.keep is not None:
             out = out.index_select(0, g.keep)
         y[:, off:off + size].index_add_(0, g.rows, out, alpha=scale)
@@ -132,10 +180,16 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
 def shrink(g: Groups, y: Any, x: Any, a_stacked: tuple, scale: float) -> None:
     """``y[i] = scale * x @ A_i^T`` for the rows of tokens with a slot (``y``: ``(slices, T, R)``, zeroed by
     the caller; rows of no adapter stay as they are)."""
-    import torch
 
     if g.mode == "none":
         return
+    with _Serial(g.n * a_stacked[0].size(2) * x.size(1) * len(a_stacked)):
+        _shrink(g, y, x, a_stacked, scale)
+
+
+def _shrink(g: Groups, y: Any, x: Any, a_stacked: tuple, scale: float) -> None:
+    import torch
+
     if g.mode == "one":
         for i, a in enumerate(a_stacked):
             h = torch.mm(x, a[g.slot, 0].t())
@@ -143,7 +197,7 @@ def shrink(g: Groups, y: Any, x: Any, a_stacked: tuple, scale: float) -> None:
         return
     xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
     for i, a in enumerate(a_stacked):
-        h = torch.bmm(xg, _weights(a, g.slots).transpose(1, 2)).view(-1, a.size(2))
+        h = torch.bmm(xg, _weights(a, g).transpose(1, 2)).view(-1, a.size(2))
         if g.keep is not None:
             h = h.index_select(0, g.keep)
         if scale != 1.0:
@@ -154,10 +208,16 @@ def shrink(g: Groups, y: Any, x: Any, a_stacked: tuple, scale: float) -> None:
 def expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[int, ...],
            offset_start: int = 0) -> None:
     """``y[:, slice_i] += x[i] @ B_i^T`` for the rows of tokens with a slot (``x``: ``(slices, T, R)``)."""
-    import torch
 
     if g.mode == "none":
         return
+    with _Serial(g.n * x.size(2) * sum(output_slices)):
+        _expand(g, y, x, b_stacked, output_slices, offset_start)
+
+
+def _expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[int, ...], offset_start: int) -> None:
+    import torch
+
     off = offset_start
     for i, (b, size) in enumerate(zip(b_stacked, output_slices, strict=True)):
         xi = x[i].to(y.dtype)
@@ -165,7 +225,7 @@ def expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[int
             y[:, off:off + size].addmm_(xi, b[g.slot, 0, :size].t())
         else:
             xg = xi.index_select(0, g.gather).view(g.slots.numel(), g.width, xi.size(1))
-            out = torch.bmm(xg, _weights(b, g.slots)[:, :size].transpose(1, 2)).view(-1, size)
+            out = torch.bmm(xg, _weights(b, g)[:, :size].transpose(1, 2)).view(-1, size)
             if g.keep is not None:
                 out = out.index_select(0, g.keep)
             y[:, off:off + size].index_add_(0, g.rows, out)

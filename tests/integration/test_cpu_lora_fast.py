@@ -127,3 +127,22 @@ async def test_an_inplace_update_of_one_slot_leaves_the_others(engine, tmp_path:
         finally:
             for name in names:
                 await client.unload_lora_adapter(name)
+
+
+def test_bench_loop_serves_several_adapters_in_one_batch(engine, tiny_model_dir: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentrl bench loop --adapter lora --adapters 1,3``: each count against the same base phases, the
+    engine's path reported (no timing is asserted: the machine is shared)."""
+    import json
+
+    from agentrl.tools.bench.loop import main
+
+    assert main(["--adapter", "lora", "--adapters", "1,3", "--tasks", "2", "--group-size", "3", "--concurrency", "6",
+                 "--repeats", "1", "--json", "--model", str(tiny_model_dir), "--endpoint", engine.url]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["adapters"] == [1, 3] and sorted(r["by_adapters"]) == ["1", "3"]
+    for n, row in r["by_adapters"].items():
+        assert row["adapter_tokens_per_s"] > 0 and len(row["adapter_over_base_pairs"]) == 1
+        assert row["target"] == (0.9 if n == "1" else 0.8)
+    assert r["adapter_over_base"] == r["by_adapters"]["1"]["adapter_over_base"]
+    assert r["cpu_lora_fast"] == (1.0 if cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0" else 0.0)

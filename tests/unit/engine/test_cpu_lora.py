@@ -105,7 +105,9 @@ def test_groups_of_a_step() -> None:
     assert cpu_lora.Groups.of(torch.tensor([-1, -1])).mode == "none"
     one = cpu_lora.Groups.of(torch.tensor([4, 4, 4]))
     assert (one.mode, one.slot) == ("one", 4)
-    assert cpu_lora.Groups.of(torch.tensor([1, 1, 2, 2])).keep is None  # nothing padded
+    assert g.span is None  # slots 0 and 3: gathered
+    even = cpu_lora.Groups.of(torch.tensor([1, 1, 2, 2]))
+    assert even.keep is None and even.span == (1, 3)  # nothing padded; slots 1-2 are a view
 
 
 def test_a_call_that_does_not_fit_runs_vllms_op(patched: None) -> None:
