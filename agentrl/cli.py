@@ -674,6 +674,12 @@ def bench_env_server(ctx: typer.Context) -> None:
     _passthrough("agentrl.tools.bench.env_server", ctx)
 
 
+@bench_app.command("tinker", context_settings=_PASSTHROUGH)
+def bench_tinker(ctx: typer.Context) -> None:
+    """Many Tinker training clients on one serve-tinker, side by side (--clients 1,4,8, --steps, --url)."""
+    _passthrough("agentrl.tools.bench.tinker_api", ctx)
+
+
 @bench_app.command("peers", context_settings=_PASSTHROUGH)
 def bench_peers(ctx: typer.Context) -> None:
     """agentrl beside TRL's GRPO on the same environment, model and budget: time per 1,000 episodes and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -314,6 +315,19 @@ def test_clients_training_at_once_do_not_disturb_each_other(server: Server) -> N
     with ThreadPoolExecutor(3) as pool:
         runs = list(pool.map(lambda tc: _steps(tc, _datum(), "cross_entropy", 3), clients))
     assert runs == [alone] * 3
+
+
+def test_bench_tinker_runs_clients_side_by_side(server: Server) -> None:
+    """``agentrl bench tinker`` against this server: one phase per client count, every client's steps done,
+    the last line one JSON object."""
+    r = subprocess.run([sys.executable, "-m", "agentrl.cli", "bench", "tinker", "--url", server.url, "--api-key", KEY_A,
+                        "--clients", "1,2", "--steps", "1", "--batch", "2", "--seq-len", "16", "--samples", "2",
+                        "--max-tokens", "4"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(res["clients"]) == {"1", "2"} and res["clients"]["1"]["steps_per_s_over_one"] == 1.0
+    for phase in res["clients"].values():
+        assert phase["steps_per_s"] > 0 and phase["sampled_tokens_per_s"] > 0  # 2 samples of 4 tokens per step
 
 
 def test_a_restart_continues_a_run_exactly(server: Server) -> None:

@@ -1,0 +1,165 @@
+"""``agentrl bench tinker --clients 1,4,8``: many Tinker training clients on one ``serve-tinker``, side by side.
+
+One server (started here on the embedded tiny model, or ``--model``; ``--url`` for one already running) and,
+for each count N of ``--clients``, N clients of the official tinker SDK in N threads, each running
+``--steps`` RL-shaped steps: ``forward_backward`` of a batch (``--batch`` datums of ``--seq-len`` tokens,
+``importance_sampling``), ``optim_step``, ``save_weights_and_get_sampling_client`` (the client's live adapter
+updated in place) and ``sample`` (``--samples`` sequences of ``--max-tokens``). A warm-up client step starts
+the sampling engine first, unmeasured.
+
+Per count: ``steps_per_s`` (client steps over the phase's wall time), ``trained_tokens_per_s``,
+``sampled_tokens_per_s``, and ``steps_per_s_over_one`` (against the one-client phase of the same run: what
+sharing one trainer and one engine among N clients gives). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentrl.tools.bench.engine import scratch_dir
+
+NAME = "bench-tinker"
+KEY = "tml-agentrl-bench-key"
+
+
+@contextlib.contextmanager
+def _server(model: str, work: Path) -> Iterator[str]:
+    """``agentrl serve-tinker`` on ``model`` in its own process group, until the block ends."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    log = (work / "server.log").open("ab")
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", model, "--model-name",
+                             "bench", "--port", str(port), "--dir", str(work / "state")],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{NAME}: serve-tinker did not start; see {work / 'server.log'}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/api/v1/healthz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        log.close()
+
+
+def _batch(args: argparse.Namespace, vocab: int) -> list[Any]:
+    import numpy as np
+    from tinker import types
+
+    rng = np.random.default_rng(args.seed)
+    out = []
+    for _ in range(args.batch):
+        toks = rng.integers(3, vocab, size=args.seq_len + 1)
+        n = args.seq_len
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(toks[:-1].tolist()), loss_fn_inputs={
+            "target_tokens": toks[1:].astype(np.int64), "logprobs": np.full(n, -5.0, dtype=np.float32),
+            "advantages": rng.standard_normal(n).astype(np.float32)}))
+    return out
+
+
+def _client_steps(service: Any, base: str, data: list[Any], args: argparse.Namespace, steps: int) -> int:
+    """One client's ``steps`` steps; returns the tokens it sampled."""
+    from tinker import types
+
+    tc = service.create_lora_training_client(base_model=base, rank=args.rank, seed=args.seed).result()
+    prompt = types.ModelInput.from_ints(data[0].model_input.to_ints()[:8])
+    sampled = 0
+    for _ in range(steps):
+        fb = tc.forward_backward(data, "importance_sampling")
+        opt = tc.optim_step(types.AdamParams(learning_rate=1e-4))
+        fb.result()
+        opt.result()
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        res = sampler.sample(prompt, num_samples=args.samples, sampling_params=types.SamplingParams(
+            max_tokens=args.max_tokens, temperature=1.0, stop=[])).result()
+        sampled += sum(len(s.tokens) for s in res.sequences)
+    return sampled
+
+
+def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    import tinker
+
+    service = tinker.ServiceClient(base_url=url, api_key=args.api_key)
+    caps = httpx.get(f"{url}/api/v1/get_server_capabilities", headers={"X-API-Key": args.api_key}, timeout=30).json()
+    base = caps["supported_models"][0]["model_name"]
+    vocab = int(args.vocab)
+    data = _batch(args, vocab)
+    _client_steps(service, base, data, args, 1)  # warm-up: starts the sampling engine
+    phases: dict[str, dict[str, float]] = {}
+    for n in args.clients:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(n) as pool:
+            sampled = sum(pool.map(lambda _: _client_steps(service, base, data, args, args.steps), range(n)))
+        wall = time.perf_counter() - t0
+        steps = n * args.steps
+        phases[str(n)] = {"wall_s": round(wall, 3), "steps_per_s": round(steps / wall, 4),
+                          "trained_tokens_per_s": round(steps * args.batch * args.seq_len / wall, 1),
+                          "sampled_tokens_per_s": round(sampled / wall, 1)}
+    one = phases.get("1", {}).get("steps_per_s")
+    for p in phases.values():
+        p["steps_per_s_over_one"] = round(p["steps_per_s"] / one, 3) if one else float("nan")
+    service.close("success").result()
+    return {"bench": "tinker", "clients": phases, "steps": args.steps, "batch": args.batch,
+            "seq_len": args.seq_len, "samples": args.samples, "max_tokens": args.max_tokens, "rank": args.rank}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(prog="agentrl bench tinker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", default="1,4,8", help="client counts, one phase each")
+    parser.add_argument("--steps", type=int, default=3, help="steps of each client in a phase")
+    parser.add_argument("--batch", type=int, default=8, help="datums of a forward_backward")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens of a datum")
+    parser.add_argument("--samples", type=int, default=4, help="sequences of a sample")
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens of a sampled sequence")
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank of every client")
+    parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
+    parser.add_argument("--url", default=None, help="a serve-tinker already running (default: start one)")
+    parser.add_argument("--api-key", default=KEY, help="the key sent to --url")
+    parser.add_argument("--vocab", type=int, default=900, help="token ids are drawn below this")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="(accepted: the last line is always JSON)")
+    args = parser.parse_args(argv)
+    args.clients = [int(c) for c in str(args.clients).split(",") if c.strip()]
+    if args.url:
+        res = measure(args, args.url)
+    else:
+        import asyncio
+
+        from agentrl.tools.bench.engine import bench_model
+
+        model = asyncio.run(bench_model(args.model))
+        with scratch_dir(f"agentrl-{NAME}-") as work, _server(model, work) as url:
+            res = measure(args, url)
+    for n, p in res["clients"].items():
+        print(f"{n} client(s): {p['steps_per_s']} steps/s ({p['steps_per_s_over_one']} x one client), "
+              f"{p['trained_tokens_per_s']} trained tokens/s, {p['sampled_tokens_per_s']} sampled tokens/s")
+    print(json.dumps(res))
+    return 0
