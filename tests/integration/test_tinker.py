@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import require
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]  # about 2 minutes in all
 
 KEY_A = "tml-agentrl-test-key-a"
 KEY_B = "tml-agentrl-test-key-b"
