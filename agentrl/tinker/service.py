@@ -134,6 +134,7 @@ class TinkerService:
 
     async def _drop(self, model: Model) -> None:
         self.models.pop(model.model_id, None)
+        self._creating.pop(model.model_id, None)
         await model.sequencer.close()
         await self.run(self.trainer.remove, model.adapter)
 
