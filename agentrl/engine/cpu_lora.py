@@ -32,7 +32,8 @@ under load, 27 us on one; every such region the adapter adds to a step pays that
 It is installed on the CPU build only (:func:`agentrl.engine.vllm_patches.patch_cpu_lora_fast_path`; on CUDA
 vLLM's punica kernels stay), and is switched off with ``AGENTRL_CPU_LORA_FAST=0`` in the engine's environment
 (to compare). Where a call does not fit (another dtype than the slot tensors', a step whose token count differs
-from the mapping's, ``add_inputs=False``), vLLM's own op runs.
+from the mapping's, ``add_inputs=False``), vLLM's own op runs; so it does in any dtype but float32 (the
+engine's dtype on the CPU here), where vLLM keeps the shrunk activations in float32.
 
 This module must import without torch at module level (imported inside the functions).
 """
@@ -233,6 +234,8 @@ def _expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[in
 
 
 def same_dtype(*tensors: Any) -> bool:
-    """Whether every tensor (or the first of every tuple) has the first one's dtype."""
-    dtypes = {(t[0] if isinstance(t, tuple) else t).dtype for t in tensors}
-    return len(dtypes) == 1
+    """Whether every tensor (or the first of every tuple) is float32. In another dtype vLLM's ops keep the
+    shrunk activations in float32 where the fast path would round them to that dtype: vLLM's ops run there."""
+    import torch
+
+    return all((t[0] if isinstance(t, tuple) else t).dtype == torch.float32 for t in tensors)

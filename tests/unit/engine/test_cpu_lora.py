@@ -126,3 +126,16 @@ def test_switch_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not cpu_lora.enabled()
     assert not vllm_patches.patch_cpu_lora_fast_path(force=True)
     assert cpu_lora.enabled({})
+
+
+def test_bfloat16_runs_vllms_op(patched: None) -> None:
+    """Every tensor in bfloat16: vLLM's ops run (they keep the shrunk activations in float32), bit for bit."""
+    w = _wrapper([1, 2], [3, 2])
+    a, b = _stacked(8, 1, HIDDEN, (HIDDEN,))
+    a, b = tuple(t.bfloat16() for t in a), tuple(t.bfloat16() for t in b)
+    x = torch.randn(5, HIDDEN).bfloat16()
+    y0 = torch.randn(5, HIDDEN).bfloat16()
+    want, got = y0.clone(), y0.clone()
+    _orig("add_lora_linear")(w, want, x, a, b, 1.0, (HIDDEN,))
+    w.add_lora_linear(got, x, a, b, 1.0, (HIDDEN,))
+    assert torch.equal(got, want)
