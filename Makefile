@@ -35,6 +35,8 @@ ifeq ($(STACK),cpu)
 else
 	$(UV_PIP) install -q --compile-bytecode -e ".[gpu,dev]"
 endif
+	@# tinker-cookbook's recipes run against `agentrl serve-tinker`; without its deps (pyproject's `tinker` extra says why).
+	$(UV_PIP) install -q --no-deps tinker-cookbook==0.6.1
 	$(PY) -c "import torch, vllm, peft; from transformers import Qwen2ForCausalLM; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	@rm -f $(VENV)/.agentrl-*
 	@touch $@
