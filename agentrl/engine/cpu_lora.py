@@ -137,6 +137,36 @@ class _Serial:
             torch.set_num_threads(self.prev)
 
 
+VIEWS = "_agentrl_slot_views"
+"""The attribute of a layer's first stacked A tensor that keeps, per slot, the transposed views of that slot's
+A and B matrices (views: what an in-place update writes is what the next step reads); tensors that replace
+them (a new slot layout) start without it."""
+
+
+def _slot_views(a_stacked: tuple, b_stacked: tuple, slot: int, output_slices: tuple[int, ...],
+                offset_start: int) -> list[tuple[Any, Any, int, int]]:
+    """``(A^T, B^T, first column, end column)`` per slice of ``slot``, built once per (buffers, slot)."""
+    first = a_stacked[0]
+    cache = first.__dict__.get(VIEWS)
+    key = (slot, offset_start, tuple(output_slices))
+    owners = (*a_stacked, *b_stacked)
+    hit = None if cache is None else cache.get(key)
+    if hit is not None and len(hit[0]) == len(owners) and all(p is q for p, q in zip(hit[0], owners, strict=True)):
+        return hit[1]
+    views, off = [], offset_start
+    for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
+        views.append((a[slot, 0].t(), b[slot, 0, :size].t(), off, off + size))
+        off += size
+    if cache is None:
+        cache = {}
+        try:
+            setattr(first, VIEWS, cache)
+        except (AttributeError, RuntimeError):  # a tensor that takes no attribute: views built per call
+            return views
+    cache[key] = (owners, views)
+    return views
+
+
 def _weights(stacked: Any, g: Groups) -> Any:
     """The step's slots' matrices of one stacked buffer ``(max_loras, 1, rows, cols)``: ``(S, rows, cols)``."""
     if g.span is not None:
@@ -162,11 +192,8 @@ def _lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, 
 
     off = offset_start
     if g.mode == "one":
-        s = g.slot
-        for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
-            h = torch.mm(x, a[s, 0].t())
-            y[:, off:off + size].addmm_(h, b[s, 0, :size].t(), alpha=scale)
-            off += size
+        for a_t, b_t, start, end in _slot_views(a_stacked, b_stacked, g.slot, output_slices, offset_start):
+            y[:, start:end].addmm_(torch.mm(x, a_t), b_t, alpha=scale)
         return
     xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
     for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):

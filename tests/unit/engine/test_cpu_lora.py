@@ -139,3 +139,25 @@ def test_bfloat16_runs_vllms_op(patched: None) -> None:
     _orig("add_lora_linear")(w, want, x, a, b, 1.0, (HIDDEN,))
     w.add_lora_linear(got, x, a, b, 1.0, (HIDDEN,))
     assert torch.equal(got, want)
+
+
+def test_an_inplace_write_and_a_replaced_buffer_are_served(patched: None) -> None:
+    """One slot's views are kept between calls: a write into the slot (the in-place update) is read at the next
+    call, and a slice whose buffer the layer replaced (a new slot layout) is read from the new buffer."""
+    w = _wrapper([2], [6])
+    a, b = _stacked(9, 3, HIDDEN, SLICES)
+    x = torch.randn(6, HIDDEN)
+
+    def served(a: tuple, b: tuple) -> torch.Tensor:
+        y = torch.zeros(6, sum(SLICES))
+        w.add_lora_linear(y, x, a, b, 1.0, SLICES)
+        return y
+
+    def want(a: tuple, b: tuple) -> torch.Tensor:
+        return torch.cat([x @ ai[2, 0].t() @ bi[2, 0].t() for ai, bi in zip(a, b, strict=True)], dim=1)
+
+    served(a, b)
+    a[0][2].mul_(3.0)  # written in place, as the one-copy update writes the slot
+    torch.testing.assert_close(served(a, b), want(a, b), rtol=1e-5, atol=1e-5)
+    moved = (a[0], a[1].clone() * 0.5, a[2])  # slice 1 moved to another buffer, slice 0 (the cache's owner) kept
+    torch.testing.assert_close(served(moved, b), want(moved, b), rtol=1e-5, atol=1e-5)
