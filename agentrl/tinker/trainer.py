@@ -22,12 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentrl.config.trainer import ALL_LINEAR, TrainerConfig
 from agentrl.tinker import losses
 from agentrl.tinker.errors import TinkerUserError
 from agentrl.tinker.wire import WireDatum
+from agentrl.trainer.head import fusable, logprob_head
+from agentrl.trainer.model import MLP_PROJECTIONS
 
-ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
+ATTN = tuple(n for n in ALL_LINEAR if n not in MLP_PROJECTIONS)
+MLP = MLP_PROJECTIONS
+LOGPROB_CHUNK = TrainerConfig.model_fields["logprob_chunk_tokens"].default
+"""Positions of the output layer's chunked log-probability at a time (the trainer's default)."""
 LORA_ALPHA = 32.0
 """peft's ``lora_alpha`` of every adapter: the update is scaled by ``32 / rank`` (1 at the SDK's rank 32)."""
 
@@ -131,8 +136,13 @@ class LoraTrainer:
             ids[i, :n] = torch.from_numpy(d.tokens)
             targets[i, :n] = torch.from_numpy(tt.astype(np.int64))
             mask[i, :n] = 1
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits.float()
-        lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1)
+        ids, mask, targets = ids.to(self.device), mask.to(self.device), targets.to(self.device)
+        if fusable(self.model):  # the output layer returns log p(target) per position, never the B x T x V logits
+            with logprob_head(self.model, targets, torch.ones(targets.shape, device=self.device), LOGPROB_CHUNK):
+                lp = self.model(input_ids=ids, attention_mask=mask).logits[..., 0]
+        else:
+            logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return [lp[i, : len(d.tokens)] for i, d in enumerate(data)]
 
     def forward_backward(self, name: str, data: list[WireDatum], loss_fn: str, config: dict[str, float | str],
