@@ -139,9 +139,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     _run([agentrl, "init-env", "myenv"], cwd=work)
     assert (work / "myenv.py").is_file() and (work / "test_myenv.py").is_file()
     assert "class Myenv" in (work / "myenv.py").read_text()
-    assert "--help" in _run([agentrl, "serve-policy", "--help"], cwd=work).stdout
+    for command in ("serve-policy", "serve-tinker", "export"):
+        assert "--help" in _run([agentrl, command, "--help"], cwd=work).stdout, command
     imported = _run([str(py), "-c", IMPORT_ALL, str(site)], cwd=work, timeout=300).stdout.split()
-    for name in ("agentrl.cli", "agentrl.http.policy", "agentrl.tools.scaffold", "agentrl.envs.swe", "agentrl.sandbox"):
+    for name in ("agentrl.cli", "agentrl.http.policy", "agentrl.tools.scaffold", "agentrl.envs.swe", "agentrl.sandbox",
+                 "agentrl.tinker.app", "agentrl.engine.cpu_lora", "agentrl.launch.export"):
         assert name in imported
     assert not [n for n in imported if n.startswith("agentrl.envs.swe.repos")]
     # The SWE environment finds its repositories (package data) inside the installed package.
