@@ -62,6 +62,25 @@ async def _proto_body(request: Request) -> bytes:
     return raw
 
 
+def _int_param(request: Request, name: str, default: int) -> int:
+    """Query parameter ``name`` as an int; anything else is a :class:`TinkerUserError`."""
+    raw = request.query_params.get(name)
+    try:
+        return default if raw is None else int(raw)
+    except ValueError as e:
+        raise TinkerUserError(f"{request.url.path}: {name}={raw!r} is not an integer") from e
+
+
+def _listing_params(request: Request) -> None:
+    """Refuse what a listing cannot honour: an ``access_scope`` other than ``owned``/``accessible`` (both mean the
+    key's own here; nothing is shared) and a ``project_id`` (this server has no projects)."""
+    scope = request.query_params.get("access_scope", "owned")
+    if scope not in ("owned", "accessible"):
+        raise TinkerUserError(f"access_scope {scope!r}: 'owned' or 'accessible'")
+    if request.query_params.get("project_id"):
+        raise TinkerUserError("project_id: this server has no projects; list without it")
+
+
 def _settled(fut: Future) -> Response:
     if fut.error is not None:
         return JSONResponse({"error": fut.error, "category": fut.category})
@@ -113,6 +132,7 @@ def build_app(svc: TinkerService, sampling: Sampling, keys: Keys, *, session_ttl
 
     _service_routes(app, svc, sampling, owner)
     _training_routes(app, svc, sampling, owner)
+    _run_routes(app, svc, owner)
     return app
 
 
@@ -239,3 +259,34 @@ def _training_routes(app: FastAPI, svc: TinkerService, sampling: Sampling, owner
     async def asample(request: Request) -> dict[str, Any]:
         who = owner(request)
         return _future(sampling.asample(who, await _body(request, t.SampleRequest)))
+
+
+def _run_routes(app: FastAPI, svc: TinkerService, owner: Any) -> None:
+    """The REST client's listings: training runs and their checkpoints (:mod:`agentrl.tinker.runs`)."""
+
+    @app.get("/api/v1/training_runs")
+    async def list_training_runs(request: Request) -> dict[str, Any]:
+        who = owner(request)
+        _listing_params(request)
+        return svc.runs.page(who, _int_param(request, "limit", 20), _int_param(request, "offset", 0),
+                             svc.last_requests(who))
+
+    @app.get("/api/v1/training_runs/{run_id}")
+    async def get_training_run(run_id: str, request: Request) -> dict[str, Any]:
+        who = owner(request)
+        _listing_params(request)
+        return svc.training_run(who, run_id)
+
+    @app.get("/api/v1/training_runs/{run_id}/checkpoints")
+    async def list_checkpoints(run_id: str, request: Request) -> dict[str, Any]:
+        return svc.runs.list_checkpoints(owner(request), run_id)
+
+    @app.delete("/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
+    async def delete_checkpoint(run_id: str, checkpoint_id: str, request: Request) -> dict[str, Any]:
+        svc.runs.delete(owner(request), run_id, checkpoint_id)
+        return {}
+
+    @app.get("/api/v1/checkpoints")
+    async def list_user_checkpoints(request: Request) -> dict[str, Any]:
+        who = owner(request)
+        return svc.runs.user_checkpoints(who, _int_param(request, "limit", 100), _int_param(request, "offset", 0))

@@ -3,12 +3,14 @@
 A path is ``tinker://{model_id}/weights/{name}`` (``save_state``/``save_weights``: the adapter with its
 optimizer state) or ``tinker://{model_id}/sampler_weights/{name}`` (``save_weights_for_sampler``: the
 adapter only), as the SDK parses them. On disk: ``{dir}/checkpoints/{owner}/{model_id}/{kind}/{name}/``
-with a ``meta.json`` naming its owner, so a checkpoint survives a restart and only its owner can load it."""
+with a ``meta.json`` naming its owner, so a checkpoint survives a restart and only its owner can load it.
+``{dir}/checkpoints/{owner}/{model_id}/run.json`` describes the training run (:mod:`agentrl.tinker.runs`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +33,15 @@ class Checkpoint:
     dir: Path
 
     def meta(self) -> dict[str, Any]:
+        """Its ``meta.json`` (empty when it is missing or unreadable)."""
         try:
             return json.loads((self.dir / "meta.json").read_text())
         except (OSError, ValueError):
             return {}
+
+    def size_bytes(self) -> int:
+        """The bytes of its files."""
+        return sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
 
 
 def _check_name(name: str) -> str:
@@ -50,7 +57,33 @@ class Checkpoints:
         self.root = root
 
     def _dir(self, owner: str, model_id: str, kind: str, name: str) -> Path:
-        return self.root / owner / model_id.replace(":", "_") / kind / name
+        return self.run_dir(owner, model_id) / kind / name
+
+    def run_dir(self, owner: str, model_id: str) -> Path:
+        """The directory of ``model_id``'s checkpoints (and its ``run.json``); :class:`TinkerNotFound` for an id
+        no model can have."""
+        if not _RUN.match(model_id):
+            raise TinkerNotFound(f"no training run {model_id!r} for this API key")
+        return self.root / owner / model_id.replace(":", "_")
+
+    def of_run(self, owner: str, model_id: str) -> list[Checkpoint]:
+        """The complete checkpoints of ``model_id`` that ``owner`` saved, oldest first."""
+        out: list[tuple[float, Checkpoint]] = []
+        for kind in KINDS:
+            kind_dir = self.run_dir(owner, model_id) / kind
+            for sub in sorted(kind_dir.iterdir()) if kind_dir.is_dir() else []:
+                ckpt = Checkpoint(f"tinker://{model_id}/{kind}/{sub.name}", model_id, kind, sub.name, sub)
+                meta = ckpt.meta()
+                if meta.get("owner") == owner and meta.get("path") == ckpt.path:
+                    out.append((float(meta.get("created", 0.0)), ckpt))
+        return [c for _, c in sorted(out, key=lambda tc: (tc[0], tc[1].path))]
+
+    def delete(self, path: str, owner: str) -> None:
+        """Remove ``owner``'s checkpoint at ``path``: its ``meta.json`` first (from then on it is not found),
+        then its files."""
+        ckpt = self.find(path, owner)
+        (ckpt.dir / "meta.json").unlink(missing_ok=True)
+        shutil.rmtree(ckpt.dir, ignore_errors=True)
 
     def new(self, owner: str, model_id: str, kind: str, name: str, *, overwrite: bool = True) -> Checkpoint:
         """Where checkpoint ``name`` of ``model_id`` goes (its directory is not made yet)."""

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from agentrl.tinker.checkpoints import Checkpoints
 from agentrl.tinker.errors import TinkerError, TinkerGone, TinkerNotFound, TinkerUserError
 from agentrl.tinker.futures import Future, Futures
+from agentrl.tinker.runs import Runs
 from agentrl.tinker.sequencer import Sequencer
 from agentrl.tinker.trainer import LoraSpec, LoraTrainer, read_spec
 from agentrl.tinker.wire import forward_backward_output, parse_forward_backward
@@ -51,6 +52,9 @@ class Model:
     sampler_saves: int = 0
     live_path: str | None = None
     """The model's latest sampler checkpoint, which its live engine adapter serves (updated in place)."""
+    user_metadata: dict[str, Any] | None = None
+    """What the client created it with (kept in the run's ``run.json``)."""
+    last_request: float = field(default_factory=time.time)
 
     @property
     def live_adapter(self) -> str:
@@ -70,6 +74,7 @@ class TinkerService:
         self.max_context = max_context
         self.gap_timeout_s = gap_timeout_s
         self.futures = Futures()
+        self.runs = Runs(checkpoints)
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Model] = {}
         self._creating: dict[str, Future] = {}
@@ -146,7 +151,7 @@ class TinkerService:
         return m
 
     def _new_model(self, owner: str, session_id: str, model_seq_id: int, base_model: str | None,
-                   spec: LoraSpec) -> Model:
+                   spec: LoraSpec, user_metadata: dict[str, Any] | None = None) -> Model:
         self.session(owner, session_id)
         if base_model is not None and base_model != self.model_name:
             raise TinkerUserError(f"base model {base_model!r}: this server serves {self.model_name!r} only")
@@ -156,7 +161,7 @@ class TinkerService:
             raise TinkerUserError(f"model {model_id} exists already (model_seq_id {model_seq_id} was used)")
         self._adapters += 1
         model = Model(model_id, owner, session_id, f"m{self._adapters}", spec,
-                      Sequencer(self.futures, model_id, gap_timeout_s=self.gap_timeout_s))
+                      Sequencer(self.futures, model_id, gap_timeout_s=self.gap_timeout_s), user_metadata=user_metadata)
         self.models[model_id] = model
         return model
 
@@ -170,7 +175,8 @@ class TinkerService:
                         train_unembed=lora.train_unembed) if lora is not None else LoraSpec()
         if getattr(req.optimizer_config, "type", "adamw") != "adamw":
             raise TinkerUserError(f"optimizer {req.optimizer_config.type!r}: this server trains with AdamW only")
-        model = self._new_model(owner, req.session_id, req.model_seq_id, req.base_model, spec)
+        model = self._new_model(owner, req.session_id, req.model_seq_id, req.base_model, spec,
+                                getattr(req, "user_metadata", None))
         fut = self.futures.create(owner, "create_model")
         fut.extra["model_id"] = model.model_id
         self._creating[key] = fut
@@ -183,6 +189,8 @@ class TinkerService:
         """Add ``model``'s adapter, then run ``then``; a failure forgets the model. Its requests wait for this."""
         try:
             await self.run(self.trainer.add, model.adapter, model.spec)
+            self.runs.record(model.owner, model.model_id, base_model=self.model_name, spec=model.spec,
+                             user_metadata=model.user_metadata)
             await then()
         except Exception as e:
             model.failed = str(e)
@@ -190,6 +198,14 @@ class TinkerService:
             raise
         finally:
             model.ready.set()
+
+    def last_requests(self, owner: str) -> dict[str, float]:
+        """When each of ``owner``'s loaded models last took a request."""
+        return {m.model_id: m.last_request for m in self.models.values() if m.owner == owner}
+
+    def training_run(self, owner: str, model_id: str) -> dict[str, Any]:
+        """``GET /api/v1/training_runs/{id}``: the SDK's ``TrainingRun`` (a run of an earlier server too)."""
+        return self.runs.get(owner, model_id, last_request=self.last_requests(owner).get(model_id))
 
     def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
         m = self.model(owner, model_id)
@@ -202,6 +218,7 @@ class TinkerService:
                  work: Callable[[Model, Future], Awaitable[None]]) -> Future:
         """Queue ``work`` on the model's sequencer at ``seq_id``."""
         model = self.model(owner, model_id)
+        model.last_request = time.time()
 
         async def job(fut: Future) -> None:
             await model.ready.wait()
@@ -276,6 +293,7 @@ class TinkerService:
             return self.ordered(owner, req.model_id, req.seq_id, "load_weights", load)
         if req.session_id is None or req.model_seq_id is None:
             raise TinkerUserError("load_weights: give model_id and seq_id, or session_id and model_seq_id")
-        model = self._new_model(owner, req.session_id, req.model_seq_id, req.base_model, read_spec(ckpt.dir))
+        model = self._new_model(owner, req.session_id, req.model_seq_id, req.base_model, read_spec(ckpt.dir),
+                                getattr(req, "user_metadata", None))
         fut = self.futures.create(owner, "load_weights")
         return self.spawn(fut, partial(self._make, model, partial(load, model, fut)))

@@ -342,3 +342,50 @@ def test_a_restart_continues_a_run_exactly(server: Server) -> None:
     server.start()
     resumed = _client(server).create_training_client_from_state_with_optimizer(path).result()
     assert _steps(resumed, _datum(), "cross_entropy", 2) == uninterrupted
+
+
+def test_the_rest_client_lists_runs_and_checkpoints_across_a_restart(server: Server) -> None:
+    """The SDK's RestClient: a LoRA run created with user_metadata, one save_state and one sampler save; the run
+    answers its metadata, rank and latest checkpoints by tinker path, lists both checkpoints, is not found for
+    another key, and answers the same after the server was killed and started again on the same --dir; a deleted
+    checkpoint is gone."""
+    import tinker
+
+    sc = _client(server)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4, seed=8,
+                                        user_metadata={"renderer_name": "role_colon"}).result()
+    state = tc.save_state("rest-state").result().path
+    sampler = tc.save_weights_for_sampler("rest-sampler").result().path
+
+    def check(rest) -> None:
+        run = rest.get_training_run_by_tinker_path(state).result()
+        assert run.training_run_id == tc.model_id and run.base_model == "tiny" and run.is_lora
+        assert run.user_metadata == {"renderer_name": "role_colon"} and run.lora_rank == 4
+        assert run.model_owner and KEY_A not in run.model_owner
+        assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state
+        assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == sampler
+        listed = rest.list_checkpoints(tc.model_id).result().checkpoints
+        assert {(c.checkpoint_type, c.tinker_path) for c in listed} == {("training", state), ("sampler", sampler)}
+        assert all(c.size_bytes and c.size_bytes > 0 for c in listed)
+        runs = rest.list_training_runs(limit=100).result()
+        assert tc.model_id in {r.training_run_id for r in runs.training_runs}
+        assert runs.cursor.total_count >= len(runs.training_runs)
+        mine = rest.list_user_checkpoints(limit=100).result().checkpoints
+        assert {state, sampler} <= {c.tinker_path for c in mine}
+        other = _client(server, KEY_B).create_rest_client()
+        with pytest.raises(tinker.NotFoundError):
+            other.get_training_run(tc.model_id).result()
+        with pytest.raises(tinker.NotFoundError):
+            other.list_checkpoints(tc.model_id).result()
+        with pytest.raises(tinker.NotFoundError):
+            other.delete_checkpoint_from_tinker_path(state).result()
+        assert tc.model_id not in {r.training_run_id for r in other.list_training_runs(limit=100).result().training_runs}
+
+    check(sc.create_rest_client())
+    server.kill()
+    server.start()
+    rest = _client(server).create_rest_client()
+    check(rest)
+    rest.delete_checkpoint_from_tinker_path(sampler).result()
+    assert [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == [state]
+    assert rest.get_training_run(tc.model_id).result().last_sampler_checkpoint is None
