@@ -9,7 +9,11 @@ the sampling engine first, unmeasured.
 
 Per count: ``steps_per_s`` (client steps over the phase's wall time), ``trained_tokens_per_s``,
 ``sampled_tokens_per_s``, and ``steps_per_s_over_one`` (against the one-client phase of the same run: what
-sharing one trainer and one engine among N clients gives). The last line is one JSON object.
+sharing one trainer and one engine among N clients gives). Then, with the server stopped, the same workload
+on agentrl's own trainer and engine calls in this process (:mod:`agentrl.tools.bench.tinker_direct`; skip
+with ``--no-direct``): ``api_overhead`` per count is how much longer the API took for the same steps
+(``direct steps/s / API steps/s - 1``), and ``publish_engine_ms_p50`` the engine's time of an in-place
+adapter publish. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -37,14 +41,15 @@ KEY = "tml-agentrl-bench-key"
 
 
 @contextlib.contextmanager
-def _server(model: str, work: Path) -> Iterator[str]:
+def _server(model: str, work: Path, args: argparse.Namespace) -> Iterator[str]:
     """``agentrl serve-tinker`` on ``model`` in its own process group, until the block ends."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     log = (work / "server.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-tinker", "--model", model, "--model-name",
-                             "bench", "--port", str(port), "--dir", str(work / "state")],
+                             "bench", "--port", str(port), "--dir", str(work / "state"),
+                             "--max-adapters", str(args.max_adapters), "--max-rank", str(args.max_rank)],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -140,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=4, help="sequences of a sample")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens of a sampled sequence")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank of every client")
+    parser.add_argument("--max-adapters", type=int, default=4, help="engine LoRA slots (serve-tinker --max-adapters)")
+    parser.add_argument("--max-rank", type=int, default=32, help="the engine's largest rank (serve-tinker --max-rank)")
+    parser.add_argument("--no-direct", action="store_true",
+                        help="skip the same workload on agentrl's own trainer and engine calls (the API's baseline)")
     parser.add_argument("--model", default=None, help="model directory (default: the embedded tiny model)")
     parser.add_argument("--url", default=None, help="a serve-tinker already running (default: start one)")
     parser.add_argument("--api-key", default=KEY, help="the key sent to --url")
@@ -156,10 +165,24 @@ def main(argv: list[str] | None = None) -> int:
         from agentrl.tools.bench.engine import bench_model
 
         model = asyncio.run(bench_model(args.model))
-        with scratch_dir(f"agentrl-{NAME}-") as work, _server(model, work) as url:
-            res = measure(args, url)
+        with scratch_dir(f"agentrl-{NAME}-") as work:
+            with _server(model, work, args) as url:
+                res = measure(args, url)
+            if not args.no_direct:  # after the server is gone: the two never share the machine
+                from agentrl.tools.bench.tinker_direct import measure_direct, wire_batch
+
+                direct = asyncio.run(measure_direct(args, model, work / "direct",
+                                                    wire_batch(_batch(args, int(args.vocab)))))
+                res["direct"] = direct
+                for n, p in res["clients"].items():
+                    d = direct["clients"][n]
+                    p["api_overhead"] = round(d["steps_per_s"] / p["steps_per_s"] - 1, 4)
     for n, p in res["clients"].items():
+        extra = f", the API adds {p['api_overhead']:+.1%} over agentrl's own calls" if "api_overhead" in p else ""
         print(f"{n} client(s): {p['steps_per_s']} steps/s ({p['steps_per_s_over_one']} x one client), "
-              f"{p['trained_tokens_per_s']} trained tokens/s, {p['sampled_tokens_per_s']} sampled tokens/s")
+              f"{p['trained_tokens_per_s']} trained tokens/s, {p['sampled_tokens_per_s']} sampled tokens/s{extra}")
+    if res.get("direct"):
+        print(f"agentrl's own calls: {res['direct']['clients']}; in-place publish engine_ms p50 "
+              f"{res['direct']['publish_engine_ms_p50']} over {res['direct']['publishes']} publishes")
     print(json.dumps(res))
     return 0
