@@ -190,6 +190,7 @@ TRAIN = (
     Flag("mode"),
     Flag("pipeline.max_staleness"),
     Flag("sampling.temperature"),
+    Flag("sampling.max_context_tokens"),
     Flag("seed"),
     Flag("trainer.lr"),
     Flag("trainer.lora", "--full", switch=False,
@@ -209,6 +210,7 @@ EVAL = (
     Flag("eval_tasks", "--tasks"),
     Flag("eval_tasks_split", "--tasks-split"),
     Flag("task_columns", "--task-column", parse=task_columns, metavar="FIELD=COLUMN"),
+    Flag("sampling.max_context_tokens"),
 )
 """``agentrl eval``: settings of :class:`agentrl.config.run.RunConfig`."""
 

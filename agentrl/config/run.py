@@ -29,6 +29,7 @@ from agentrl.config.presets import deep_update, is_embedded_model, preset_for, s
 from agentrl.config.sync import AutoSync, Served, TransportConfig, WeightSyncConfig, refusal, settle
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig, TrainerSettings
+from agentrl.config.window import check_window, given_windows, model_window
 from agentrl.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -57,7 +58,9 @@ class SamplingConfig(Section):
     """Drop tokens less likely than ``min_p`` times the most likely one; 0 disables. Recorded and replayed as
     for ``top_p``."""
     max_context_tokens: int = Field(2048, ge=16)
-    """Prompt plus completion may not exceed this many tokens (the engine's max_model_len)."""
+    """Prompt plus completion may not exceed this many tokens (the engine's max_model_len). Default: the
+    model directory's window (``max_position_embeddings``), or for the embedded tiny model its environment
+    preset's (``calc``: 1024); one of the two window settings given sizes the other too."""
     max_parse_errors: int = Field(3, ge=1)
     """Consecutive turns with only malformed tool calls before the episode stops (parse_error)."""
 
@@ -372,6 +375,14 @@ class RunConfig(Section):
         return min(self.sampling.max_context_tokens, self.inference.max_model_len)
 
     @property
+    def micro_batch_budget(self) -> int:
+        """The trainer's token budget of one forward/backward: ``trainer.micro_batch_tokens`` when set, else the
+        larger of its default and the run's window (:attr:`context_tokens`), so that a micro-batch holds at least
+        one whole episode of a long window (SmolLM2's 8,192) without being told."""
+        budget = self.trainer.micro_batch_tokens
+        return budget if "micro_batch_tokens" in self.trainer.model_fields_set else max(budget, self.context_tokens)
+
+    @property
     def serves_adapter(self) -> bool:
         """The engines serve the trained policy from a LoRA slot: the transport serves an adapter (before the
         config is resolved, ``auto`` of a LoRA run counts as one: it chooses the slots wherever they serve)."""
@@ -399,8 +410,9 @@ class RunConfig(Section):
         transport settled (``auto`` chosen, and every choice checked against the model: :func:`~agentrl.config.
         sync.settle`); the context lengths agree; a full-weight run's own engines serve no LoRA adapters unless ``inference.enable_lora``
         is set explicitly, and start vLLM's NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``;
-        the trainer takes the run's ``seed`` unless ``trainer.seed`` is set, and a learning-rate decay that
-        names no end ends at the run's last optimizer step. Assigning to the result raises
+        the trainer takes the run's ``seed`` unless ``trainer.seed`` is set, its token budget holds one whole
+        episode unless ``trainer.micro_batch_tokens`` is set (:attr:`micro_batch_budget`), and a learning-rate
+        decay that names no end ends at the run's last optimizer step. Assigning to the result raises
         :class:`~agentrl.config.base.FrozenConfigError`; :meth:`with_changes` makes a changed one."""
         if self.is_frozen:
             return self
@@ -417,6 +429,8 @@ class RunConfig(Section):
         if cfg.pipeline.weight_sync.transport == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = cfg.context_tokens
+        if cfg.micro_batch_budget != cfg.trainer.micro_batch_tokens:  # at least one whole episode, unless set
+            cfg.trainer.micro_batch_tokens = cfg.micro_batch_budget
         out = cfg.frozen()
         out.__pydantic_private__["_settings"] = self.thawed()  # type: ignore[index]  # what it resolved from
         return out
@@ -445,7 +459,7 @@ class RunConfig(Section):
         """Why this config cannot train correctly (empty: it can). Checked before a run starts."""
         out = self.sampling.training_problems()
         context = self.context_tokens
-        if context > self.trainer.micro_batch_tokens:
+        if context > self.micro_batch_budget:
             out.append(f"sampling.max_context_tokens = {context} is more than trainer.micro_batch_tokens = "
                        f"{self.trainer.micro_batch_tokens}: an episode of that length would not fit one "
                        "forward/backward's token budget; lower the context or raise the budget")
@@ -544,6 +558,13 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     A full-weight run (``trainer.lora = false``) that sets no ``trainer.lr`` gets a full-weight learning rate
     from the preset layer instead of the LoRA one (see :func:`~agentrl.config.presets.preset_for`).
 
+    The window (``inference.max_model_len``, ``sampling.max_context_tokens``) of a model directory that is not
+    the embedded tiny model is its own (``max_position_embeddings``), not the preset's, unless the file, the
+    flags or ``beneath`` give one; one window setting given sizes both, in a layer over ``beneath``'s when the
+    file or the flags give it (:func:`~agentrl.config.window.model_window`). A window setting in the file or
+    the flags beyond the model's raises
+    :class:`~agentrl.config.window.WindowTooLong`, naming the file's setting or the flag.
+
     An invalid or unknown setting raises :class:`~agentrl.config.errors.ConfigValidationError` (a
     ``ValueError``), one line per problem naming the setting, the value and where to fix it (``flags``: the
     command-line flag of each dotted setting, for those messages)."""
@@ -557,6 +578,12 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     given = deep_update(described, clean)
     trainer = given.get("trainer")
     full_weights = isinstance(trainer, dict) and trainer.get("lora") is False
-    embedded = is_embedded_model(given.get("model", DEFAULT_MODEL)) or given.get("model", DEFAULT_MODEL) == DEFAULT_MODEL
-    merged = deep_update(deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), described), clean)
+    model = str(given.get("model", DEFAULT_MODEL))
+    embedded = is_embedded_model(model) or model == DEFAULT_MODEL
+    check_window(model, given_windows(data), file=path)
+    check_window(model, given_windows(clean), names=flags)
+    windows = {**given_windows(data), **given_windows(clean)} or given_windows(beneath)
+    window = model_window(model, windows) if windows or not embedded else {}  # the embedded model: its preset's
+    merged = deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), beneath or {})
+    merged = deep_update(deep_update(deep_update(merged, window), data), clean)
     return validate(RunConfig, merged, file=path, file_data=data, overrides=clean, flags=flags)

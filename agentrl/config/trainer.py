@@ -150,7 +150,8 @@ class TrainerSettings(Section):
     micro_batch_tokens: int = Field(4096, ge=1)
     """Token budget of one forward/backward, which bounds its activation memory: the length of one packed
     row (``packing``), or padded ``batch * max_len``. A sample longer than this is refused (a run checks
-    ``sampling.max_context_tokens`` against it before it starts)."""
+    ``sampling.max_context_tokens`` against it before it starts). A run that does not set it takes the larger
+    of this default and its window, so that one whole episode fits (``RunConfig.micro_batch_budget``)."""
     logprob_chunk_tokens: int = Field(1024, ge=0)
     """Positions whose logits exist at once while the trainer scores tokens: the output layer and the
     log-softmax run fused, this many positions at a time, and keep one number per position instead of the

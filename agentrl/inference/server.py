@@ -79,7 +79,11 @@ KV_SEQUENCES = 128
 def kv_cache_gib(cfg: VLLMServerConfig) -> int:
     """The CPU build's KV-cache size in GiB: ``cfg.cpu_kvcache_gb``, or room for ``KV_SEQUENCES`` sequences of
     ``cfg.max_model_len`` tokens of ``cfg.model`` (its layers, KV heads and head size, in the engine's dtype),
-    at least 1 GiB and at most a quarter of the machine's memory (1 GiB for a model whose config is unknown)."""
+    at most a quarter of the machine's memory, and at least 1 GiB and one whole sequence of ``max_model_len``
+    tokens, which vLLM refuses to start without (1 GiB for a model whose config is unknown). SmolLM2-135M in
+    float32 takes 45 KiB a token: its 8,192-token window wants 45 GiB for 128 sequences, so a 24 GB machine
+    (23.5 GiB) gives it its quarter in whole GiB, 5 (14 whole windows of 0.35 GiB; a calc episode is a few
+    hundred tokens), as it does a 1,024-token window."""
     if cfg.cpu_kvcache_gb is not None:
         return cfg.cpu_kvcache_gb
     shape = read_shape(cfg.model)
@@ -87,9 +91,9 @@ def kv_cache_gib(cfg: VLLMServerConfig) -> int:
         return 1
     per_token = shape.kv_elements_per_token()
     width = 4 if engine_dtype(cfg.dtype, cfg.model) in ("float32", "float") else 2
-    need = per_token * width * cfg.max_model_len * KV_SEQUENCES / 2**30
+    sequence = per_token * width * cfg.max_model_len / 2**30
     quarter = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / 2**30
-    return int(max(1, min(math.ceil(need), quarter)))
+    return int(max(1, math.ceil(sequence), min(math.ceil(sequence * KV_SEQUENCES), quarter)))
 
 
 def _importable(qualname: str) -> bool:

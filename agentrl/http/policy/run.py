@@ -14,13 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.policy import DEFAULT_CONTEXT_TOKENS, PolicyConfig
-from agentrl.core.errors import AgentRLError, ConfigError
-from agentrl.core.shape import read_window
+from agentrl.config.window import WindowTooLong, check_window, given_windows, model_window, window_tables
+from agentrl.core.errors import AgentRLError
 from agentrl.http.auth import generate_token
 from agentrl.http.policy.service import PolicyService
 from agentrl.http.serve import bind_socket, bind_unix_socket, url_of
 
 log = logging.getLogger("agentrl.http.policy")
+
+__all__ = ["EndpointStartError", "WindowTooLong", "serve_policy", "serving", "window_settings"]
 
 TOKEN_ENV = "AGENTRL_POLICY_TOKEN"
 """Environment variable holding the policy endpoint's token (when ``--token`` is not given)."""
@@ -32,27 +34,18 @@ class EndpointStartError(AgentRLError, RuntimeError):
     code = "policy.endpoint_start"
 
 
-class WindowTooLong(ConfigError, ValueError):
-    """``--max-context-tokens`` asks for more than the model directory's window (``max_position_embeddings``)."""
-
-    code = "config.policy_window"
-
-
 def window_settings(given: int | None, model: str, described: dict[str, Any] | None = None) -> dict[str, Any]:
     """The window of the engines ``agentrl serve-policy`` serves, as config tables: ``given``
     (``--max-context-tokens``); else none when a saved policy ``described`` its own (its layer holds it); else
     the model directory's ``max_position_embeddings``; else ``DEFAULT_CONTEXT_TOKENS`` (never an environment
-    preset's). Raises `WindowTooLong` when ``given`` exceeds the model's window."""
-    declared = read_window(model)
-    if given is not None and declared is not None and given > declared:
-        raise WindowTooLong(f"--max-context-tokens {given} is more than the window of {model} "
-                            f"(max_position_embeddings = {declared}); give at most {declared}")
-    trained = described or {}
-    if given is None and ("max_context_tokens" in trained.get("sampling", {})
-                          or "max_model_len" in trained.get("inference", {})):
+    preset's, even for the embedded tiny model). Raises `WindowTooLong` when ``given`` exceeds the model's
+    window (the rule of :mod:`agentrl.config.window`, which ``train`` and ``eval`` share)."""
+    setting = "sampling.max_context_tokens"
+    asked = {setting: given} if given is not None else {}
+    check_window(model, asked, names={setting: "--max-context-tokens"})
+    if given is None and given_windows(described):
         return {}
-    window = given if given is not None else declared if declared is not None else DEFAULT_CONTEXT_TOKENS
-    return {"inference": {"max_model_len": window}, "sampling": {"max_context_tokens": window}}
+    return model_window(model, asked) or window_tables(DEFAULT_CONTEXT_TOKENS)
 
 
 @contextlib.asynccontextmanager

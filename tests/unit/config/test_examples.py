@@ -17,5 +17,8 @@ def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
     assert cfg.trainer.lora and cfg.trainer.lr == 2e-4 and cfg.trainer.lr_schedule == "cosine"
     assert set(cfg.trainer.lora_target_modules) >= {"q_proj", "o_proj", "gate_proj", "down_proj"}
     assert cfg.inference.dtype == "float32"
+    # the window it was measured with, set in the file: not SmolLM2's own 8,192
+    assert (cfg.inference.max_model_len, cfg.sampling.max_context_tokens, cfg.resolved().trainer.micro_batch_tokens) == (
+        1024, 1024, 4096)
     # the adapter merged into the served weights each step (the engine generates faster without one on a CPU)
     assert cfg.transport.transport == "merged" and not cfg.serves_adapter and cfg.skip_uniform_groups

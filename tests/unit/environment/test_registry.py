@@ -64,12 +64,12 @@ def test_cli_flag_set_is_pinned() -> None:
          "--tasks-split", "--eval-tasks", "--eval-tasks-split", "--task-column",
          "--env-url", "--time-limit-min", "--mode", "--max-staleness", "--temperature", "--resume",
          "--print-config", "--inference-gpus", "--trainer-gpus", "--dry-run", "--agent", "--agent-reward", "--agent-image", "--full", "--report-to", "--seed",
-         "--lr",
+         "--lr", "--max-context-tokens",
          "--verbose", "-v"]
     )
     assert flags["eval"] == sorted(
         ["--env", "--config", "--model", "--tool-parser", "--chat-template", "--adapter", "--n", "--temperature", "--tasks",
-         "--tasks-split", "--task-column",
+         "--tasks-split", "--task-column", "--max-context-tokens",
          "--endpoint", "--policy", "--verbose", "-v"]
     )
     assert flags["doctor"] == sorted(["--model", "--tool-parser", "--chat-template", "--json"])

@@ -59,6 +59,8 @@ def test_the_cpu_kv_cache_is_sized_from_the_model(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(engine.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096}.get(name, 16 * 2**30 // 4096))
     assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 8192})) == 4
     assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 16})) == 1
+    # never less than one whole sequence, which vLLM needs to start: 200,000 tokens are 8.6 GiB
+    assert engine.kv_cache_gib(cfg.model_copy(update={"max_model_len": 200_000})) == 9
     assert engine.kv_cache_gib(VLLMServerConfig(model="org/hub-model")) == 1
 
 

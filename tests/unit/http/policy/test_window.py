@@ -11,8 +11,9 @@ from agentrl.config import flags
 from agentrl.config.errors import ConfigValidationError
 from agentrl.config.policy import DEFAULT_CONTEXT_TOKENS, PolicyConfig, load_policy_config
 from agentrl.config.run import load_config
+from agentrl.config.window import WindowTooLong
 from agentrl.core.shape import read_window
-from agentrl.http.policy.run import WindowTooLong, window_settings
+from agentrl.http.policy.run import window_settings
 
 
 def _model(directory: Path, config: object) -> str:
@@ -36,7 +37,11 @@ def test_the_model_window_beats_the_calc_preset(tmp_path: Path) -> None:
     window = window_settings(None, model)
     assert window == {"inference": {"max_model_len": 8192}, "sampling": {"max_context_tokens": 8192}}
     assert load_config(None, {"model": model, **window}).context_tokens == 8192
-    assert load_config(None, {"model": model}).context_tokens == 1024  # calc's preset, what serve-policy used
+    assert load_config(None, {"model": model}).context_tokens == 8192  # train and eval: the same rule
+    tiny = _model(tmp_path / "tiny", {"max_position_embeddings": 2048})
+    (tmp_path / "tiny" / "agentrl_model.json").write_text(json.dumps({"config": {"shape": "tiny"}}))
+    assert window_settings(None, tiny)["sampling"] == {"max_context_tokens": 2048}  # never calc's preset here
+    assert load_config(None, {"model": tiny}).context_tokens == 1024  # a run on the embedded model: calc's
 
 
 def test_a_given_window_and_a_saved_policys(tmp_path: Path) -> None:
