@@ -2,8 +2,11 @@
 
 SmolLM2-135M does not add two numbers up to 100 (``math_rl``'s arithmetic reward stays at zero correct), so a
 short supervised warm-up on conversations of the recipe's own shape (its few-shot pair, then the question, then
-the bare sum) gives reinforcement learning something to improve. Run it, then pass the file as
-``chat_sl.train dataset=FILE``::
+the bare sum) gives reinforcement learning something to improve (docs/tinker.md).
+
+.. doc-test: repo
+
+Run it from the repository root, then pass the file as ``chat_sl.train dataset=FILE``::
 
     python examples/tinker_arithmetic_data.py --out runs/arithmetic.jsonl --n 4000 --seed 0
 """
