@@ -187,6 +187,37 @@ async def test_the_example_agents_end_an_episode_the_model_never_answers(tmp_pat
     assert row.num_turns >= 4, "the model's every call was answered and the episode ran to the agent's limit"
 
 
+# what the model samples after the opening a forced tool call puts in the prompt (`<tool_call>\n{"name":`)
+FORCED_CALCULATE = ' "calculate", "arguments": {"expression": "6 * 7"}}\n</tool_call>'
+FORCED_FINAL_ANSWER = ' "final_answer", "arguments": {"answer": "42"}}\n</tool_call>'
+
+
+async def test_the_smolagents_example_answers_with_its_final_answer_tool(tmp_path: Path) -> None:
+    """smolagents' ToolCallingAgent forces a tool call on every turn (``tool_choice: "required"``) and answers by
+    calling its ``final_answer`` tool: the episode runs its calculator, is recorded (one row per call) and is not
+    failed; calc's reward scores it 0 even when the answer is right, since the last assistant turn is a tool
+    call, not text."""
+    pytest.importorskip("smolagents", reason="smolagents is not installed (pip install 'agentrl[dev]')")
+    from tests.unit.http.policy.scripted import scripted_chat
+
+    chat = scripted_chat()
+    engine = Scripted(chat, [FORCED_CALCULATE, FORCED_FINAL_ANSWER])
+    # smolagents' own prompt is long: the scripted tokenizer's 400 tokens make it thousands
+    service = PolicyService(PolicyConfig(port=0, token="x" * 32, max_context_tokens=32768), engine, chat)
+    async with serving(service, "x" * 32) as url:
+        command = [sys.executable, str(EXAMPLES / "smolagents_agent.py")]
+        runner = BlackBoxRunner(AgentConfig(command=command, timeout_s=60), service, url, CalcEnv, SamplingConfig())
+        rows = await runner.run_group(TASK, 1)
+    assert not any(r.failed for r in rows), [r.error for r in rows]
+    # smolagents sends its call back as assistant text ("Calling tools: [...]") and the result as a user message
+    # ("Observation: ..."): the second call rewrites the first's history, so it starts a row of its own
+    assert len(engine.prompts) == 2 and len(rows) == 2 and all(r.completion_ids for r in rows)
+    first, second = (chat.tokenizer.decode(p) for p in engine.prompts)
+    assert first.endswith('<tool_call>\n{"name":') and "What is 6 * 7?" in first
+    assert "42" not in first and "42" in second, "the calculator's result reached the model"
+    assert [r.reward for r in rows] == [0.0] * len(rows)
+
+
 async def test_an_evaluation_view_samples_at_its_own_temperature_beside_training(chat: ChatFormat,
                                                                                  tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
