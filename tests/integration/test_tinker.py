@@ -330,6 +330,25 @@ def test_bench_tinker_runs_clients_side_by_side(server: Server) -> None:
         assert phase["steps_per_s"] > 0 and phase["sampled_tokens_per_s"] > 0  # 2 samples of 4 tokens per step
 
 
+def test_bench_tinker_direct_phase_runs_the_same_steps_on_agentrl_calls(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The bench's baseline: the same client steps on agentrl's own trainer and engine calls, every step's
+    adapter copied into its engine slot in place (a publish per step and client, with the engine's time)."""
+    import argparse
+    import asyncio
+
+    from agentrl.tools.bench.tinker_api import _batch
+    from agentrl.tools.bench.tinker_direct import measure_direct, wire_batch
+
+    args = argparse.Namespace(clients=[1, 2], steps=2, batch=2, seq_len=16, samples=2, max_tokens=4, rank=4,
+                              max_rank=8, max_adapters=2, vocab=900, seed=0)
+    res = asyncio.run(measure_direct(args, str(tiny_model_dir), tmp_path, wire_batch(_batch(args, args.vocab))))
+    assert set(res["clients"]) == {"1", "2"}
+    for phase in res["clients"].values():
+        assert phase["steps_per_s"] > 0 and phase["sampled_tokens_per_s"] > 0
+    assert res["publishes"] == (1 + 2) * args.steps  # every timed step of every client updated its slot in place
+    assert 0 < res["publish_engine_ms_p50"] < 1000
+
+
 def test_a_restart_continues_a_run_exactly(server: Server) -> None:
     """save_state, SIGKILL the server, start it again on the same --dir:
     create_training_client_from_state_with_optimizer takes the next step exactly as the uninterrupted run did."""
