@@ -22,15 +22,7 @@ from agents import Agent, ModelSettings, Runner, function_tool, set_default_open
 from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 from blackbox_agent import calculate as evaluate  # the calculator of blackbox_agent.py, next to this file
 
-
-@function_tool
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
-
-    Args:
-        expression: numbers with + - * / and parentheses, e.g. "23 + 3 * 12".
-    """
-    return evaluate(expression)
+calculate = function_tool(evaluate)  # its name, docstring and type hints describe the tool to the model
 
 
 async def main() -> int:

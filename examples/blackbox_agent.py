@@ -31,7 +31,11 @@ OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast
 
 
 def calculate(expression: str) -> str:
-    """+ - * / and parentheses on numbers, nothing else."""
+    """Evaluate an arithmetic expression and return the result.
+
+    Args:
+        expression: numbers with + - * / and parentheses, e.g. "23 + 3 * 12".
+    """
     def ev(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value

@@ -22,15 +22,7 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import ValidationError
 
-
-@tool
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
-
-    Args:
-        expression: numbers with + - * / and parentheses, e.g. "23 + 3 * 12".
-    """
-    return evaluate(expression)
+calculate = tool(evaluate)  # its name, docstring and type hints describe the tool to the model
 
 
 def main() -> int:

@@ -21,15 +21,7 @@ from blackbox_agent import calculate as evaluate  # the calculator of blackbox_a
 from smolagents import OpenAIModel, ToolCallingAgent, tool
 from smolagents.monitoring import LogLevel
 
-
-@tool
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
-
-    Args:
-        expression: numbers with + - * / and parentheses, e.g. "23 + 3 * 12".
-    """
-    return evaluate(expression)
+calculate = tool(evaluate)  # its name, docstring and type hints describe the tool to the model
 
 
 def main() -> int:

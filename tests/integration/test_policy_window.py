@@ -3,11 +3,13 @@ environment preset's (calc's 1,024): a prompt between the two is answered."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,21 @@ def _serve(model: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "agentrl.cli", "serve-policy", "--model", str(model), "--port", "0",
                              "--token", TOKEN, *extra],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+@contextlib.contextmanager
+def serving(model: Path, *extra: str) -> Iterator[str]:
+    """``agentrl serve-policy`` on ``model`` until the block ends: its URL; a clean block also checks that it
+    stops cleanly on SIGTERM, and it is killed (its process group) whatever happens."""
+    proc = _serve(model, *extra)
+    try:
+        yield _url(proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _url(proc: subprocess.Popen) -> str:
@@ -57,18 +74,9 @@ def test_serve_policy_serves_the_models_window(tiny_model_dir: Path) -> None:
     import httpx
 
     prompt = _long_prompt(tiny_model_dir, 1300, 1900)  # more than calc's 1,024, less than the model's 2,048
-    proc = _serve(tiny_model_dir)
-    try:
-        url = _url(proc)
-        with httpx.Client(timeout=600) as h:
-            ep = h.post(f"{url}/v1/episodes", json={}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
-            r = h.post(f"{ep['base_url']}/chat/completions", headers={"Authorization": f"Bearer {ep['api_key']}"},
-                       json={"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4})
+    with serving(tiny_model_dir) as url, httpx.Client(timeout=600) as h:
+        ep = h.post(f"{url}/v1/episodes", json={}, headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        r = h.post(f"{ep['base_url']}/chat/completions", headers={"Authorization": f"Bearer {ep['api_key']}"},
+                   json={"model": "x", "messages": [{"role": "user", "content": prompt}], "max_tokens": 4})
         assert r.status_code == 200, r.text
         assert 1300 <= r.json()["usage"]["prompt_tokens"] < 1900
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

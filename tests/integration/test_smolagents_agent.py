@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_policy_window import TOKEN, _serve, _url
+from tests.integration.test_policy_window import TOKEN, serving
 from tests.integration.test_real_model import ROOT, smollm2_dir, smollm2_gguf  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.long]
@@ -109,9 +108,7 @@ def calc_tasks(n: int) -> list[dict[str, Any]]:
 @pytest.mark.timeout(2400)
 def test_smolagents_tool_calling_agent_runs_through_serve_policy_on_smollm2(smollm2: Path, tmp_path: Path) -> None:
     pytest.importorskip("smolagents", reason="smolagents is not installed (pip install 'agentrl[agents]')")
-    proc = _serve(smollm2, "--chat-template", "hermes")
-    try:
-        url = _url(proc)
+    with serving(smollm2, "--chat-template", "hermes") as url:
         for i, task in enumerate(calc_tasks(2)):
             ep = run_episode(url, {k: v for k, v in task.items() if k != "answer"}, tmp_path / str(i))
             assert ep["rc"] == 0, ep["stderr"]
@@ -126,9 +123,3 @@ def test_smolagents_tool_calling_agent_runs_through_serve_policy_on_smollm2(smol
             assert rows and sum(r["calls"] for r in rows) == len(calls), trajectory
             assert all(r["completion_ids"] and any(r["loss_mask"]) for r in rows)
             assert all(len(r["logprobs"]) == len(r["completion_ids"]) == len(r["loss_mask"]) for r in rows)
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
