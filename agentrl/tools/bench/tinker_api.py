@@ -8,7 +8,7 @@ updated in place) and ``sample`` (``--samples`` sequences of ``--max-tokens``). 
 the sampling engine first, unmeasured.
 
 Per count: ``steps_per_s`` (client steps over the phase's wall time), ``trained_tokens_per_s``,
-``sampled_tokens_per_s``, and ``steps_per_s_over_one`` (against the one-client phase of the same run: what
+``sampled_tokens_per_s`` (in all, and per client: ``per_client_...``), and ``steps_per_s_over_one`` (against the one-client phase of the same run: what
 sharing one trainer and one engine among N clients gives). Then, with the server stopped, the same workload
 on agentrl's own trainer and engine calls in this process (:mod:`agentrl.tools.bench.tinker_direct`; skip
 with ``--no-direct``): ``api_overhead`` per count is how much longer the API took for the same steps
@@ -88,6 +88,17 @@ def _batch(args: argparse.Namespace, vocab: int) -> list[Any]:
     return out
 
 
+def phase(args: argparse.Namespace, clients: int, wall: float, sampled: int) -> dict[str, float]:
+    """One phase's figures: steps/s, trained (``forward_backward`` + ``optim_step``) and sampled tokens/s, in
+    all and per client."""
+    steps = clients * args.steps
+    trained = steps * args.batch * args.seq_len
+    return {"wall_s": round(wall, 3), "steps_per_s": round(steps / wall, 4),
+            "trained_tokens_per_s": round(trained / wall, 1), "sampled_tokens_per_s": round(sampled / wall, 1),
+            "per_client_trained_tokens_per_s": round(trained / wall / clients, 1),
+            "per_client_sampled_tokens_per_s": round(sampled / wall / clients, 1)}
+
+
 def _client_steps(service: Any, base: str, data: list[Any], args: argparse.Namespace, steps: int) -> int:
     """One client's ``steps`` steps; returns the tokens it sampled."""
     from tinker import types
@@ -122,10 +133,7 @@ def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         with ThreadPoolExecutor(n) as pool:
             sampled = sum(pool.map(lambda _: _client_steps(service, base, data, args, args.steps), range(n)))
         wall = time.perf_counter() - t0
-        steps = n * args.steps
-        phases[str(n)] = {"wall_s": round(wall, 3), "steps_per_s": round(steps / wall, 4),
-                          "trained_tokens_per_s": round(steps * args.batch * args.seq_len / wall, 1),
-                          "sampled_tokens_per_s": round(sampled / wall, 1)}
+        phases[str(n)] = phase(args, n, wall, sampled)
     one = phases.get("1", {}).get("steps_per_s")
     for p in phases.values():
         p["steps_per_s_over_one"] = round(p["steps_per_s"] / one, 3) if one else float("nan")

@@ -75,6 +75,7 @@ async def measure_direct(args: Any, model: str, work: Path, data: list[Any]) -> 
     from agentrl.tinker.run import context_of
     from agentrl.tinker.sampler import SlotSampler
     from agentrl.tinker.trainer import LoraTrainer
+    from agentrl.tools.bench.tinker_api import phase
 
     window = context_of(TinkerConfig(model=model))  # the engine serve-tinker starts: same slots, ranks, window
     trainer = await asyncio.to_thread(LoraTrainer, Path(model), max_rank=args.max_rank)
@@ -89,10 +90,7 @@ async def measure_direct(args: Any, model: str, work: Path, data: list[Any]) -> 
             t0 = time.perf_counter()
             sampled = sum(await asyncio.gather(*(direct.client(args.steps) for _ in range(n))))
             wall = time.perf_counter() - t0
-            steps = n * args.steps
-            phases[str(n)] = {"wall_s": round(wall, 3), "steps_per_s": round(steps / wall, 4),
-                              "trained_tokens_per_s": round(steps * args.batch * args.seq_len / wall, 1),
-                              "sampled_tokens_per_s": round(sampled / wall, 1)}
+            phases[str(n)] = phase(args, n, wall, sampled)
         ms = direct.engine_ms
         return {"clients": phases, "publish_engine_ms_p50": round(statistics.median(ms), 3) if ms else None,
                 "publishes": len(ms)}
