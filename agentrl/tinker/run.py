@@ -3,7 +3,6 @@ SIGTERM. The sampling engine starts on the first sampling request and stops with
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,12 @@ class TinkerExtraMissing(ConfigError, ImportError):
 
 def context_of(cfg: TinkerConfig) -> int:
     """The window served: ``max_model_len``, else the model's ``max_position_embeddings`` (at most 4096)."""
+    from agentrl.core.shape import read_window
+
     if cfg.max_model_len is not None:
         return cfg.max_model_len
-    try:
-        positions = json.loads((Path(cfg.model) / "config.json").read_text()).get("max_position_embeddings")
-    except (OSError, ValueError):
-        positions = None
-    return min(int(positions), DEFAULT_CONTEXT) if positions else 2048
+    positions = read_window(cfg.model)
+    return min(positions, DEFAULT_CONTEXT) if positions else 2048
 
 
 def build(cfg: TinkerConfig) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 from agentrl.tinker.checkpoints import Checkpoint, Checkpoints
 from agentrl.tinker.errors import TinkerNotFound, TinkerUserError
-from agentrl.tinker.trainer import LoraSpec
+from agentrl.tinker.trainer import LoraSpec, read_spec
 
 RUN_FILE = "run.json"
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
@@ -86,8 +86,8 @@ class Runs:
             raise TinkerNotFound(f"no training run {model_id!r} for this API key")
         newest = ckpts[-1]
         try:
-            rank = json.loads((newest.dir / "lora_spec.json").read_text()).get("rank")
-        except (OSError, ValueError):
+            rank: int | None = read_spec(newest.dir).rank
+        except (OSError, ValueError, TypeError):
             rank = None
         meta = newest.meta()
         return {"model_id": model_id, "owner": owner, "base_model": meta.get("base_model", ""),
