@@ -410,6 +410,7 @@ class RunConfig(Section):
         transport settled (``auto`` chosen, and every choice checked against the model: :func:`~agentrl.config.
         sync.settle`); the context lengths agree; a full-weight run's own engines serve no LoRA adapters unless ``inference.enable_lora``
         is set explicitly, and start vLLM's NCCL weight-transfer engine when ``pipeline.weight_sync = "nccl"``;
+        a LoRA run's engines wrap only the layers its adapter trains (``inference.lora_target_modules``);
         the trainer takes the run's ``seed`` unless ``trainer.seed`` is set, its token budget holds one whole
         episode unless ``trainer.micro_batch_tokens`` is set (:attr:`micro_batch_budget`), and a learning-rate
         decay that names no end ends at the run's last optimizer step. Assigning to the result raises
@@ -426,6 +427,8 @@ class RunConfig(Section):
             cfg.inference.max_lora_rank = max(cfg.inference.max_lora_rank, engine_lora_rank(cfg.trainer.lora_rank))
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
+        if cfg.trainer.lora and "lora_target_modules" not in cfg.inference.model_fields_set:
+            cfg.inference.lora_target_modules = list(cfg.trainer.lora_target_modules)  # the layers it trains
         if cfg.pipeline.weight_sync.transport == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = cfg.context_tokens

@@ -255,6 +255,8 @@ class VLLMServer:
         cmd.append("--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching")
         if c.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(c.max_lora_rank), "--max-loras", str(c.max_loras)]
+            if c.lora_target_modules:
+                cmd += ["--lora-target-modules", *c.lora_target_modules]
         if not cpu_build():
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         elif self._worker_in_engine_core():

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from agentrl.config.inference import VLLMServerConfig, engine_lora_rank
+from agentrl.config.trainer import ALL_LINEAR
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer
 from agentrl.tinker.errors import TinkerError, TinkerUserError
@@ -150,6 +151,7 @@ class SlotSampler:
         cfg = VLLMServerConfig(model=str(model_dir), served_model_name=BASE, dtype="float32",
                                max_model_len=max_model_len or 2048, enable_lora=True,
                                max_lora_rank=engine_lora_rank(max_rank), max_loras=max_adapters,
+                               lora_target_modules=list(ALL_LINEAR),  # what a client's adapter can cover
                                extra_args=["--max-cpu-loras", str(max_adapters * 2)])
         server = VLLMServer(cfg, log_dir or state_dir / "logs")
         await asyncio.to_thread(server.start)

@@ -88,7 +88,8 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     fast: float | None = None
     server = {"model": model, "dtype": "float32", "max_model_len": 1024, "enable_lora": not merged}
     if not merged:
-        server.update(max_lora_rank=engine_lora_rank(args.adapter_rank), max_loras=len(adapters))
+        server.update(max_lora_rank=engine_lora_rank(args.adapter_rank), max_loras=len(adapters),
+                      lora_target_modules=list(ALL_LINEAR))
     with scratch_dir("agentrl-bench-adapter-") as work:
         async with engine_url(args.endpoint, work, **server) as url:
             chat = await asyncio.to_thread(load_chat_format, model, "hermes", args.chat_template)

@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
                                max_lora_rank=engine_lora_rank(args.rank),
-                               max_loras=2, startup_timeout_s=900)
+                               max_loras=2, lora_target_modules=list(targets), startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
             res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets))
     if args.model:

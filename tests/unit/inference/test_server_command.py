@@ -83,3 +83,26 @@ def test_the_cpu_build_runs_its_worker_in_the_engine_core(tmp_path: Path, monkey
     assert backend(VLLMServer(VLLMServerConfig(model=model, tensor_parallel_size=2), tmp_path)) == (None, None)
     monkeypatch.setattr(engine, "cpu_build", lambda: False)  # a GPU build chooses by itself
     assert backend(VLLMServer(VLLMServerConfig(model=model), tmp_path)) == (None, None)
+
+
+def test_a_lora_runs_engines_wrap_the_layers_its_adapter_trains(tmp_path: Path) -> None:
+    from agentrl.config.run import load_config
+
+    def targets(cfg: VLLMServerConfig) -> list[str] | None:
+        cmd = VLLMServer(cfg, tmp_path).build_command()
+        if "--lora-target-modules" not in cmd:
+            return None
+        i = cmd.index("--lora-target-modules") + 1
+        return cmd[i:next((j for j in range(i, len(cmd)) if cmd[j].startswith("--")), len(cmd))]
+
+    slots = {"env": "calc", "trainer": {"lora_train_embedding": False, "lora_target_modules": ["q_proj", "v_proj"]}}
+    cfg = load_config(None, slots).resolved()
+    assert cfg.inference.lora_target_modules == ["q_proj", "v_proj"]
+    assert targets(cfg.server_config()) == ["q_proj", "v_proj"]
+    # set in [inference], it is kept; a full-weight run that asks for LoRA serving wraps what vLLM can
+    mine = load_config(None, {**slots, "inference": {"lora_target_modules": ["o_proj"]}}).resolved()
+    assert targets(mine.server_config()) == ["o_proj"]
+    full = load_config(None, {"env": "calc", "trainer": {"lora": False}, "inference": {"enable_lora": True}})
+    assert full.resolved().inference.lora_target_modules is None and targets(full.resolved().server_config()) is None
+    # an engine without LoRA gets no target list
+    assert targets(VLLMServerConfig(model="m", enable_lora=False, lora_target_modules=["q_proj"])) is None
