@@ -183,12 +183,14 @@ class TrainerProcess:
         raise self._fail(f"{what} ({self.connect_timeout_s:.0f}s timeout)")
 
     def _recv(self, timeout_s: float, what: str) -> Reply:
-        assert self._conn is not None
+        conn = self._conn  # close() may drop it from another thread: this wait then ends with an error
+        if conn is None:
+            raise self._fail(f"trainer connection closed while {what}")
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if self._conn.poll(0.5):
-                    msg = self._conn.recv()
+                if conn.poll(0.5):
+                    msg = conn.recv()
                     if not isinstance(msg, Reply):
                         raise self._fail(f"unexpected message from the trainer while {what}: {msg!r:.200}")
                     return msg
@@ -220,11 +222,17 @@ class TrainerProcess:
             raise TrainerError(f"trainer op {op!r} failed: {reply.error}", reply.traceback)
         return reply
 
-    def close(self, timeout_s: float = 30.0) -> int | None:
-        """Ask the workers to shut down; SIGTERM then SIGKILL the process group if they do not."""
+    def close(self, timeout_s: float = 30.0, busy_wait_s: float = 5.0) -> int | None:
+        """Ask the workers to shut down; SIGTERM then SIGKILL the process group if they do not. While an op is
+        in flight (a run interrupted during a training step: its thread holds the connection until the reply)
+        the workers are not asked, which would wait for the whole op: the connection is closed, and the process
+        group gets ``busy_wait_s`` to exit before it is stopped."""
         if self.proc is None:
             return None
-        if self.alive and self._conn is not None:
+        idle = self._lock.acquire(timeout=1.0)
+        if idle:
+            self._lock.release()
+        if idle and self.alive and self._conn is not None:
             try:
                 self.request(Shutdown(), timeout_s=timeout_s)
             except TrainerError:
@@ -233,7 +241,7 @@ class TrainerProcess:
             self._conn.close()
             self._conn = None
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s if idle else busy_wait_s)
         except subprocess.TimeoutExpired:
             self._kill()
         release_process(self.proc.pid)

@@ -8,6 +8,7 @@ import dataclasses
 import pickle
 import re
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -149,3 +150,48 @@ def test_a_request_without_a_handler_is_answered_and_the_worker_keeps_serving(
     assert "Traceback" in first.traceback
     assert second == m.Reply(2, ok=True, result={"optimizer_step": 9})
     assert third == m.Reply(3, ok=True)
+
+
+class _Process:
+    """A stand-in for the torchrun process: alive until waited for, and records the waits it got."""
+
+    pid, returncode = -1, 0
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def poll(self) -> int | None:
+        return 0 if self.waits else None
+
+    def wait(self, timeout: float) -> int:
+        self.waits.append(timeout)
+        return 0
+
+
+def test_close_during_a_step_does_not_wait_for_the_step(world: None, tmp_path: Path) -> None:
+    """A run interrupted during a training step: the op's thread holds the connection until its reply, so
+    ``close`` does not queue a shutdown behind it; it drops the connection (the op's wait ends with an error)
+    and gives the process its short wait."""
+    ours, theirs = Pipe()
+    tp = TrainerProcess(TrainerConfig(model_path="m"), tmp_path)
+    proc = _Process()
+    tp.proc, tp._conn = cast(Any, proc), cast(Connection, ours)
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            tp.request(m.Train([SAMPLE], 1), timeout_s=60)
+        except TrainerError as e:
+            errors.append(e)
+
+    op = threading.Thread(target=step)
+    op.start()
+    assert isinstance(theirs.recv(), m.Call), "the step reached the worker, which never answers"
+    t0 = time.monotonic()
+    assert tp.close(timeout_s=30, busy_wait_s=0.5) == 0
+    op.join(5)
+    assert not op.is_alive() and time.monotonic() - t0 < 10
+    assert proc.waits == [0.5], "the short wait, no shutdown request behind the step"
+    assert len(errors) == 1 and "while running op 'train'" in str(errors[0])
+    with pytest.raises(EOFError):  # the connection's end, and no Shutdown before it
+        theirs.recv()
