@@ -129,7 +129,9 @@ class ControlServer:
         ok = bool(workers) and all(isinstance(w, dict) and w.get("ok") for w in workers)
         t1 = time.perf_counter()
         if ok:
-            ops = label_and_reset(self.core, str(msg.get("version") or ""), str(msg.get("reset") or ""))
+            # an in-place copy labels its adapter (where labels are kept per adapter); a merge, the whole engine
+            adapter = str(msg["kwargs"].get("adapter") or "") if msg["method"] == "agentrl_update_lora" else ""
+            ops = label_and_reset(self.core, str(msg.get("version") or ""), str(msg.get("reset") or ""), adapter)
             out.update(version_set=ops["version_set"], prefix_reset=ops["prefix_reset"])
         elif msg.get("pause_on_failure"):
             vllm_patches.pause_core(self.core)

@@ -53,10 +53,12 @@ def install_in_worker(outcome: Installed | None = None) -> Installed:
         return outcome
     outcome.attempted = True
     try:
+        from agentrl.engine.adapter_labels import forget_lora_id
         from agentrl.engine.adapter_plan import RELEASE_HOOKED, release_slot
         from agentrl.engine.capture import RouterTap
 
-        vllm_patches.install_patches(REGISTRY, STATS, RouterTap.attach, [release_slot])
+        vllm_patches.install_patches(REGISTRY, STATS, RouterTap.attach, [release_slot],
+                                     [lambda _manager, lora_id: forget_lora_id(REGISTRY, lora_id)])
         RELEASE_HOOKED[0] = True
     except VLLMVersionRefused as exc:
         outcome.refused = exc

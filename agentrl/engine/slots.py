@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.engine import vllm_patches
+from agentrl.engine import adapter_labels, vllm_patches
 from agentrl.engine.adapter_plan import (
     AdapterNotLoaded,
     CopyPlan,
@@ -27,12 +27,19 @@ from agentrl.engine.install import REGISTRY, STATS
 from agentrl.weight_sync.worker_io import attach_segment, failure_of
 
 
-def label_and_reset(core: Any, version: str, reset: str) -> dict[str, Any]:
+def label_and_reset(core: Any, version: str, reset: str, adapter: str = "") -> dict[str, Any]:
     """On the in-process engine core ``core``: label the served weights ``version`` (if given) and reset the
     prefix cache (``reset``: "1", or "running": also preempt running requests; "": no reset). Reports
-    ``version_set``, ``prefix_reset`` (vLLM's success flag) and ``reset_ms``."""
+    ``version_set``, ``prefix_reset`` (vLLM's success flag) and ``reset_ms``.
+
+    ``adapter``: the LoRA adapter (name or int id) whose weights were just replaced in place; where the API
+    server reads per-adapter labels (:mod:`agentrl.engine.adapter_labels`) the label is that adapter's alone,
+    else (and without ``adapter``, or for an id of no known name) it is the engine-wide one."""
     t0 = time.perf_counter()
-    if version:
+    name = adapter_labels.adapter_name(adapter, REGISTRY) if version and adapter_labels.enabled() else ""
+    if name:
+        adapter_labels.set_label(core, name, version)
+    elif version:
         core.set_weight_version(version)
     ok = bool(core.reset_prefix_cache(reset_running_requests=reset == "running")) if reset else False
     return {"version_set": bool(version), "prefix_reset": ok, "reset_ms": (time.perf_counter() - t0) * 1e3}
@@ -81,15 +88,16 @@ class SlotsMixin:
                                "tensors": len(plan.src), "copies": copies, "version_set": False,
                                "prefix_reset": False}
         if weight_version or reset_prefix_cache:
-            out.update(self._agentrl_engine_core_ops(weight_version, reset_prefix_cache))
+            out.update(self._agentrl_engine_core_ops(weight_version, reset_prefix_cache, adapter))
         return out
 
-    def _agentrl_engine_core_ops(self, version: str, reset: str) -> dict[str, Any]:
-        """Set the weight version / reset the prefix cache on the engine core when it is in this process
-        (in-process executor: a caller of this method, found on the stack; atomic with the copy). Workers in
-        processes of their own (tensor parallelism, or the ``mp`` backend) return {} and the caller uses HTTP."""
+    def _agentrl_engine_core_ops(self, version: str, reset: str, adapter: str = "") -> dict[str, Any]:
+        """Set the weight version (``adapter``'s own, where labels are kept per adapter) / reset the prefix
+        cache on the engine core when it is in this process (in-process executor: a caller of this method,
+        found on the stack; atomic with the copy). Workers in processes of their own (tensor parallelism, or
+        the ``mp`` backend) return {} and the caller uses HTTP (the engine-wide label)."""
         core = self._agentrl_core()
-        return {} if core is None else label_and_reset(core, version, reset)
+        return {} if core is None else label_and_reset(core, version, reset, adapter)
 
     def _agentrl_core(self) -> Any:
         cached = getattr(self, "_agentrl_core_ref", None)

@@ -39,6 +39,11 @@ Monkeypatches, installed once per worker process by :func:`install_patches`:
    once per step) and replaces its ``add_lora_linear``, ``add_shrink`` and ``add_expand`` with plain and
    batched GEMMs on the same stacked slot tensors (:mod:`agentrl.engine.cpu_lora`, which says where vLLM's
    torch ops lose their time); a call that does not fit runs vLLM's own op.
+18. :func:`patch_lora_removal` (wrapped): ``LoRAModelManager.deactivate_adapter``, which vLLM calls only when an
+   adapter leaves the manager (``remove_adapter``: an unload or a reload from its file; an eviction from the
+   CPU cache of adapters, whose callback it is), first hands the manager and the adapter's id to agentrl: the
+   adapter forgets its own weight label (:mod:`agentrl.engine.adapter_labels`). Installed before any manager is
+   built: the CPU cache keeps the bound method it was built with.
 7. :func:`patch_router_tap`: wraps ``GPUModelRunner.load_model`` and ``CPUModelRunner.load_model`` so that,
    once the model is loaded and before vLLM compiles it, every MoE router's capture hook
    (``BaseRouter.set_capture_fn``, vLLM's own hook for its routed-experts capturer) writes its top-k ids into
@@ -96,6 +101,10 @@ Private-API lookups (nothing patched; called by the extension when it needs them
     queue). The local control socket (:mod:`agentrl.engine.control`) runs the hot weight-sync sequence this
     way, without the API server and its HTTP round trips; :func:`pause_core` freezes generation where a merge
     failed half-way.
+19. :func:`wrap_weight_version_attach` (a per-instance wrap of the in-process engine core, once an adapter has
+    a weight label of its own): ``EngineCore._attach_weight_version``, which puts the engine-wide label on every
+    step's ``EngineCoreOutputs.weight_version``, puts there the composite of it and the adapters' labels
+    instead (:mod:`agentrl.engine.adapter_labels`); with no adapter labelled it leaves vLLM's string as is.
 
 Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, one worker in the engine core):
 
@@ -106,6 +115,10 @@ Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, o
     all). The API server has computed nothing at that point, so no OpenMP pool is inherited; the engine core
     binds its threads itself (``init_cpu_threads_env``) as before. Not with worker processes of their own
     (tensor parallelism, or ``mp``): those fork from the engine core, which has computed.
+20. :func:`patch_request_labels`: wraps ``RequestState.track_weight_version`` (``v1/engine/output_processor.py``),
+    which turns each step's weight label into the request's ``weight_versions`` spans, so that a request reads
+    from a composite label the label of the adapter it names (``RequestState.lora_name``), else the
+    engine-wide one (:func:`agentrl.engine.adapter_labels.label_for`); a plain label passes through unchanged.
 
 This module must import without vLLM (the launcher imports the extension outside a worker): vLLM and
 msgspec are imported inside the functions.
@@ -166,9 +179,11 @@ def check_vllm_version(running: str | None = None, allow: str | None = None) -> 
 
 def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float],
                     attach_router_tap: Callable[[Any], Any],
-                    release_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
-    """Install the monkeypatches (1-3, 7, 8, 14, 15, 17; idempotent) in a vLLM worker process, after the version check.
-    ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released (patch 14).
+                    release_hooks: list[Callable[[Any, int], None]] | None = None,
+                    removal_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
+    """Install the monkeypatches (1-3, 7, 8, 14, 15, 17, 18; idempotent) in a vLLM worker process, after the
+    version check. ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released
+    (patch 14); ``removal_hooks``: the same, before an adapter leaves the manager (patch 18).
 
     ``registry`` (lora_name -> (lora_int_id, lora_path)) and ``stats`` (``file_loads``,
     ``last_file_load_ms``) are the extension's dicts, filled by the hooks; ``attach_router_tap(runner)`` taps a
@@ -178,6 +193,7 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     check_vllm_version()
     patch_lora_worker_manager(registry, stats)
     patch_lora_slot_release(release_hooks if release_hooks is not None else [])
+    patch_lora_removal(removal_hooks if removal_hooks is not None else [])
     patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
     patch_cpu_seeded_chunks()
@@ -203,6 +219,28 @@ def patch_lora_slot_release(hooks: list[Callable[[Any, int], None]]) -> None:
 
     _deactivate_adapter._agentrl_hook = True  # type: ignore[attr-defined]
     LoRAModelManager._deactivate_adapter = _deactivate_adapter  # type: ignore[method-assign]
+
+
+@_uses("patch", Target("vllm.lora.model_manager", "LoRAModelManager.deactivate_adapter"),
+       Target("vllm.lora.model_manager", "LoRAModelManager.remove_adapter"),
+       Target("vllm.lora.model_manager", "LoRAModelManager._registered_adapters", instance=True))
+def patch_lora_removal(hooks: list[Callable[[Any, int], None]]) -> None:
+    """Patch 18 (idempotent): every hook of ``hooks`` is called with (manager, adapter id) before vLLM removes
+    that adapter from the manager; see the module docstring."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    deactivate = LoRAModelManager.deactivate_adapter
+    if getattr(deactivate, "_agentrl_hook", False):
+        return
+
+    def deactivate_adapter(self: Any, adapter_id: int) -> bool:
+        for hook in hooks:
+            hook(self, adapter_id)
+        return deactivate(self, adapter_id)
+
+    deactivate_adapter._agentrl_hook = True  # type: ignore[attr-defined]
+    deactivate_adapter._agentrl_original = deactivate  # type: ignore[attr-defined]
+    LoRAModelManager.deactivate_adapter = deactivate_adapter  # type: ignore[method-assign]
 
 
 @_uses("patch", Target(_WM, "WorkerLoRAManager._load_adapter"), Target(_WM, "WorkerLoRAManager.list_adapters"),
@@ -749,6 +787,26 @@ def pause_core(core: Any) -> None:
     core.pause_scheduler(mode="keep", clear_cache=False)
 
 
+@_uses("wrap", Target(_CORE, "EngineCore._attach_weight_version"), Target(_CORE, "EngineCore.get_weight_version"),
+       Target("vllm.v1.engine", "EngineCoreOutputs.weight_version"))
+def wrap_weight_version_attach(core: Any, composite: Callable[[str], str]) -> None:
+    """Wrap 19 (idempotent): ``core`` labels each step's outputs ``composite(engine-wide label)`` instead of the
+    engine-wide label; a step with no outputs is left as vLLM leaves it."""
+    original = core._attach_weight_version
+    if getattr(original, "agentrl_labels", False):
+        return
+
+    def attach(outputs: dict[int, Any]) -> None:
+        original(outputs)
+        if outputs:
+            label = composite(core.get_weight_version())
+            for eco in outputs.values():
+                eco.weight_version = label
+
+    attach.agentrl_labels = True  # type: ignore[attr-defined]
+    core._attach_weight_version = attach
+
+
 # -- the API server (agentrl.engine.serve) ---------------------------------------------------------------------
 
 _SERVE = "vllm.entrypoints.launchers.api_server.entry"
@@ -776,6 +834,25 @@ def patch_cpu_engine_core_fork() -> None:
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # the CLI set-up would choose spawn when unset
 
 
+@_uses("patch", Target("vllm.v1.engine.output_processor", "RequestState.track_weight_version"),
+       Target("vllm.v1.engine.output_processor", "RequestState.lora_name", instance=True))
+def patch_request_labels(pick: Callable[[str, str | None], str]) -> None:
+    """Patch 20 (idempotent): each request tracks ``pick(step label, its adapter name or None)`` as its weight
+    label (:func:`agentrl.engine.adapter_labels.label_for`); see the module docstring."""
+    from vllm.v1.engine.output_processor import RequestState
+
+    track = RequestState.track_weight_version
+    if getattr(track, "_agentrl_hook", False):
+        return
+
+    def track_weight_version(self: Any, weight_version: str) -> None:
+        track(self, pick(weight_version, self.lora_name))
+
+    track_weight_version._agentrl_hook = True  # type: ignore[attr-defined]
+    track_weight_version._agentrl_original = track  # type: ignore[attr-defined]
+    RequestState.track_weight_version = track_weight_version  # type: ignore[method-assign]
+
+
 @_uses("lookup", Target(_SERVE, "main"))
 def run_api_server() -> None:
     """vLLM's OpenAI-compatible API server, reading ``sys.argv`` (the module ``python -m
@@ -788,9 +865,9 @@ def run_api_server() -> None:
 __all__ = [
     "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
     "finish_weight_load", "hook_core_requests", "install_patches", "load_weight_bucket", "lora_adapter_manager",
-    "model_config",
-    "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_slot_release", "patch_lora_worker_manager",
-    "patch_moe_reload_prepack", "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings",
-    "run_api_server",
-    "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core", "wrap_runner_step",
+    "model_config", "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_removal",
+    "patch_lora_slot_release", "patch_lora_worker_manager", "patch_moe_reload_prepack", "patch_request_labels",
+    "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings", "run_api_server", "runner_model",
+    "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core", "wrap_runner_step",
+    "wrap_weight_version_attach",
 ]
