@@ -199,3 +199,38 @@ def test_patch_18_hands_every_removal_to_the_hooks() -> None:
         assert seen == [3]
     finally:
         LoRAModelManager.deactivate_adapter = original  # type: ignore[method-assign]
+
+
+def test_over_the_control_socket_an_inplace_copy_labels_its_adapter_and_a_merge_the_engine(
+        per_adapter: None) -> None:
+    import asyncio
+
+    from agentrl.engine.control import ControlServer
+    from agentrl.weight_sync.control import ControlLink
+    from tests.unit.weight_sync.test_control import FakeCore
+
+    class Core(FakeCore):
+        def get_weight_version(self) -> str:
+            return self.version
+
+        def _attach_weight_version(self, outputs: dict[int, Any]) -> None:
+            for eco in outputs.values():
+                eco.weight_version = self.version
+
+    core = Core()
+    server = ControlServer(core)
+
+    async def go() -> list[dict]:
+        link = await ControlLink.connect("http://e0", server.address)
+        try:
+            return [await link.call("agentrl_update_lora", {"adapter": "ref", "shm_name": "x"}, version="1"),
+                    await link.call("agentrl_merge_lora", {"adapter": "policy", "shm_name": "y"}, version="7")]
+        finally:
+            link.close()
+
+    outs = asyncio.run(go())
+    assert all(o["version_set"] for o in outs), outs
+    assert labels_of(core) == {"ref": "1"} and core.version == "7"
+    outputs = {0: SimpleNamespace(weight_version=None)}
+    core._attach_weight_version(outputs)
+    assert (label_for(outputs[0].weight_version, "ref"), label_for(outputs[0].weight_version, "policy")) == ("1", "7")
