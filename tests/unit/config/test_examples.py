@@ -22,3 +22,21 @@ def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
         1024, 1024, 4096)
     # the adapter merged into the served weights each step (the engine generates faster without one on a CPU)
     assert cfg.transport.transport == "merged" and not cfg.serves_adapter and cfg.skip_uniform_groups
+
+
+def test_the_smollm2_lookup_config_takes_lookups_window() -> None:
+    cfg = load_config(EXAMPLES / "smollm2_lookup.toml", {"env": "lookup"}).resolved()
+    assert cfg.model == "models/smollm2-135m-lookup" and cfg.time_limit_min == 45.0 and cfg.eval_size == 200
+    # lookup's episodes (about 780 tokens after the warm-up, some past 1,024) fit the window and one micro-batch
+    assert cfg.inference.max_model_len == cfg.sampling.max_context_tokens == 2048
+    assert cfg.trainer.micro_batch_tokens >= 2048
+    assert cfg.transport.transport == "merged"
+
+
+def test_the_smollm2_swe_config_serves_the_adapter_from_the_slots() -> None:
+    cfg = load_config(EXAMPLES / "smollm2_swe.toml", {"env": "swe"}).resolved()
+    assert cfg.model == "models/smollm2-135m" and cfg.chat_template == "hermes" and cfg.steps == 2
+    assert cfg.inference.max_model_len == cfg.sampling.max_context_tokens == 4096
+    # nothing trained beside the adapter: it is synced in place into the engine's slot, which wraps its layers
+    assert cfg.serves_adapter and cfg.transport.transport == "shm"
+    assert cfg.inference.lora_target_modules == cfg.trainer.lora_target_modules
