@@ -44,7 +44,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-SERIAL_MACS = 1 << 23
+SERIAL_ENV = "AGENTRL_CPU_LORA_SERIAL_MACS"
+"""Overrides :data:`SERIAL_MACS` in the engine's environment (``0``: every call on the engine's threads)."""
+SERIAL_MACS = int(os.environ.get(SERIAL_ENV, 1 << 23))
 """A call whose GEMMs do fewer multiply-adds than this (8.4 M: about half a millisecond on one core) runs on one
 thread; a larger one (a long prefill) on the engine's threads."""
 
