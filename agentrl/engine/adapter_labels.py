@@ -82,8 +82,13 @@ def adapter_name(adapter: str, registry: Mapping[str, tuple[int, str]]) -> str:
     if adapter in registry:
         return adapter
     if adapter.isdigit():
-        return next((n for n, (i, _) in registry.items() if i == int(adapter)), "")
+        return next(iter(names_of(int(adapter), registry)), "")
     return ""
+
+
+def names_of(lora_id: int, registry: Mapping[str, tuple[int, str]]) -> list[str]:
+    """The LoRA names ``registry`` (name -> (id, path)) maps to adapter id ``lora_id``."""
+    return [n for n, (i, _) in registry.items() if i == lora_id]
 
 
 def labels_of(core: Any) -> dict[str, str]:
@@ -111,10 +116,10 @@ def forget_lora_id(registry: Mapping[str, tuple[int, str]], lora_id: int,
     ``registry`` (name -> (id, path), :data:`agentrl.engine.install.REGISTRY`) maps to it, on the engine core
     of this process (``find_core()``; none in a worker process of its own, whose engine core never labels per
     adapter). The names forgotten."""
-    names = [n for n, (i, _) in registry.items() if i == lora_id]
+    names = names_of(lora_id, registry)
     core = find_core() if names else None
     return [] if core is None else forget(core, names)
 
 
 __all__ = ["ENV", "PREFIX", "adapter_name", "decode", "enabled", "encode", "forget", "forget_lora_id", "label_for", "labels_of",
-           "set_label"]
+           "names_of", "set_label"]

@@ -208,17 +208,25 @@ def patch_lora_slot_release(hooks: list[Callable[[Any, int], None]]) -> None:
     that adapter's slot; see the module docstring."""
     from vllm.lora.model_manager import LoRAModelManager
 
-    release = LoRAModelManager._deactivate_adapter
-    if getattr(release, "_agentrl_hook", False):
+    _hooks_first(LoRAModelManager, "_deactivate_adapter", hooks)
+
+
+def _hooks_first(cls: type, method: str, hooks: list[Callable[[Any, int], None]]) -> None:
+    """Wrap ``cls.<method>(adapter_id)`` (vLLM's ``LoRAModelManager``) so that every hook of ``hooks`` is called
+    with (manager, adapter id) before it (idempotent: an already wrapped method is left as it is)."""
+    original = getattr(cls, method)
+    if getattr(original, "_agentrl_hook", False):
         return
 
-    def _deactivate_adapter(self: Any, lora_id: int) -> Any:
+    def wrapped(self: Any, adapter_id: int) -> Any:
         for hook in hooks:
-            hook(self, lora_id)
-        return release(self, lora_id)
+            hook(self, adapter_id)
+        return original(self, adapter_id)
 
-    _deactivate_adapter._agentrl_hook = True  # type: ignore[attr-defined]
-    LoRAModelManager._deactivate_adapter = _deactivate_adapter  # type: ignore[method-assign]
+    wrapped.__name__ = wrapped.__qualname__ = method
+    wrapped._agentrl_hook = True  # type: ignore[attr-defined]
+    wrapped._agentrl_original = original  # type: ignore[attr-defined]
+    setattr(cls, method, wrapped)
 
 
 @_uses("patch", Target("vllm.lora.model_manager", "LoRAModelManager.deactivate_adapter"),
@@ -229,18 +237,7 @@ def patch_lora_removal(hooks: list[Callable[[Any, int], None]]) -> None:
     that adapter from the manager; see the module docstring."""
     from vllm.lora.model_manager import LoRAModelManager
 
-    deactivate = LoRAModelManager.deactivate_adapter
-    if getattr(deactivate, "_agentrl_hook", False):
-        return
-
-    def deactivate_adapter(self: Any, adapter_id: int) -> bool:
-        for hook in hooks:
-            hook(self, adapter_id)
-        return deactivate(self, adapter_id)
-
-    deactivate_adapter._agentrl_hook = True  # type: ignore[attr-defined]
-    deactivate_adapter._agentrl_original = deactivate  # type: ignore[attr-defined]
-    LoRAModelManager.deactivate_adapter = deactivate_adapter  # type: ignore[method-assign]
+    _hooks_first(LoRAModelManager, "deactivate_adapter", hooks)
 
 
 @_uses("patch", Target(_WM, "WorkerLoRAManager._load_adapter"), Target(_WM, "WorkerLoRAManager.list_adapters"),
