@@ -147,6 +147,10 @@ class SharedMemoryAdapterSync:
             "rpc_ms": (t3 - t2) * 1e3,
             "engine_ms": max(float(w["engine_ms"]) for w in workers),
             "engine_copy_ms": max(float(w.get("live_ms", 0.0)) for w in workers),  # the copy alone, no plan lookup
+            # the rest of engine_ms: finding (or building, once per adapter and layout) the copy plan, and what
+            # follows the copy (the CPU copy's bookkeeping, layers vLLM re-slices)
+            "engine_plan_ms": max(float(w.get("plan_ms", 0.0)) for w in workers),
+            "engine_after_copy_ms": max(float(w.get("cache_ms", 0.0)) for w in workers),
             # copies the engine made for the live slot: 1 where its slots are laid out as the segment
             "engine_copies": max(float(w.get("copies", 0)) for w in workers),
             "prefix_reset_ms": in_engine_reset + (t4 - t3) * 1e3,
