@@ -125,6 +125,11 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         layer, lw = manager.modules.get(target), lora_model.loras.get(target)
         if layer is None or lw is None:
             raise UpdateError(f"{name}: module {target} has no LoRA in the loaded adapter")
+        if not (isinstance(layer.lora_a_stacked, tuple) and isinstance(layer.lora_b_stacked, tuple)):
+            # vLLM's embedding and output-layer LoRA hold one tensor each, laid out otherwise (the embedding's
+            # A transposed): not written in place here
+            raise UpdateError(f"{name}: module {target} ({type(layer).__name__}) is not a linear layer's LoRA; "
+                              "an in-place update covers linear layers only (load the adapter from a file)")
         cached = (lw.lora_a if is_a else lw.lora_b)
         cached = cached[s] if s is not None else cached
         if cached is None or list(cached.shape) != list(shape):
