@@ -36,6 +36,7 @@ from agentrl.trainer.messages import (
     Shutdown,
     Train,
     WeightSpecs,
+    WriteAdapter,
     WriteWeightBucket,
     op_name,
 )
@@ -297,6 +298,12 @@ class TrainerProcess:
         from safetensors.torch import load
 
         return load((await self.arequest(GetAdapterTensors(), timeout_s))["data"])
+
+    async def write_adapter(self, layout: list[Any], shm_name: str, segment_bytes: int, b_scale: float | None,
+                            timeout_s: float = 600.0) -> dict[str, Any]:
+        """Write the adapter into the shared-memory segment ``shm_name`` at the places of ``layout`` (B scaled by
+        ``b_scale``), where the trainer can (one rank, a first gather made): ``written`` and ``write_ms``."""
+        return await self.arequest(WriteAdapter(list(layout), shm_name, int(segment_bytes), b_scale), timeout_s)
 
     async def weight_specs(self, timeout_s: float = 600.0) -> list[tuple[str, list[int]]]:
         """Every parameter's name and full shape, in model order (full-weight sync plans its buckets on it)."""

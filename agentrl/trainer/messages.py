@@ -42,6 +42,7 @@ __all__ = [
     "Shutdown",
     "Train",
     "WeightSpecs",
+    "WriteAdapter",
     "WriteWeightBucket",
     "op_name",
     "requests",
@@ -103,6 +104,21 @@ class WeightSpecs(Request):
     """Every parameter's name and full shape, in model order. Result: ``specs``."""
 
     op: ClassVar[str] = "weight_specs"
+
+
+@dataclass(frozen=True)
+class WriteAdapter(Request):
+    """Write the adapter's tensors into the shared-memory segment ``shm_name`` of ``segment_bytes`` bytes at the
+    places of ``layout`` (the publisher's packed layout of what ``GetAdapterTensors`` returned), the B tensors
+    multiplied by ``b_scale`` when given: no serialised copy crosses the connection. A single-rank trainer whose
+    adapter was gathered once only (:func:`agentrl.trainer.model.planned_trainable`). Result: ``written``
+    (False: gather with ``GetAdapterTensors`` instead) and ``write_ms``."""
+
+    op: ClassVar[str] = "write_adapter"
+    layout: list[Any]
+    shm_name: str
+    segment_bytes: int
+    b_scale: float | None = None
 
 
 @dataclass(frozen=True)

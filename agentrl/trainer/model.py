@@ -266,10 +266,9 @@ def gather_trainable(model: nn.Module, cfg: TrainerConfig) -> dict[str, torch.Te
     ``...model.embed_tokens.weight``: peft's names for them). Full fine-tune: the whole model state dict under
     the HF key names.
     """
-    plan: list[tuple[str, str]] | None = getattr(model, GATHER_PLAN, None)
-    if plan is not None and dist.get_world_size() == 1:
-        params = dict(model.named_parameters())
-        return {out: _local_copy(params[src]) for out, src in plan}
+    live = planned_trainable(model)
+    if live is not None:
+        return {name: t.to("cpu", copy=True) for name, t in live.items()}
     sd = get_model_state_dict(model, options=_state_options(cfg, full=True))
     if dist.get_rank() != 0:
         return {}
@@ -287,10 +286,20 @@ instead of about 140, most of it the state dict and peft's renaming). Full weigh
 CPU tensors are the parameters themselves, not a second copy of the model."""
 
 
-def _local_copy(p: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of parameter ``p``'s local tensor (a single-rank DTensor's local shard is the whole tensor)."""
-    local = p.to_local() if isinstance(p, DTensor) else p
-    return local.detach().to("cpu", copy=True)
+def planned_trainable(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """A single-rank LoRA model's trainable tensors under :func:`gather_trainable`'s names, as views of the live
+    parameters (no copy: read them before the next step), once a first gather made the plan; None before that,
+    or on several ranks."""
+    plan: list[tuple[str, str]] | None = getattr(model, GATHER_PLAN, None)
+    if plan is None or dist.get_world_size() != 1:
+        return None
+    params = dict(model.named_parameters())
+    return {out: _local(params[src]) for out, src in plan}
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """Parameter ``p``'s local tensor, detached (a single-rank DTensor's local shard is the whole tensor)."""
+    return (p.to_local() if isinstance(p, DTensor) else p).detach()
 
 
 def _gather_plan(model: nn.Module, sd: dict[str, torch.Tensor],

@@ -96,6 +96,27 @@ class BucketWriter:
             self._name = name
         return self._mapping[1]
 
+    def write_adapter(self, live: dict[str, torch.Tensor] | None, layout: Layout, shm_name: str, segment_bytes: int,
+                      b_scale: float | None) -> dict[str, Any]:
+        """Rank 0 of a single-rank trainer: the adapter's tensors ``live`` (by name; None where the trainer has
+        no plan of them yet) into segment ``shm_name`` at the places of ``layout``, B scaled by ``b_scale``.
+        ``written`` False where the names, shapes or dtypes differ from the layout's, or the segment cannot be
+        mapped: the publisher then gathers the tensors."""
+        from agentrl.weight_sync.inplace import fill, layout_views
+
+        t0 = time.perf_counter()
+        if live is None or set(live) != {n for n, *_ in layout}:
+            return {"written": False}
+        for name, dtype, shape, _ in layout:
+            t = live[name]
+            if list(t.shape) != list(shape) or str(t.dtype).removeprefix("torch.") != dtype:
+                return {"written": False}
+        seg = self._segment(shm_name, segment_bytes)
+        if seg is None:
+            return {"written": False}
+        fill(layout_views(seg[:segment_bytes], layout), layout, live, b_scale)
+        return {"written": True, "write_ms": (time.perf_counter() - t0) * 1e3}
+
     def write(self, model: nn.Module, layout: Layout, shm_name: str | None, segment_bytes: int,
               offset: int) -> dict[str, Any]:
         """Collective: bucket ``layout`` at ``offset`` of segment ``shm_name``: every rank writes its shards

@@ -7,7 +7,8 @@ receives, it broadcasts the call to all ranks, every rank runs its request (:met
 dispatches on the request's type), and rank 0 replies ``Reply(id, ok=True, result=...)`` or
 ``Reply(id, ok=False, error="Type: msg", traceback=...)``. The requests (:mod:`agentrl.trainer.messages`):
 ``Train``, ``Logprobs`` (the current policy's per-token logprobs, no update), ``SaveAdapter``,
-``GetAdapterTensors``, ``WeightSpecs`` and ``WriteWeightBucket`` (full-weight sync, one bucket per call:
+``GetAdapterTensors``, ``WriteAdapter`` (the adapter straight into the publisher's segment), ``WeightSpecs`` and
+``WriteWeightBucket`` (full-weight sync, one bucket per call:
 :mod:`agentrl.trainer.weights`), ``NcclSendWeights`` (full weights through vLLM's NCCL weight-transfer engine:
 :mod:`agentrl.trainer.nccl_sync`), ``SaveCheckpoint``, ``LoadCheckpoint``, ``Ping``, ``Shutdown``. An op that
 raises on every rank (bad arguments, a missing path), a request of a type the worker has no handler for, and
@@ -56,6 +57,7 @@ from agentrl.trainer.messages import (
     Shutdown,
     Train,
     WeightSpecs,
+    WriteAdapter,
     WriteWeightBucket,
 )
 from agentrl.trainer.train_step import TrainStep
@@ -146,6 +148,10 @@ class Worker:
     def _weight_specs(self, req: WeightSpecs) -> dict[str, Any]:
         return {"specs": weight_specs(self.model)}
 
+    def _write_adapter(self, req: WriteAdapter) -> dict[str, Any]:
+        live = model_io.planned_trainable(self.model) if self.cfg.lora else None
+        return self.buckets.write_adapter(live, req.layout, req.shm_name, int(req.segment_bytes), req.b_scale)
+
     def _write_weight_bucket(self, req: WriteWeightBucket) -> dict[str, Any]:
         return self.buckets.write(self.model, req.layout, req.shm_name, int(req.segment_bytes), int(req.offset))
 
@@ -172,6 +178,7 @@ class Worker:
         SaveAdapter: _save_adapter,
         GetAdapterTensors: _get_adapter_tensors,
         WeightSpecs: _weight_specs,
+        WriteAdapter: _write_adapter,
         WriteWeightBucket: _write_weight_bucket,
         NcclSendWeights: _nccl_send_weights,
         SaveCheckpoint: _save_checkpoint,

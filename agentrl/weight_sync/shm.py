@@ -73,6 +73,7 @@ class SharedMemoryAdapterSync:
         self.shm: shared_memory.SharedMemory | None = None
         self._finalizer: weakref.finalize | None = None
         self._layout: Layout = []
+        self._nbytes = 0
         self._layout_id = ""
         self._meta_json = ""
         self._views: list[torch.Tensor] = []
@@ -97,6 +98,15 @@ class SharedMemoryAdapterSync:
         fill(self._views, layout, tensors, self.b_scale)
         return offset
 
+    async def _trainer_writes(self) -> bool:
+        """Ask a trainer that can (``write_adapter``: one rank, the adapter gathered once) to write the adapter into
+        the segment itself, once the segment and its layout exist; whether it did (else the tensors are gathered
+        through the trainer's connection and written here)."""
+        write = getattr(self.trainer, "write_adapter", None)
+        if write is None or self.shm is None or not self._layout:
+            return False
+        return bool((await write(self._layout, self.shm.name, self._nbytes, self.b_scale)).get("written"))
+
     def _allocate(self, layout: Layout, nbytes: int) -> None:
         if self.shm is None or self.shm.size < nbytes:
             self._close_segment()
@@ -105,16 +115,22 @@ class SharedMemoryAdapterSync:
             self._finalizer = weakref.finalize(self, release_segment, self.shm)
         self._views = layout_views(torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes), layout)
         self._layout = layout
+        self._nbytes = nbytes
         self._meta_json = layout_meta(layout, nbytes, self.b_scale)
         self._layout_id = hashlib.sha1(f"{self.shm.name}:{self._meta_json}".encode()).hexdigest()[:16]
 
     async def publish(self, version: int) -> dict[str, float]:
         """Make ``version`` live in every engine; returns each stage's time in ms (and ``sync_s``)."""
         t0 = time.perf_counter()
-        tensors = await self.trainer.get_adapter_tensors()
-        t1 = time.perf_counter()
-        nbytes = self.write(tensors)
-        t2 = time.perf_counter()
+        wrote = await self._trainer_writes()
+        if wrote:
+            t1 = t2 = time.perf_counter()
+            nbytes = self._nbytes
+        else:
+            tensors = await self.trainer.get_adapter_tensors()
+            t1 = time.perf_counter()
+            nbytes = self.write(tensors)
+            t2 = time.perf_counter()
         assert self.shm is not None
         kwargs = {"adapter": self.name, "shm_name": self.shm.name, "meta_json": self._meta_json,
                   "layout_id": self._layout_id, "weight_version": engine_label(version) if self.set_version else "",
@@ -142,8 +158,9 @@ class SharedMemoryAdapterSync:
         in_engine_reset = max((float(w.get("reset_ms") or 0.0) for w in workers), default=0.0)
         return {
             **control_stages(workers),
-            "trainer_gather_ms": (t1 - t0) * 1e3,
+            "trainer_gather_ms": (t1 - t0) * 1e3,  # or, with trainer_wrote, the trainer's write into the segment
             "shm_write_ms": (t2 - t1) * 1e3,
+            "trainer_wrote": float(wrote),
             "rpc_ms": (t3 - t2) * 1e3,
             "engine_ms": max(float(w["engine_ms"]) for w in workers),
             "engine_copy_ms": max(float(w.get("live_ms", 0.0)) for w in workers),  # the copy alone, no plan lookup

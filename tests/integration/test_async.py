@@ -87,6 +87,9 @@ async def test_async_training_run(vllm_server, tiny_model_dir: Path, tmp_path: P
         assert r["dropped_groups_total"] == 0 and r["train_staleness_max"] <= 3
         assert 0.0 <= r["trainer_idle_frac"] <= 1.0 and 0.0 <= r["inference_idle_frac"] <= 1.0
         assert r["engine_ms"] > 0 and r.get("fallback", 0.0) == 0.0  # the in-place path, not files
+    # once a first publish (which gathers the adapter and lays out the segment) was made, the one-rank trainer
+    # writes the adapter into the segment itself
+    assert all(r["trainer_wrote"] == 1.0 for r in train[1:])
     # the producer started the next step's groups before the weights changed, and they were trained on
     assert sum(r["staleness_mean"] for r in train[1:]) > 0
     assert (run_dir / "pipeline.png").stat().st_size > 1000

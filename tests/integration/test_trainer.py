@@ -67,6 +67,24 @@ def lora_config(model: Path) -> TrainerConfig:
     )  # fmt: skip
 
 
+async def write_adapter(tp: TrainerProcess, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Ask the trainer to write its adapter into a segment laid out as a publisher lays out ``tensors`` (B scaled
+    by 2, as a run's publisher scales it); its answer and what the segment then holds."""
+    from multiprocessing import shared_memory
+
+    from agentrl.weight_sync.inplace import layout_views, pack_layout
+
+    layout, nbytes = pack_layout(tensors)
+    shm = shared_memory.SharedMemory(create=True, size=nbytes)
+    try:
+        res = await tp.write_adapter(layout, shm.name, nbytes, 2.0)
+        held = torch.frombuffer(bytearray(shm.buf[:nbytes]), dtype=torch.uint8)
+    finally:
+        shm.close()
+        shm.unlink()
+    return res, {n: v for (n, *_), v in zip(layout, layout_views(held, layout), strict=True)}
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Drive a 1-rank and a 2-rank LoRA trainer through the same requests (policy versions 0, 1, ...)."""
@@ -82,6 +100,7 @@ def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             r["w1"] = [await tp.train(batch, policy_version=v) for v in range(2)]
             r["w1_saved"] = await tp.save_adapter(root / "w1" / "adapter")
             r["w1_tensors"] = await tp.get_adapter_tensors()
+            r["w1_written"] = await write_adapter(tp, r["w1_tensors"])
             await tp.save_checkpoint(root / "w1" / "ckpt")
             r["w1_more"] = [await tp.train(batch, policy_version=v) for v in range(2, 5)]
             with pytest.raises(TrainerError, match="unknown op"):
@@ -95,6 +114,7 @@ def runs(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             r["w2"] = [await tp.train(batch, policy_version=v) for v in range(2)]
             await tp.save_adapter(root / "w2" / "adapter")
             r["w2_tensors"] = await tp.get_adapter_tensors()
+            r["w2_written"] = await write_adapter(tp, r["w2_tensors"])
             r["w2_logprobs"] = await tp.logprobs(batch)
             await asyncio.sleep(1.0)  # idle: rank 0 sends heartbeats that the other rank must absorb
             await tp.train(batch, policy_version=2)  # move away from the checkpointed state ...
@@ -335,3 +355,14 @@ def _model_tensors(model: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(model / "model.safetensors"))
+
+
+def test_one_rank_writes_its_adapter_into_the_publishers_segment(runs: dict[str, Any]) -> None:
+    """One rank writes the adapter straight into the publisher's segment (no copy across its connection): what the
+    segment holds is what the gather returned, B scaled; several ranks decline and the publisher gathers."""
+    res, held = runs["w1_written"]
+    assert res["written"] is True and res["write_ms"] >= 0
+    assert set(held) == set(runs["w1_tensors"])
+    for name, t in runs["w1_tensors"].items():
+        assert torch.equal(held[name], t * 2.0 if ".lora_B." in name else t), name
+    assert runs["w2_written"][0]["written"] is False
