@@ -2,7 +2,9 @@
 reload, on one vLLM server.
 
 Starts ONE vLLM server on a random Qwen2 model (``--model-size``) or a model directory (``--model``), loads a
-rank-``--rank`` adapter on every linear layer (``--targets attention``: q/k/v/o) once from a file, checks
+rank-``--rank`` adapter on every linear layer (``--targets attention``: q/k/v/o) once from a file (with
+``--slots N``, ``N - 1`` other adapters loaded and run beside it, so that the updates land in one slot of
+``N`` held), checks
 that an in-place update gives the same greedy logprobs as a file load of the same tensors, then times
 ``--updates`` in-place updates (engine-side copy, HTTP round trip, first token under the new version),
 as many in-place updates over the network path (the tensors in the request body, as for an engine on
@@ -173,7 +175,18 @@ async def _time_path(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict
     return check, stages, e2e, await _in_flight(client, sync, trainer, lone, prompt, first + 1000)
 
 
-async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...]) -> dict[str, Any]:
+async def _hold_slots(client: Any, shapes: dict, work: Path, rank: int, others: int, prompt: list[int]) -> None:
+    """Load ``others`` more adapters and run one token on each, so that they hold slots of the engine beside the
+    benchmarked one (whose updates then copy into one slot of a buffer of many)."""
+    for k in range(others):
+        name = f"{NAME}-held{k}"
+        await client.load_lora_adapter(name, str(save_lora(work / f"held{k}", random_lora(shapes, seed=9000 + k),
+                                                           rank, 2 * rank)))
+        await client.generate(prompt, max_tokens=1, temperature=0.0, model=name)
+
+
+async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...],
+               slots: int = 1) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
     from agentrl.weight_sync.control import controlled
     from agentrl.weight_sync.network import NetworkAdapterSync
@@ -186,6 +199,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
     async with InferenceClient([url], model=NAME, timeout_s=300) as client:
         trainer = _StubTrainer(random_lora(shapes, seed=0))
         await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
+        await _hold_slots(client, shapes, work, rank, slots - 1, short)
         # B goes pre-scaled, as a run sends it (the adapters here are saved with alpha = 2 r: scaling 2)
         with SharedMemoryAdapterSync(trainer, client, NAME, b_scale=2.0) as sync:
             check, stages, e2e, (inflight_http, gaps_http) = await _time_path(
@@ -235,7 +249,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
         "end_to_end_ms_p90": _p(e2e, 0.9), "file_load_ms_p50": _p(load_ms, 0.5),
         "file_load_ms_p90": _p(load_ms, 0.9), "file_save_ms_p50": _p(save_ms, 0.5),
         "file_end_to_end_ms_p50": _p(file_e2e, 0.5), "file_engine_ms_p50": _p(file_engine, 0.5), "prefix_reset_http_ms_p50": _p(http_reset, 0.5),
-        "adapter_bytes": nbytes, "updates": updates, "correctness": check,
+        "adapter_bytes": nbytes, "updates": updates, "slots_held": slots, "correctness": check,
         "engine_copies": int(max(stages.get("engine_copies", [0]))),  # 1: the slots laid out as the segment
         "in_flight_end_to_end_ms_p50": _p(inflight_http, 0.5), "in_flight_end_to_end_ms_p90": _p(inflight_http, 0.9),
     })
@@ -293,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=None, help="a model directory to serve instead (e.g. models/smollm2-135m)")
     ap.add_argument("--updates", type=int, default=50)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--slots", type=int, default=1,
+                    help="adapters held in the engine's slots at once: the benchmarked one and slots - 1 others, each "
+                         "loaded and run once first (the engine gets max_loras = max(2, slots))")
     ap.add_argument("--targets", choices=("all", "attention"), default="all",
                     help="the adapter's modules: every linear layer (the default LoRA) or q/k/v/o")
     ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
@@ -317,16 +334,20 @@ def main(argv: list[str] | None = None) -> int:
         shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
                                max_lora_rank=engine_lora_rank(args.rank),
-                               max_loras=2, lora_target_modules=list(targets), startup_timeout_s=900)
+                               max_loras=max(2, args.slots), lora_target_modules=list(targets),
+                               startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
-            res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets))
+            res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets,
+                                   args.slots))
     if args.model:
         name = f"{args.model}"
     else:
         c = SIZES[args.model_size]
         name = (f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
                 f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']})")
-    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(targets)}", "rank": args.rank, **res}
+    held = f"; {args.slots} adapters held in slots" if args.slots > 1 else ""
+    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(targets)}{held}", "rank": args.rank,
+           **res}
     if not args.json:
         print(_table(res))
     print(json.dumps(res, default=float))
