@@ -18,7 +18,11 @@ random rank-``--adapter-rank`` adapter on every linear layer (the LoRA recipe's 
 
 ``--adapters 1,4,16`` (``lora`` only) loads that many distinct random adapters (the largest count; the engine
 gets as many slots) and, after each base phase, runs one adapter phase per count, its episodes spread over the
-first ``N`` adapters (episode ``i`` names adapter ``i % N``), so that one batch holds them all:
+first ``N`` adapters, so that one batch holds them all: ``--spread group`` (the default) gives each GRPO group
+one adapter (group ``g`` names adapter ``g % N``: a group samples one policy, and its episodes share their
+prompt's prefix cache as they do in the base phase), ``--spread episode`` gives episode ``i`` adapter ``i % N``
+(a group's prompt is then prefilled once per adapter, since vLLM keys its prefix cache by adapter: that measures
+the cache lost as well as the LoRA compute);
 ``by_adapters[N]`` has that count's rate and ratio against the same pairs' base phases (target ≥ 0.9 for one
 adapter, ≥ 0.8 for several). ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
 fast path (:mod:`agentrl.engine.cpu_lora`; ``AGENTRL_CPU_LORA_FAST=0`` in the environment of the benchmark
@@ -74,6 +78,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     model = await bench_model(args.model)
     merged = args.adapter == "merged"
     counts: list[int] = list(getattr(args, "adapters", None) or [1])
+    spread = getattr(args, "spread", "group")
     config = json.loads((Path(model) / "config.json").read_text())
     shapes = lora_shapes(config, args.adapter_rank, ALL_LINEAR)
     adapters = [_Adapter(random_lora(shapes, seed=i), args.adapter_rank) for i in range(max(counts))]
@@ -121,7 +126,8 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
                         model_names: str | list[str] | None = None if merged else (names[0] if n == 1
                                                                                     else names[:n])
                         a = await run_raw_phase(reqs, client, sampling, args.concurrency,
-                                                f"bench-adapter-{n}-{rep}", model=model_names)
+                                                f"bench-adapter-{n}-{rep}", model=model_names,
+                                                per=args.group_size if spread == "group" else 1)
                         if rep >= 0:
                             with_adapters[n].add(a)
                             ratios[n].append((a.tokens / a.wall_s) / max(b.tokens / b.wall_s, 1e-9))
@@ -143,7 +149,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
         "base_tokens_per_s": round(base.tokens / max(base.wall_s, 1e-9), 1),
         "adapter_tokens_per_s": first["adapter_tokens_per_s"],
         "adapter_over_base": first["adapter_over_base"], "adapter_over_base_pairs": first["adapter_over_base_pairs"],
-        "target": first["target"], "target_met": first["target_met"], "adapters": counts, "by_adapters": by,
+        "target": first["target"], "target_met": first["target_met"], "adapters": counts, "spread": spread, "by_adapters": by,
         "cpu_lora_fast": fast,
         "requests_per_phase": sum(len(r) for r in reqs), "tokens_per_phase": base.tokens // max(args.repeats, 1),
         "repeats": args.repeats, "concurrency": args.concurrency, "model": model,

@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapters", default="1", metavar="N[,N...]",
                         help="--adapter lora: counts of distinct adapters to serve at once, requests spread over "
                              "them in one batch, each count measured against the same base phases (e.g. 1,4,16)")
+    parser.add_argument("--spread", choices=("group", "episode"), default="group",
+                        help="--adapters: a GRPO group's episodes all name one adapter (group: a group samples one "
+                             "policy, and its episodes share their prompt's prefix cache as in the base phase) or "
+                             "episode i names adapter i %% N (episode: a group's prompt is prefilled once per adapter, "
+                             "since vLLM keys its prefix cache by adapter)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     if min(args.tasks, args.group_size, args.concurrency, args.repeats) < 1:

@@ -96,10 +96,11 @@ async def run_loop_phase(env_cls: Any, tasks: list[Any], group_size: int, client
 
 
 async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: Any, concurrency: int,
-                        salt: str, model: str | list[str] | None = None) -> PhaseResult:
+                        salt: str, model: str | list[str] | None = None, per: int = 1) -> PhaseResult:
     """The same requests as bare generations: per episode in turn order, ``concurrency`` episodes at once
     (``model``: the served model or adapter they name; None: the client's; a list: episode ``i`` names
-    ``model[i % len(model)]``, requests spread over several adapters in the same batches)."""
+    ``model[(i // per) % len(model)]``, requests spread over several adapters in the same batches, ``per``
+    consecutive episodes (a GRPO group) on the same one)."""
     import uuid
 
     slots = asyncio.Semaphore(concurrency)
@@ -115,7 +116,7 @@ async def run_raw_phase(episodes: list[list[Request]], client: Any, sampling: An
                 got += len(gen.token_ids)
         return got
 
-    counts, wall, cpu = await _timed(asyncio.gather(*(one(r, names[i % len(names)])
+    counts, wall, cpu = await _timed(asyncio.gather(*(one(r, names[(i // per) % len(names)])
                                                       for i, r in enumerate(episodes))))
     want = sum(q.max_tokens for r in episodes for q in r)
     if sum(counts) != want:

@@ -51,3 +51,26 @@ async def test_raw_requests_spread_over_the_named_adapters() -> None:
         by_key.setdefault(key, set()).add(model)
     assert all(len(m) == 1 for m in by_key.values())  # an episode keeps its adapter
     assert sorted(next(iter(m)) for m in by_key.values()) == ["a", "a", "a", "b", "b"]
+
+
+async def test_a_groups_episodes_name_one_adapter() -> None:
+    """``per`` = the group size: consecutive episodes of a group name the same adapter, groups spread over them."""
+    from types import SimpleNamespace
+
+    from agentrl.tools.bench.phases import Request, run_raw_phase
+
+    by_key: dict[str, str | None] = {}
+    order: list[str] = []
+
+    class _Client:
+        async def generate(self, prompt_ids: list[int], *, max_tokens: int, key: str, model: str | None,
+                           **_: object) -> SimpleNamespace:
+            if key not in by_key:
+                order.append(key)
+            by_key[key] = model
+            return SimpleNamespace(token_ids=[0] * max_tokens)
+
+    episodes = [[Request([i], 1)] for i in range(6)]  # three groups of two
+    sampling = SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0)
+    await run_raw_phase(episodes, _Client(), sampling, 1, "salt", model=["a", "b"], per=2)
+    assert [by_key[k] for k in order] == ["a", "a", "b", "b", "a", "a"]
