@@ -137,10 +137,11 @@ def test_bench_loop_serves_several_adapters_in_one_batch(engine, tiny_model_dir:
 
     from agentrl.tools.bench.loop import main
 
-    assert main(["--adapter", "lora", "--adapters", "1,3", "--tasks", "2", "--group-size", "3", "--concurrency", "6",
+    # three groups, one adapter each (the default spread): three distinct adapters in one batch
+    assert main(["--adapter", "lora", "--adapters", "1,3", "--tasks", "3", "--group-size", "3", "--concurrency", "9",
                  "--repeats", "1", "--json", "--model", str(tiny_model_dir), "--endpoint", engine.url]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert r["adapters"] == [1, 3] and sorted(r["by_adapters"]) == ["1", "3"]
+    assert r["adapters"] == [1, 3] and sorted(r["by_adapters"]) == ["1", "3"] and r["spread"] == "group"
     for n, row in r["by_adapters"].items():
         assert row["adapter_tokens_per_s"] > 0 and len(row["adapter_over_base_pairs"]) == 1
         assert row["target"] == (0.9 if n == "1" else 0.8)
