@@ -29,6 +29,7 @@ SAMPLE = TrainSample(input_ids=[1, 2, 3], loss_mask=[0, 1, 1], behav_logprobs=[0
 EXAMPLES: list[m.Request] = [
     m.Ping(), m.Train([SAMPLE], 3), m.Logprobs([SAMPLE]), m.SaveAdapter("/a"), m.GetAdapterTensors(),
     m.WeightSpecs(), m.WriteWeightBucket([["w", [2, 2], "float32"]], "seg", 64, 16),
+    m.WriteAdapter([["a.lora_A.weight", "float32", [2, 4], 0]], "seg", 32, 2.0),
     m.NcclSendWeights(["http://e:1"], "10.0.0.1"), m.SaveCheckpoint("/c"), m.LoadCheckpoint("/c"), m.Shutdown(),
 ]
 
