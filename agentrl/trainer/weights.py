@@ -100,17 +100,13 @@ class BucketWriter:
                       b_scale: float | None) -> dict[str, Any]:
         """Rank 0 of a single-rank trainer: the adapter's tensors ``live`` (by name; None where the trainer has
         no plan of them yet) into segment ``shm_name`` at the places of ``layout``, B scaled by ``b_scale``.
-        ``written`` False where the names, shapes or dtypes differ from the layout's, or the segment cannot be
-        mapped: the publisher then gathers the tensors."""
-        from agentrl.weight_sync.inplace import fill, layout_views
+        ``written`` False where ``live`` packs into another layout (names, dtypes, shapes), or the segment cannot
+        be mapped: the publisher then gathers the tensors."""
+        from agentrl.weight_sync.inplace import fill, layout_views, pack_layout
 
         t0 = time.perf_counter()
-        if live is None or set(live) != {n for n, *_ in layout}:
+        if live is None or pack_layout(live)[0] != [tuple(e) for e in layout]:
             return {"written": False}
-        for name, dtype, shape, _ in layout:
-            t = live[name]
-            if list(t.shape) != list(shape) or str(t.dtype).removeprefix("torch.") != dtype:
-                return {"written": False}
         seg = self._segment(shm_name, segment_bytes)
         if seg is None:
             return {"written": False}

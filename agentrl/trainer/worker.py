@@ -149,8 +149,7 @@ class Worker:
         return {"specs": weight_specs(self.model)}
 
     def _write_adapter(self, req: WriteAdapter) -> dict[str, Any]:
-        live = model_io.planned_trainable(self.model) if self.cfg.lora else None
-        return self.buckets.write_adapter(live, req.layout, req.shm_name, int(req.segment_bytes), req.b_scale)
+        return self.buckets.write_adapter(model_io.planned_trainable(self.model), req.layout, req.shm_name, int(req.segment_bytes), req.b_scale)
 
     def _write_weight_bucket(self, req: WriteWeightBucket) -> dict[str, Any]:
         return self.buckets.write(self.model, req.layout, req.shm_name, int(req.segment_bytes), int(req.offset))

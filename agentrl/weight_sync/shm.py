@@ -74,6 +74,7 @@ class SharedMemoryAdapterSync:
         self._finalizer: weakref.finalize | None = None
         self._layout: Layout = []
         self._nbytes = 0
+        self._trainer_declined = False
         self._layout_id = ""
         self._meta_json = ""
         self._views: list[torch.Tensor] = []
@@ -101,11 +102,14 @@ class SharedMemoryAdapterSync:
     async def _trainer_writes(self) -> bool:
         """Ask a trainer that can (``write_adapter``: one rank, the adapter gathered once) to write the adapter into
         the segment itself, once the segment and its layout exist; whether it did (else the tensors are gathered
-        through the trainer's connection and written here)."""
+        through the trainer's connection and written here). A trainer that declined (several ranks) is not asked
+        again until the layout changes: a publish pays no extra round trip for it."""
         write = getattr(self.trainer, "write_adapter", None)
-        if write is None or self.shm is None or not self._layout:
+        if write is None or self.shm is None or not self._layout or self._trainer_declined:
             return False
-        return bool((await write(self._layout, self.shm.name, self._nbytes, self.b_scale)).get("written"))
+        wrote = bool((await write(self._layout, self.shm.name, self._nbytes, self.b_scale)).get("written"))
+        self._trainer_declined = not wrote
+        return wrote
 
     def _allocate(self, layout: Layout, nbytes: int) -> None:
         if self.shm is None or self.shm.size < nbytes:
@@ -116,6 +120,7 @@ class SharedMemoryAdapterSync:
         self._views = layout_views(torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=nbytes), layout)
         self._layout = layout
         self._nbytes = nbytes
+        self._trainer_declined = False
         self._meta_json = layout_meta(layout, nbytes, self.b_scale)
         self._layout_id = hashlib.sha1(f"{self.shm.name}:{self._meta_json}".encode()).hexdigest()[:16]
 
