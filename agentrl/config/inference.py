@@ -51,9 +51,9 @@ class VLLMServerSettings(Section):
     lora_target_modules: list[str] | None = None
     """The layers the engine wraps for LoRA (vLLM's ``--lora-target-modules``, names as the trainer's
     ``lora_target_modules``); a served adapter's weights on other layers are not applied. None: every layer
-    vLLM can wrap, the token embedding and the output layer included. A run sets it to
-    ``trainer.lora_target_modules`` unless it is set here: its engines hold slots for what its trainer trains
-    and nothing else (no generation speed was measured to change: docs/async.md)."""
+    vLLM can wrap, the token embedding and the output layer included. A run sets it to the trainer's
+    (``trainer.lora_target_modules``, and ``lm_head`` with ``trainer.lora_train_unembed``) unless it is set
+    here: its engines hold slots for what its trainer trains and nothing else (no generation speed was measured to change: docs/async.md)."""
     gpu_memory_utilization: float = Field(0.85, gt=0.0, le=1.0)
     """Fraction of GPU memory vLLM may use (GPU builds only; ignored on CPU)."""
     cpu_kvcache_gb: int | None = Field(None, ge=1, le=1024)

@@ -347,7 +347,7 @@ class RunConfig(Section):
         """A transport named explicitly that cannot serve this run is refused here, by the rule of
         :func:`agentrl.config.sync.refusal` (the facts read off the model, a MoE on the CPU build, are checked
         when the config is resolved)."""
-        problem = refusal(self.pipeline.weight_sync, Served(self.trainer.lora, self.trainer.lora_trains_whole))
+        problem = refusal(self.pipeline.weight_sync, self._served())
         if problem and self.pipeline.weight_sync.transport != "auto":
             raise SettingError(problem)
         return self
@@ -359,7 +359,11 @@ class RunConfig(Section):
         from agentrl.config import facts
 
         moe_on_cpu = self.trainer.lora and facts.model_moe(self.model) is not None and facts.cpu_build()
-        return Served(self.trainer.lora, self.trainer.lora_trains_whole, moe_on_cpu)
+        return self._served(moe_on_cpu)
+
+    def _served(self, moe_on_cpu: bool = False) -> Served:
+        t = self.trainer
+        return Served(t.lora, t.lora_trains_whole, moe_on_cpu, output_lora=t.lora and t.lora_train_unembed)
 
     @property
     def policy_model(self) -> str:
@@ -428,7 +432,7 @@ class RunConfig(Section):
         if not cfg.serves_adapter and "enable_lora" not in cfg.inference.model_fields_set:
             cfg.inference.enable_lora = False
         if cfg.trainer.lora and "lora_target_modules" not in cfg.inference.model_fields_set:
-            cfg.inference.lora_target_modules = list(cfg.trainer.lora_target_modules)  # the layers it trains
+            cfg.inference.lora_target_modules = cfg.trainer.lora_modules  # the layers it trains
         if cfg.pipeline.weight_sync.transport == "nccl" and cfg.inference.weight_transfer_backend is None:
             cfg.inference.weight_transfer_backend = "nccl"  # the engines' half of the NCCL transfer
         cfg.sampling.max_context_tokens = cfg.context_tokens

@@ -155,6 +155,8 @@ class Served:
     """The adapter carries tensors trained whole (``trainer.lora_train_norms``, ``trainer.lora_train_embedding``)."""
     moe_on_cpu: bool = False
     """A mixture-of-experts model on vLLM's CPU build, whose MoE LoRA path needs Triton."""
+    output_lora: bool = False
+    """The adapter has a LoRA on the output layer (``trainer.lora_train_unembed``)."""
 
 
 def refusal(sync: TransportConfig, run: Served) -> str | None:
@@ -170,6 +172,10 @@ def refusal(sync: TransportConfig, run: Served) -> str | None:
         return (f"pipeline.weight_sync = {name!r} serves the adapter from vLLM's LoRA slots, which hold no tensor "
                 "trained whole (trainer.lora_train_norms, trainer.lora_train_embedding): use 'merged' (or 'auto', "
                 "which chooses it), or set those to false (calc's preset trains the embedding of the embedded model)")
+    if serves == "merged" and run.output_lora:
+        return (f"pipeline.weight_sync = {name!r} merges the adapter into the engines' weights, but the output layer's "
+                "LoRA (trainer.lora_train_unembed) would be merged into a weight that small models tie to the input "
+                "embedding: serve it from the LoRA slots ('shm', 'network', 'file', or 'auto')")
     if serves == "adapter" and run.moe_on_cpu:
         return (f"pipeline.weight_sync = {name!r} serves the adapter from LoRA slots, which vLLM's CPU build cannot "
                 "run on MoE layers (its MoE LoRA path needs Triton): use 'merged' (or 'auto', which chooses it)")
@@ -183,7 +189,11 @@ def settle(sync: TransportConfig, run: Served) -> TransportConfig:
         slots = ShmSync(control=sync.control) if sync.carrier == "shm" else NetworkSync()
         candidates: list[TransportConfig] = [slots, MergedSync(carrier=sync.carrier, control=sync.control),
                                              FullSync(carrier=sync.carrier)]
-        return next(c for c in candidates if refusal(c, run) is None)  # full serves whatever slots refuse
+        chosen = next((c for c in candidates if refusal(c, run) is None), None)
+        if chosen is None:  # an output-layer LoRA on a MoE model on the CPU build: neither slots nor a merge
+            raise SettingError("pipeline.weight_sync = 'auto' finds no transport for this run: "
+                               + "; ".join(str(refusal(c, run)) for c in candidates[:2]))
+        return chosen
     problem = refusal(sync, run)
     if problem:
         raise SettingError(problem)

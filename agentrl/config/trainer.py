@@ -12,6 +12,9 @@ from agentrl.config.errors import SettingError
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear layer of a Llama-style decoder layer: attention's four projections and the MLP's three."""
 
+OUTPUT_LAYER = "lm_head"
+"""The output layer's module name (Llama, Qwen, Mistral...; peft's and vLLM's name for its LoRA)."""
+
 LORA_LR_SCALE = 5.0
 """The LoRA learning rate as a multiple of the full-weight one, for an adapter on every linear layer with
 ``lora_alpha / lora_rank = 2`` (rank 16, alpha 32) and the same schedule. Measured on the embedded calc
@@ -120,6 +123,19 @@ class TrainerSettings(Section):
     state. The tensor crosses whole at every sync (vocab x hidden: 122K weights on the embedded model, 28M on
     SmolLM2-135M), so the engines serve the policy merged, as with ``lora_train_norms``, and it trains at the
     full-weight rate (``lr / LORA_LR_SCALE``), on the same schedule."""
+    lora_train_unembed: bool = False
+    """LoRA only: a LoRA adapter on the output layer too (``lm_head``; Tinker's ``train_unembed``), at the
+    adapter's rate: a rank-``r`` update of every logit, which vLLM's LoRA slots serve (its output-layer LoRA)
+    where the embedding trained whole (``lora_train_embedding``) must be merged. Where the model ties the output
+    layer to the input embedding, the update changes the logits only: the input embedding stays the base one.
+    The engines serve it from their slots; merging it (``pipeline.weight_sync = "merged"``) is refused, as the
+    merge would write the tied embedding too."""
+
+    @property
+    def lora_modules(self) -> list[str]:
+        """The modules the adapter covers: ``lora_target_modules``, and the output layer (:data:`OUTPUT_LAYER`)
+        with ``lora_train_unembed``."""
+        return [*self.lora_target_modules, *([OUTPUT_LAYER] if self.lora_train_unembed else [])]
 
     @property
     def lora_trains_whole(self) -> bool:
@@ -206,10 +222,14 @@ class TrainerSettings(Section):
         if self.frozen_parameters and self.lora:
             raise SettingError("trainer.frozen_parameters applies to full-weight training (trainer.lora = false); "
                                "a LoRA adapter already leaves every base weight frozen")
-        for name in ("lora_train_norms", "lora_train_embedding"):
+        for name in ("lora_train_norms", "lora_train_embedding", "lora_train_unembed"):
             if getattr(self, name) and not self.lora:
-                raise SettingError(f"trainer.{name} adds tensors trained whole to a LoRA adapter (trainer.lora = "
-                                   "true); full-weight training (trainer.lora = false) trains them already")
+                raise SettingError(f"trainer.{name} extends a LoRA adapter (trainer.lora = true); full-weight "
+                                   "training (trainer.lora = false) trains those weights already")
+        if self.lora_train_unembed and self.lora_train_embedding:
+            raise SettingError("trainer.lora_train_unembed and trainer.lora_train_embedding both train the output layer "
+                               "(the embedding trained whole, tied to it, is served merged; the output layer's LoRA "
+                               "from the slots): choose one")
         return self
 
 

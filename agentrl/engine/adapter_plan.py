@@ -6,7 +6,8 @@ How vLLM 0.32 holds an active adapter (TP=1): every LoRA-wrapped layer owns per-
 ``(max_loras, 1, out, max_rank)``; an adapter in GPU slot ``i`` lives in ``[i, 0, :r, :in]`` /
 ``[i, 0, :out, :r]`` (no transposes: peft's ``lora_A.weight`` is ``(r, in)``, ``lora_B.weight`` is
 ``(out, r)``). Packed layers (``qkv_proj``, ``gate_up_proj``) have one slice per sub-projection
-(q=0, k=1, v=2). Where it is exact, the first plan moves those buffers into one laid out as the publisher's
+(q=0, k=1, v=2); the output layer's LoRA (``lm_head``) holds one tensor per side, laid out as one slice
+(:func:`agentrl.engine.slot_layout.slices`). Where it is exact, the first plan moves those buffers into one laid out as the publisher's
 segment (:mod:`agentrl.engine.slot_layout`), so that an update is one copy instead of one per tensor. The peft scaling (``alpha/r``, or ``alpha/sqrt(r)`` for rsLoRA, per-module patterns) is
 folded into B at load (``LoRALayerWeights.optimize``); an update does the same, unless the publisher sent B
 already scaled (``meta["b_scaled"]``, checked against each module's scaling), which leaves one copy. The CPU-side ``LoRAModel`` cache keeps the same
@@ -111,6 +112,8 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
     ``meta["scaling"]``)."""
     import torch
 
+    from agentrl.engine import slot_layout
+
     mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
     mapper = mapper.get_rename_mapper() if mapper is not None else None
     sub_to_packed = {sub: (packed, i) for packed, subs in manager.packed_modules.items()
@@ -125,11 +128,10 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         layer, lw = manager.modules.get(target), lora_model.loras.get(target)
         if layer is None or lw is None:
             raise UpdateError(f"{name}: module {target} has no LoRA in the loaded adapter")
-        if not (isinstance(layer.lora_a_stacked, tuple) and isinstance(layer.lora_b_stacked, tuple)):
-            # vLLM's embedding and output-layer LoRA hold one tensor each, laid out otherwise (the embedding's
-            # A transposed): not written in place here
-            raise UpdateError(f"{name}: module {target} ({type(layer).__name__}) is not a linear layer's LoRA; "
-                              "an in-place update covers linear layers only (load the adapter from a file)")
+        if slot_layout.slices(layer, True) is None or slot_layout.slices(layer, False) is None:
+            # vLLM's token-embedding LoRA holds its A transposed, (slots, vocab, R): not written in place here
+            raise UpdateError(f"{name}: module {target} ({type(layer).__name__}) is not a linear or output layer's "
+                              "LoRA; an in-place update covers those only (load the adapter from a file)")
         cached = (lw.lora_a if is_a else lw.lora_b)
         cached = cached[s] if s is not None else cached
         if cached is None or list(cached.shape) != list(shape):
@@ -147,7 +149,7 @@ def build_plan(manager: Any, lora_model: Any, slot: int | None, buf: Any, meta: 
         src = buf[offset:offset + nbytes].view(tdtype).view(shape)
         live = cached
         if slot is not None and getattr(layer, "tp_size", 1) == 1:
-            stacked = (layer.lora_a_stacked if is_a else layer.lora_b_stacked)[s or 0]
+            stacked = (slot_layout.slices(layer, is_a) or ())[s or 0]
             live = stacked[slot, 0, : shape[0], : shape[1]]
         elif slot is not None:
             set_lora[target] = (layer, lw)  # sharded layer: copy into the cache, vLLM slices it into the slot

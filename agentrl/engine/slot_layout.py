@@ -1,6 +1,6 @@
 """The adapter's slots in one buffer, laid out as the publisher's segment: an in-place update is one copy.
 
-vLLM gives every LoRA-wrapped linear layer stacked buffers of its own, one per slice (``lora_a_stacked[s]`` of
+vLLM gives every LoRA-wrapped linear layer (and the output layer) stacked buffers of its own, one per slice (``lora_a_stacked[s]`` of
 shape ``(max_loras, 1, R, in)``, ``lora_b_stacked[s]`` of ``(max_loras, 1, out, R)``), so updating an adapter
 on every linear layer of a 30-layer model is 420 small copies, bound by dispatch (2 to 3 us each on a CPU: 12x
 a memcpy of the same 1.2 MB at rank 1). :func:`rehome` moves the stacked buffers an adapter's tensors land in
@@ -18,7 +18,8 @@ It applies only where that one copy is exact, else the plan copies tensor by ten
 - tensors on the CPU: a CUDA engine keeps vLLM's buffers, whose addresses its CUDA graphs and the Triton LoRA
   kernels' pointer tables hold, and where a foreach copy is already a few fused kernels (never run here);
 - each buffer is a tensor of vLLM's own allocation (or a view this module made, :data:`MOVED`), held in a tuple
-  attribute of the layer: the MoE LoRA layers hold views into larger expert buffers in lists, and are left
+  attribute of the layer, or the output layer's one tensor per side (:func:`slices`): the MoE LoRA layers
+  hold views into larger expert buffers in lists, and the token embedding's A is transposed; both are left
   alone.
 
 This module must import without torch (imported inside the functions).
@@ -46,12 +47,34 @@ class SlotTensor:
     offset: int
 
 
+def slices(layer: Any, is_a: bool) -> tuple[Any, ...] | None:
+    """``layer``'s stacked A (``is_a``) or B buffers, one per slice: a linear layer's tuple as it is, the output
+    layer's one 4-D tensor (vLLM's ``LogitsProcessorWithLoRA``: ``(max_loras, 1, R, hidden)`` and ``(max_loras,
+    1, vocab, R)``, laid out as a linear slice) as a tuple of one; None for any other layout (the token
+    embedding's A is ``(max_loras, vocab, R)``, transposed; the MoE layers' are lists of views)."""
+    stacked = getattr(layer, "lora_a_stacked" if is_a else "lora_b_stacked", None)
+    if isinstance(stacked, tuple):
+        return stacked
+    other = getattr(layer, "lora_b_stacked" if is_a else "lora_a_stacked", None)
+    if all(getattr(t, "dim", lambda: 0)() == 4 for t in (stacked, other)):
+        return (stacked,)
+    return None
+
+
+def _set_slices(layer: Any, is_a: bool, views: dict[int, Any]) -> None:
+    """Give ``layer`` its stacked buffers back with slice ``i`` replaced by ``views[i]``, in the form it held them."""
+    name = "lora_a_stacked" if is_a else "lora_b_stacked"
+    held = getattr(layer, name)
+    new = tuple(views.get(i, s) for i, s in enumerate(slices(layer, is_a) or ()))
+    setattr(layer, name, new if isinstance(held, tuple) else new[0])
+
+
 def _stacked(t: SlotTensor) -> Any:
-    return (t.layer.lora_a_stacked if t.is_a else t.layer.lora_b_stacked)[t.index]
+    return (slices(t.layer, t.is_a) or ())[t.index]
 
 
 def _movable(t: SlotTensor, dtype: Any) -> bool:
-    if not isinstance(t.layer.lora_a_stacked, tuple) or not isinstance(t.layer.lora_b_stacked, tuple):
+    if slices(t.layer, True) is None or slices(t.layer, False) is None:
         return False
     stacked = _stacked(t)
     if stacked.device.type != "cpu" or stacked.dtype != dtype or stacked.dim() != 4 or stacked.shape[1] != 1:
@@ -74,12 +97,12 @@ def rehome(tensors: list[SlotTensor], nbytes: int, dtype: Any) -> Any:
     if not tensors or nbytes <= 0:
         return None
     esize = torch.empty((), dtype=dtype).element_size()
-    slots = {_stacked(t).shape[0] for t in tensors}
     seen: set[int] = set()
     for t in tensors:
         if not _movable(t, dtype) or t.offset % esize or id(stacked := _stacked(t)) in seen:
             return None
         seen.add(id(stacked))
+    slots = {_stacked(t).shape[0] for t in tensors}
     if len(slots) != 1 or nbytes % esize:
         return None
     (n_slots,) = slots
@@ -94,8 +117,7 @@ def rehome(tensors: list[SlotTensor], nbytes: int, dtype: Any) -> Any:
             view.copy_(_stacked(t))  # every slot keeps what it serves
             moved.setdefault((id(t.layer), t.is_a), (t.layer, {}))[1][t.index] = view
     for (_, is_a), (layer, views) in moved.items():
-        name = "lora_a_stacked" if is_a else "lora_b_stacked"
-        setattr(layer, name, tuple(views.get(i, s) for i, s in enumerate(getattr(layer, name))))
+        _set_slices(layer, is_a, views)
         setattr(layer, MOVED, True)
     return flat
 

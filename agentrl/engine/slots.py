@@ -24,6 +24,7 @@ from agentrl.engine.adapter_plan import (
     release_slot,
 )
 from agentrl.engine.install import REGISTRY, STATS
+from agentrl.engine.slot_layout import slices
 from agentrl.weight_sync.worker_io import attach_segment, failure_of
 
 
@@ -161,5 +162,5 @@ class SlotsMixin:
                 if slot is not None:
                     layer = manager.modules[name]
                     live += float(sum(t[s][slot].double().abs().sum()
-                                      for t in (layer.lora_a_stacked, layer.lora_b_stacked)))
+                                      for t in (slices(layer, True), slices(layer, False))))
         return {"ok": True, "cached": cached, "live": live, "slot": slot}

@@ -35,9 +35,10 @@ Monkeypatches, installed once per worker process by :func:`install_patches`:
    once it has sampled (an exact rewind: the seeded stream does not depend on how the prefill was split), and
    ``_bookkeeping_sync`` runs without them, so vLLM's offset rewind never sees a CPU generator.
 17. :func:`patch_cpu_lora_fast_path` (CPU build only; off with ``AGENTRL_CPU_LORA_FAST=0``): wraps
-   ``PunicaWrapperCPU.update_metadata`` (the step's per-token slot ids, ``token_lora_indices``, grouped by slot
-   once per step) and replaces its ``add_lora_linear``, ``add_shrink`` and ``add_expand`` with plain and
-   batched GEMMs on the same stacked slot tensors (:mod:`agentrl.engine.cpu_lora`, which says where vLLM's
+   ``PunicaWrapperCPU.update_metadata`` (the step's per-token slot ids, ``token_lora_indices``, and per-sample
+   ones, ``sampler_indices``, grouped by slot once per step) and replaces its ``add_lora_linear``,
+   ``add_shrink``, ``add_expand`` and ``add_lora_logits`` (the output layer's LoRA) with plain and batched GEMMs
+   on the same stacked slot tensors (:mod:`agentrl.engine.cpu_lora`, which says where vLLM's
    torch ops lose their time); a call that does not fit runs vLLM's own op.
 18. :func:`patch_lora_removal` (wrapped): ``LoRAModelManager.deactivate_adapter``, which vLLM calls only when an
    adapter leaves the manager (``remove_adapter``: an unload or a reload from its file; an eviction from the
@@ -105,6 +106,10 @@ Private-API lookups (nothing patched; called by the extension when it needs them
     a weight label of its own): ``EngineCore._attach_weight_version``, which puts the engine-wide label on every
     step's ``EngineCoreOutputs.weight_version``, puts there the composite of it and the adapters' labels
     instead (:mod:`agentrl.engine.adapter_labels`); with no adapter labelled it leaves vLLM's string as is.
+
+21. :func:`patch_output_layer_lora` (wrapped): ``vllm.lora.model_manager.get_supported_lora_modules`` lists
+   ``lm_head`` for models whose class does not declare it in ``embedding_modules`` (Qwen2), so that vLLM's
+   output-layer LoRA serves their adapters' ``lm_head`` (``trainer.lora_train_unembed``).
 
 Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, one worker in the engine core):
 
@@ -181,7 +186,7 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
                     attach_router_tap: Callable[[Any], Any],
                     release_hooks: list[Callable[[Any, int], None]] | None = None,
                     removal_hooks: list[Callable[[Any, int], None]] | None = None) -> None:
-    """Install the monkeypatches (1-3, 7, 8, 14, 15, 17, 18; idempotent) in a vLLM worker process, after the
+    """Install the monkeypatches (1-3, 7, 8, 14, 15, 17, 18, 21; idempotent) in a vLLM worker process, after the
     version check. ``release_hooks``: called with (manager, adapter id) before an adapter's slot is released
     (patch 14); ``removal_hooks``: the same, before an adapter leaves the manager (patch 18).
 
@@ -197,10 +202,38 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     patch_router_tap(attach_router_tap)
     patch_moe_reload_prepack()
     patch_cpu_seeded_chunks()
+    patch_output_layer_lora()
     stats["cpu_lora_fast"] = float(patch_cpu_lora_fast_path())
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------
+
+@_uses("patch", Target("vllm.lora.model_manager", "get_supported_lora_modules"),
+       Target("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead"))
+def patch_output_layer_lora() -> None:
+    """Patch 21 (idempotent): vLLM serves a LoRA on the output layer (``LogitsProcessorWithLoRA``) only for a
+    model class that lists ``lm_head`` in its ``embedding_modules`` (Llama does; Qwen2, the embedded model's
+    architecture, does not), and refuses an adapter that has one otherwise. The LoRA manager's list of the
+    modules it supports gets ``lm_head`` for every model with a ``ParallelLMHead`` named so beside a
+    ``logits_processor``: the layer vLLM's wrapper was written for (``trainer.lora_train_unembed``)."""
+    from vllm.lora import model_manager
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    original = model_manager.get_supported_lora_modules
+    if getattr(original, "_agentrl_hook", False):
+        return
+
+    def get_supported_lora_modules(model: Any) -> list[str]:
+        names = original(model)
+        head = getattr(model, "lm_head", None)
+        if isinstance(head, ParallelLMHead) and hasattr(model, "logits_processor") and "lm_head" not in names:
+            names = [*names, "lm_head"]
+        return names
+
+    get_supported_lora_modules._agentrl_hook = True  # type: ignore[attr-defined]
+    get_supported_lora_modules._agentrl_original = original  # type: ignore[attr-defined]
+    model_manager.get_supported_lora_modules = get_supported_lora_modules
+
 
 @_uses("patch", Target("vllm.lora.model_manager", "LoRAModelManager._deactivate_adapter"))
 def patch_lora_slot_release(hooks: list[Callable[[Any, int], None]]) -> None:
@@ -283,8 +316,9 @@ _PUNICA_CPU = "vllm.lora.punica_wrapper.punica_cpu"
 
 @_uses("patch", Target(_PUNICA_CPU, "PunicaWrapperCPU.update_metadata"),
        Target(_PUNICA_CPU, "PunicaWrapperCPU.add_lora_linear"), Target(_PUNICA_CPU, "PunicaWrapperCPU.add_shrink"),
-       Target(_PUNICA_CPU, "PunicaWrapperCPU.add_expand"),
+       Target(_PUNICA_CPU, "PunicaWrapperCPU.add_expand"), Target(_PUNICA_CPU, "PunicaWrapperCPU.add_lora_logits"),
        Target("vllm.lora.punica_wrapper.punica_base", "PunicaWrapperBase.token_lora_indices"),
+       Target("vllm.lora.punica_wrapper.punica_base", "PunicaWrapperBase.sampler_indices"),
        Target("vllm.platforms", "current_platform"))
 def patch_cpu_lora_fast_path(force: bool = False) -> bool:
     """Patch 17: the CPU LoRA fast path (:mod:`agentrl.engine.cpu_lora`) in place of vLLM's torch ops, on the
@@ -302,16 +336,18 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
 
     update, linear = PunicaWrapperCPU.update_metadata, PunicaWrapperCPU.add_lora_linear
     shrink, expand = PunicaWrapperCPU.add_shrink, PunicaWrapperCPU.add_expand
+    logits = PunicaWrapperCPU.add_lora_logits
     if getattr(update, "_agentrl_hook", False):
         return True
 
     def update_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = update(self, *args, **kwargs)
         self._agentrl_groups = cpu_lora.Groups.of(self.token_lora_indices)
+        self._agentrl_rows = cpu_lora.Groups.of(self.sampler_indices)  # the output layer's rows, one per sample
         return out
 
-    def _groups(self: Any, y: Any, x: Any, *weights: Any) -> Any:
-        g = getattr(self, "_agentrl_groups", None)
+    def _groups(self: Any, y: Any, x: Any, *weights: Any, attr: str = "_agentrl_groups") -> Any:
+        g = getattr(self, attr, None)
         fits = g is not None and g.covers(x) and y.size(-2) == g.n and cpu_lora.same_dtype(y, x, *weights)
         return g if fits else None
 
@@ -342,14 +378,25 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
         cpu_lora.expand(g, y, x, lora_b_stacked, tuple(output_slices), offset_start)
         return None
 
+    def add_lora_logits(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float, *,
+                        buffer: Any = None, **kwargs: Any) -> Any:
+        x2, y2 = x.view(-1, x.shape[-1]), y.view(-1, y.shape[-1])
+        g = None if buffer is not None else _groups(self, y2, x2, lora_a_stacked, lora_b_stacked, attr="_agentrl_rows")
+        if g is None:
+            return logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)
+        width = min(lora_b_stacked.size(2), y2.size(1))  # the logits may be padded past the vocabulary
+        cpu_lora.lora_linear(g, y2, x2, (lora_a_stacked,), (lora_b_stacked,), scale, (width,))
+        return None
+
     for fn, orig in ((update_metadata, update), (add_lora_linear, linear), (add_shrink, shrink),
-                     (add_expand, expand)):
+                     (add_expand, expand), (add_lora_logits, logits)):
         fn._agentrl_original = orig  # type: ignore[attr-defined]
     update_metadata._agentrl_hook = True  # type: ignore[attr-defined]
     PunicaWrapperCPU.update_metadata = update_metadata  # type: ignore[method-assign]
     PunicaWrapperCPU.add_lora_linear = add_lora_linear  # type: ignore[method-assign]
     PunicaWrapperCPU.add_shrink = add_shrink  # type: ignore[method-assign]
     PunicaWrapperCPU.add_expand = add_expand  # type: ignore[method-assign]
+    PunicaWrapperCPU.add_lora_logits = add_lora_logits  # type: ignore[method-assign]
     return True
 
 
@@ -863,8 +910,8 @@ __all__ = [
     "PRIVATE_USES", "WRITTEN_FOR_VLLM", "begin_weight_load", "check_vllm_version", "find_engine_core",
     "finish_weight_load", "hook_core_requests", "install_patches", "load_weight_bucket", "lora_adapter_manager",
     "model_config", "moe_geometry", "parse_lora_name", "patch_cpu_engine_core_fork", "patch_lora_removal",
-    "patch_lora_slot_release", "patch_lora_worker_manager", "patch_moe_reload_prepack", "patch_request_labels",
-    "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings", "run_api_server", "runner_model",
-    "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core", "wrap_runner_step",
-    "wrap_weight_version_attach",
+    "patch_lora_slot_release", "patch_lora_worker_manager", "patch_moe_reload_prepack", "patch_output_layer_lora",
+    "patch_request_labels", "patch_router_tap", "pause_core", "peft_helper", "refresh_tied_embeddings",
+    "run_api_server", "runner_model", "served_model", "step_layout", "tap_moe_routers", "targets", "wake_core",
+    "wrap_runner_step", "wrap_weight_version_attach",
 ]

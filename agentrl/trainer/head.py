@@ -14,6 +14,11 @@ states and of the output weight (the tied embedding of a full-weight run). Peak 
 (``chunk x V``), whatever the micro-batch's length. The result equals the plain computation to float32
 rounding (tests compare logprobs and gradients).
 
+An output layer with a LoRA adapter (``trainer.lora_train_unembed``: peft's ``lora.Linear`` around it) adds
+``scale * (hidden @ A^T) @ B^T`` to the logits. That is the same chunked product over widened operands:
+``[hidden, scale * hidden @ A^T]`` against ``[W, B]`` (:func:`head_operands`), so the logits still never exist
+whole and autograd reaches ``A`` through the widened hidden states and ``B`` through the widened weight.
+
 Models whose forward changes the logits after the output layer (a final soft-cap, a logit scale) or whose output
 layer has a bias are scored the plain way: :func:`fusable` says which.
 """
@@ -105,10 +110,31 @@ class LogprobHead(nn.Module):
 
     def forward(self, hidden_B_T_H: Tensor) -> Tensor:
         B, T, H = hidden_B_T_H.shape
-        lp = chunked_logprobs(hidden_B_T_H.reshape(B * T, H), self.head.weight, self.next_B_T.reshape(-1),
+        hidden_N_K, weight_V_K = head_operands(self.head, hidden_B_T_H.reshape(B * T, H))
+        lp = chunked_logprobs(hidden_N_K, weight_V_K, self.next_B_T.reshape(-1),
                               self.inv_temp_B_T.reshape(-1), self.chunk,
                               None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1), self.kept_M_V)
         return lp.view(B, T, 1).clone()  # not a view: FSDP2 hooks the output for its backward
+
+
+def head_operands(head: nn.Module, hidden_N_H: Tensor) -> tuple[Tensor, Tensor]:
+    """``(hidden, weight)`` whose product is the output layer ``head``'s logits: its input and weight, widened
+    by each active LoRA adapter on it (peft's ``lora.Linear``, unmerged, adapters enabled) to
+    ``[hidden, scale * dropout(hidden) @ A^T]`` and ``[W, B]``."""
+    weight_V_H = head.weight
+    lora_a = getattr(head, "lora_A", None)
+    if lora_a is None or getattr(head, "disable_adapters", False) or getattr(head, "merged", False):
+        return hidden_N_H, weight_V_H
+    hidden, weight = [hidden_N_H], [weight_V_H]
+    for name in head.active_adapters:
+        if name not in lora_a:
+            continue
+        a_R_H, b_V_R = lora_a[name].weight, head.lora_B[name].weight
+        hidden.append((head.lora_dropout[name](hidden_N_H) @ a_R_H.T.to(hidden_N_H.dtype)) * head.scaling[name])
+        weight.append(b_V_R.to(weight_V_H.dtype))
+    if len(weight) == 1:
+        return hidden_N_H, weight_V_H
+    return torch.cat(hidden, dim=-1), torch.cat(weight, dim=-1)
 
 
 def fusable(model: nn.Module) -> bool:

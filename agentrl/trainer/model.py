@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +147,16 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
             r=cfg.lora_rank,
             lora_alpha=cfg.lora_alpha,
             lora_dropout=cfg.lora_dropout,
-            target_modules=lora_targets(cfg.lora_target_modules, model.config),
+            target_modules=lora_targets(cfg.lora_modules, model.config),
             modules_to_save=list(NORMS) if cfg.lora_train_norms else None,
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)
-        model = get_peft_model(model, lora_cfg)
+        with warnings.catch_warnings():
+            # lora_train_unembed on a tied model: the output layer's LoRA is meant to leave the input embedding
+            # alone (peft's ensure_weight_tying would give the embedding the same update)
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*ensure_weight_tying", category=UserWarning)
+            model = get_peft_model(model, lora_cfg)
         if cfg.lora_train_embedding:  # the output layer too, where it is tied (one parameter)
             model.get_input_embeddings().weight.requires_grad_(True)
     else:
@@ -177,7 +182,9 @@ def adapter_state(model: nn.Module, sd: dict[str, torch.Tensor]) -> dict[str, to
     from peft import get_peft_model_state_dict
 
     embedding = [n for n in trained_whole(model) if "modules_to_save" not in n]
-    return {**get_peft_model_state_dict(model, state_dict=sd), **{n: sd[n] for n in embedding}}
+    # an output-layer LoRA (lora_train_unembed) would make peft's "auto" save the whole (frozen) embedding
+    adapter = get_peft_model_state_dict(model, state_dict=sd, save_embedding_layers=False)
+    return {**adapter, **{n: sd[n] for n in embedding}}
 
 
 def optimizer_groups(model: nn.Module) -> list[dict[str, Any]]:

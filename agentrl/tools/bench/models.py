@@ -83,9 +83,10 @@ def build_random_qwen2(out_dir: Path, size: str = "tiny", seed: int = 0, context
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def lora_shapes(size: str | dict, rank: int = 16, targets: tuple[str, ...] = TARGETS) -> dict[str, tuple[int, int]]:
+def lora_shapes(size: str | dict, rank: int = 16, targets: tuple[str, ...] = TARGETS,
+                output_layer: bool = False) -> dict[str, tuple[int, int]]:
     """peft tensor name -> shape of a rank-``rank`` adapter on the ``targets`` linear modules of every layer, for
-    ``SIZES[size]`` or a model's ``config.json`` (a dict)."""
+    ``SIZES[size]`` or a model's ``config.json`` (a dict); with ``output_layer``, on ``lm_head`` too."""
     from agentrl.launch.memory import DecoderShape
 
     config = {**SIZES[size], "vocab_size": 400} if isinstance(size, str) else size
@@ -97,6 +98,9 @@ def lora_shapes(size: str | dict, rank: int = 16, targets: tuple[str, ...] = TAR
             base = f"base_model.model.model.layers.{layer}.{'self_attn' if m in ATTENTION else 'mlp'}.{m}"
             shapes[f"{base}.lora_A.weight"] = (rank, dims[m][0])
             shapes[f"{base}.lora_B.weight"] = (dims[m][1], rank)
+    if output_layer:
+        shapes["base_model.model.lm_head.lora_A.weight"] = (rank, int(config["hidden_size"]))
+        shapes["base_model.model.lm_head.lora_B.weight"] = (int(config["vocab_size"]), rank)
     return shapes
 
 

@@ -87,8 +87,23 @@ def test_an_adapter_with_tensors_trained_whole_is_served_merged(whole: str) -> N
         with pytest.raises(ValueError, match=rf"'{name}' serves the adapter from vLLM's LoRA slots, which hold no "
                                              r"tensor trained whole .* use 'merged'"):
             _cfg(trainer=flag, pipeline={"weight_sync": name})
-    with pytest.raises(ValueError, match=rf"trainer.{whole} .* full-weight training .* trains them already"):
+    with pytest.raises(ValueError, match=rf"trainer.{whole} .* full-weight training .* trains those weights already"):
         _cfg(trainer={**flag, "lora": False})
+
+
+def test_an_output_layer_lora_is_served_from_the_slots() -> None:
+    """``trainer.lora_train_unembed``: ``auto`` serves the adapter from the slots, the engines wrap the output
+    layer beside the trained linear layers, merging is refused (the output layer is tied to the embedding on
+    small models), and it cannot be combined with the embedding trained whole."""
+    flag = {"lora_train_unembed": True}
+    cfg = _cfg(trainer=flag).resolved()
+    assert cfg.transport == ShmSync() and cfg.serves_adapter
+    assert cfg.inference.lora_target_modules == [*cfg.trainer.lora_target_modules, "lm_head"]
+    assert "lm_head" not in _cfg().resolved().inference.lora_target_modules
+    with pytest.raises(ValueError, match=r"'merged' merges the adapter .*lora_train_unembed"):
+        _cfg(trainer=flag, pipeline={"weight_sync": "merged"})
+    with pytest.raises(ValueError, match=r"lora_train_unembed and trainer.lora_train_embedding .* choose one"):
+        _cfg(trainer={**flag, "lora_train_embedding": True})
 
 
 def test_the_rule_is_one_function_and_auto_obeys_it() -> None:
@@ -96,12 +111,15 @@ def test_the_rule_is_one_function_and_auto_obeys_it() -> None:
     and ``auto``'s choice always passes it."""
     from agentrl.config.sync import TRANSPORTS
 
-    runs = [Served(lora, whole, moe) for lora in (True, False) for whole in (False, True) for moe in (False, True)
-            if lora or not whole]
+    runs = [Served(lora, whole, moe, head) for lora in (True, False) for whole in (False, True) for moe in (False, True)
+            for head in (False, True) if (lora or not whole) and (lora or not head) and not (whole and head)]
     for run in runs:
         for name, cls in TRANSPORTS.items():
             sync = cls()
-            if name == "auto":
+            if name == "auto" and run.moe_on_cpu and run.output_lora:  # neither the slots nor a merge
+                with pytest.raises(SettingError, match="finds no transport"):
+                    settle(sync, run)
+            elif name == "auto":
                 assert refusal(settle(sync, run), run) is None
             elif refusal(sync, run) is None:
                 assert settle(sync, run) is sync

@@ -97,6 +97,31 @@ def test_shrink_expand_pair_matches_vllm(patched: None, case: str) -> None:
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``add_lora_logits``: one row per sequence (its sampled position), the slots of ``sampler_indices``; the
+    logits are wider than the vocabulary the slots hold (padding), which gets nothing added."""
+    calls = []
+    fast = cpu_lora.lora_linear
+    monkeypatch.setattr(cpu_lora, "lora_linear", lambda *a: calls.append(a[0]) or fast(*a))
+    slots, lens = CASES[case]
+    w = _wrapper(slots, lens)
+    rows, vocab, padded = len(lens), 40, 64
+    gen = torch.Generator().manual_seed(8)
+    a = torch.randn(SLOTS, 1, RANK, HIDDEN, generator=gen)
+    b = torch.randn(SLOTS, 1, vocab, RANK, generator=gen)
+    a[SLOTS - 1].zero_()
+    b[SLOTS - 1].zero_()
+    x = torch.randn(rows, HIDDEN, generator=gen)
+    y0 = torch.randn(rows, padded, generator=gen)
+    want, got = y0.clone(), y0.clone()
+    _orig("add_lora_logits")(w, want, x, a, b, 1.0)
+    w.add_lora_logits(got, x, a, b, 1.0)
+    assert len(calls) == 1 and calls[0] is w._agentrl_rows and w._agentrl_rows.n == rows  # the fast path ran
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[:, vocab:], y0[:, vocab:])
+
+
 def test_groups_of_a_step() -> None:
     g = cpu_lora.Groups.of(torch.tensor([3, -1, 0, 3, 3, 0]))
     assert g.mode == "many" and g.slots.tolist() == [0, 3] and g.width == 3

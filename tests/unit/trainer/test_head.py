@@ -64,3 +64,55 @@ def test_the_fused_head_gives_the_plain_logprobs_loss_and_gradients(world: None,
     # the output layer is its own again after the forward
     base = step.model.get_base_model() if lora else step.model
     assert isinstance(base.get_output_embeddings(), torch.nn.Linear)
+
+
+def _randomise_lora_b(model: torch.nn.Module, seed: int) -> None:
+    """Every LoRA B nonzero (peft starts them at zero), so that each adapter changes the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # a one-rank DTensor's local tensor is the whole parameter
+                local = p.to_local() if hasattr(p, "to_local") else p
+                local.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_an_output_layer_lora_is_scored_and_trained_through_the_fused_head(world: None, tiny_tokenizer_model: Path,
+                                                                          packing: bool) -> None:
+    rng = random.Random(7)
+    samples = [_sample(rng, n, temperature=t) for n, t in [(31, 1.0), (12, 0.7), (5, 1.0)]]
+    n_tok = sum(s.num_loss_tokens for s in samples)
+    results: list[StepResult] = []
+    for chunk in (0, 5):
+        step = _make_step(tiny_tokenizer_model, lora=True, lora_train_unembed=True, packing=packing,
+                          logprob_chunk_tokens=chunk)
+        _randomise_lora_b(step.model, 3)
+        assert step.fused_head is bool(chunk)
+        results.append(step_result(step, step._batch(samples), n_tok))
+    assert_same_step(*results)
+    head_grads = [n for n in results[1][2] if "lm_head.lora_" in n]
+    assert len(head_grads) == 2 and all(results[1][2][n].abs().sum() > 0 for n in head_grads)
+    # the head's adapter changes the logprobs: without it they differ
+    step = _make_step(tiny_tokenizer_model, lora=True, packing=packing, logprob_chunk_tokens=5)
+    _randomise_lora_b(step.model, 3)
+    plain = step_result(step, step._batch(samples), n_tok)
+    assert not torch.allclose(plain[0], results[1][0], atol=1e-4)
+
+
+def test_the_output_layer_lora_is_left_out_with_the_adapters_disabled(tiny_tokenizer_model: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.head import head_operands
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_tokenizer_model), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
+    _randomise_lora_b(model, 4)
+    head = model.get_base_model().get_output_embeddings()
+    hidden = torch.randn(6, head.weight.shape[1])
+    h, w = head_operands(head, hidden)
+    assert h.shape[1] == w.shape[1] == hidden.shape[1] + 4
+    torch.testing.assert_close(h @ w.T, head(hidden), rtol=1e-5, atol=1e-5)
+    with model.disable_adapter():
+        h, w = head_operands(head, hidden)
+        assert h is hidden and w is head.weight
