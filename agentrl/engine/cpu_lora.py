@@ -115,6 +115,30 @@ class Groups:
         return x.dim() == 2 and x.size(0) == self.n
 
 
+def logit_rows(samples: Groups | None, tokens: Groups | None, token_slots: Any, x: Any) -> Groups | None:
+    """The slots of the output layer's rows ``x``. vLLM's model runner passes it two kinds of rows:
+
+    - the sampled positions, gathered (``hidden_states[logits_indices]``: a tensor of its own), one per sequence,
+      with the slots of ``samples`` (vLLM's ``sampler_indices``);
+    - one request's prompt positions, for prompt logprobs: a slice of the step's hidden states, whose first row
+      is read from ``x``'s offset into them, with the slots of those tokens (``token_slots``).
+
+    A step whose every token has one slot, or none, gives any rows that slot. None where the rows cannot be
+    placed (vLLM's own op runs)."""
+    n = int(x.size(0))
+    width = int(x.size(1)) if x.dim() == 2 else 0
+    sliced = x.dim() == 2 and x.untyped_storage().nbytes() > x.numel() * x.element_size()
+    if sliced and tokens is not None and x.stride(1) == 1 and x.stride(0) == width and x.storage_offset() % width == 0:
+        first = x.storage_offset() // width
+        if first + n <= tokens.n:
+            return Groups.of(token_slots[first:first + n])
+    if samples is not None and samples.n == n and not sliced:
+        return samples
+    if tokens is not None and tokens.mode in ("none", "one"):
+        return Groups(n=n, mode=tokens.mode, slot=tokens.slot)
+    return None
+
+
 class _Serial:
     """Run the block on one thread when ``macs`` is below :data:`SERIAL_MACS` (the engine's count back after)."""
 

@@ -381,7 +381,10 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
     def add_lora_logits(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float, *,
                         buffer: Any = None, **kwargs: Any) -> Any:
         x2, y2 = x.view(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        g = None if buffer is not None else _groups(self, y2, x2, lora_a_stacked, lora_b_stacked, attr="_agentrl_rows")
+        rows = cpu_lora.logit_rows(getattr(self, "_agentrl_rows", None), getattr(self, "_agentrl_groups", None),
+                                   self.token_lora_indices, x2)
+        g = None if buffer is not None or rows is None or y2.size(0) != rows.n or not cpu_lora.same_dtype(
+            y2, x2, lora_a_stacked, lora_b_stacked) else rows
         if g is None:
             return logits(self, y, x, lora_a_stacked, lora_b_stacked, scale, buffer=buffer, **kwargs)
         width = min(lora_b_stacked.size(2), y2.size(1))  # the logits may be padded past the vocabulary

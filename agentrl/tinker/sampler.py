@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from agentrl.config.inference import VLLMServerConfig, engine_lora_rank
-from agentrl.config.trainer import ALL_LINEAR
+from agentrl.config.trainer import ALL_LINEAR, OUTPUT_LAYER
 from agentrl.inference.client import InferenceClient
 from agentrl.inference.server import VLLMServer
 from agentrl.tinker.errors import TinkerError, TinkerUserError
@@ -134,8 +134,6 @@ class SlotSampler:
         self.max_adapters = max_adapters
         self.max_rank = max_rank
         self.max_registered = max_registered
-        self.serves_unembed = False
-        """vLLM's LoRA slots hold no adapter on the output layer (see the trainer's ``train_unembed``)."""
         self._client = InferenceClient([server.url], model=BASE, timeout_s=600)
         self._http = httpx.AsyncClient(base_url=server.url, timeout=httpx.Timeout(600.0, connect=10.0))
         self._paths: dict[str, Path] = {}
@@ -151,7 +149,7 @@ class SlotSampler:
         cfg = VLLMServerConfig(model=str(model_dir), served_model_name=BASE, dtype="float32",
                                max_model_len=max_model_len or 2048, enable_lora=True,
                                max_lora_rank=engine_lora_rank(max_rank), max_loras=max_adapters,
-                               lora_target_modules=list(ALL_LINEAR),  # what a client's adapter can cover
+                               lora_target_modules=[*ALL_LINEAR, OUTPUT_LAYER],  # what an adapter can cover
                                extra_args=["--max-cpu-loras", str(max_adapters * 2)])
         server = VLLMServer(cfg, log_dir or state_dir / "logs")
         await asyncio.to_thread(server.start)

@@ -3,9 +3,10 @@ adapters on it, one per training client, each with its own AdamW. A request swit
 so gradients accumulate in that adapter's tensors only, until its ``optim_step``.
 
 ``train_attn`` and ``train_mlp`` map to the attention projections (``q_proj``, ``k_proj``, ``v_proj``,
-``o_proj``) and the MLP projections (``gate_proj``, ``up_proj``, ``down_proj``). ``train_unembed`` is
-accepted but adds no LoRA on the output layer: an engine slot cannot serve one, and a sampler must see
-exactly the weights saved (docs/tinker.md).
+``o_proj``) and the MLP projections (``gate_proj``, ``up_proj``, ``down_proj``); ``train_unembed`` to a LoRA on
+the output layer (``lm_head``), which the sampler's engine serves from its slots (vLLM's output-layer LoRA), as
+the run trainer's ``lora_train_unembed`` does. On a model that ties the output layer to the input embedding,
+it changes the logits only.
 
 Every method runs on the caller's thread and holds the trainer's lock; the service calls them from one
 worker thread, in each model's ``seq_id`` order."""
@@ -22,12 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrl.config.trainer import ALL_LINEAR, TrainerConfig
+from agentrl.config.trainer import ALL_LINEAR, OUTPUT_LAYER, TrainerConfig
 from agentrl.tinker import losses
 from agentrl.tinker.errors import TinkerUserError
 from agentrl.tinker.wire import WireDatum
 from agentrl.trainer.head import fusable, logprob_head
-from agentrl.trainer.model import MLP_PROJECTIONS
+from agentrl.trainer.model import MLP_PROJECTIONS, untied_output_lora
 
 ATTN = tuple(n for n in ALL_LINEAR if n not in MLP_PROJECTIONS)
 MLP = MLP_PROJECTIONS
@@ -49,7 +50,8 @@ class LoraSpec:
 
     @property
     def target_modules(self) -> list[str]:
-        return [*(ATTN if self.train_attn else ()), *(MLP if self.train_mlp else ())]
+        return [*(ATTN if self.train_attn else ()), *(MLP if self.train_mlp else ()),
+                *((OUTPUT_LAYER,) if self.train_unembed else ())]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,8 +88,8 @@ class LoraTrainer:
             raise TinkerUserError(f"LoRA rank {spec.rank}: this server holds ranks 1 to {self.max_rank} "
                                   "(serve-tinker --max-rank)")
         if not spec.target_modules:
-            raise TinkerUserError("train_attn and train_mlp are both off: the adapter would train nothing this "
-                                  "server serves (train_unembed adds no LoRA here, see docs/tinker.md)")
+            raise TinkerUserError("train_attn, train_mlp and train_unembed are all off: the adapter would train "
+                                  "nothing")
 
     def add(self, name: str, spec: LoraSpec) -> None:
         """A new adapter ``name``, initialised from ``spec.seed`` (B = 0: it starts as the base model)."""
@@ -98,10 +100,11 @@ class LoraTrainer:
                          task_type="CAUSAL_LM")
         with self.lock, torch.random.fork_rng():
             torch.manual_seed(0 if spec.seed is None else spec.seed)
-            if self.model is None:
-                self.model = get_peft_model(self.base, cfg, adapter_name=name)
-            else:
-                self.model.add_adapter(name, cfg)
+            with untied_output_lora():
+                if self.model is None:
+                    self.model = get_peft_model(self.base, cfg, adapter_name=name)
+                else:
+                    self.model.add_adapter(name, cfg)
             self.model.set_adapter(name)
             params = self._params(name)
             self.adapters[name] = _Adapter(spec, torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
@@ -193,7 +196,7 @@ class LoraTrainer:
         from peft import get_peft_model_state_dict
 
         with self.lock:
-            sd = get_peft_model_state_dict(self.model, adapter_name=name)
+            sd = get_peft_model_state_dict(self.model, adapter_name=name, save_embedding_layers=False)
             return {k: v.detach().cpu().clone().contiguous() for k, v in sd.items()}
 
     def save(self, name: str, out: Path, *, optimizer: bool) -> None:

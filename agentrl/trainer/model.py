@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import random
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,16 +154,23 @@ def _causal_lm(cfg: TrainerConfig, on_meta: bool) -> nn.Module:
             task_type="CAUSAL_LM",
         )
         torch.manual_seed(cfg.seed)
-        with warnings.catch_warnings():
-            # lora_train_unembed on a tied model: the output layer's LoRA is meant to leave the input embedding
-            # alone (peft's ensure_weight_tying would give the embedding the same update)
-            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*ensure_weight_tying", category=UserWarning)
+        with untied_output_lora():
             model = get_peft_model(model, lora_cfg)
         if cfg.lora_train_embedding:  # the output layer too, where it is tied (one parameter)
             model.get_input_embeddings().weight.requires_grad_(True)
     else:
         freeze(model, cfg.frozen_parameters)
     return model
+
+
+@contextlib.contextmanager
+def untied_output_lora() -> Iterator[None]:
+    """Within the block, peft's warning that a LoRA on a tied output layer is not tied to the input embedding
+    is not shown: ``lora_train_unembed`` (and Tinker's ``train_unembed``) mean exactly that, the logits' update
+    alone (peft's ``ensure_weight_tying`` would give the input embedding the same update)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*ensure_weight_tying", category=UserWarning)
+        yield
 
 
 def trained_whole(model: nn.Module) -> set[str]:

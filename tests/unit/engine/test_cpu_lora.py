@@ -122,6 +122,32 @@ def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypat
     assert torch.equal(got[:, vocab:], y0[:, vocab:])
 
 
+def test_prompt_logprob_rows_take_their_tokens_slots(patched: None) -> None:
+    """vLLM scores a request's prompt positions (prompt logprobs) through the output layer as a slice of the
+    step's hidden states: those rows get the slots of their tokens, not of the step's sampled sequences."""
+    slots, lens = [1, -1, 2], [3, 4, 5]
+    w = _wrapper(slots, lens)
+    gen = torch.Generator().manual_seed(9)
+    a = torch.randn(SLOTS, 1, RANK, HIDDEN, generator=gen)
+    b = torch.randn(SLOTS, 1, 40, RANK, generator=gen)
+    hidden = torch.randn(sum(lens), HIDDEN, generator=gen)
+    for first, n, slot in ((0, 3, 1), (3, 4, -1), (7, 5, 2)):  # each request's prompt rows
+        x = hidden[first:first + n]
+        y0 = torch.randn(n, 48, generator=gen)
+        got = y0.clone()
+        w.add_lora_logits(got, x, a, b, 1.0)
+        want = y0.clone()
+        if slot >= 0:
+            want[:, :40] += (x @ a[slot, 0].T) @ b[slot, 0].T
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # a step of one slot: any rows take it, sliced or not
+    w = _wrapper([3, 3], [2, 6])
+    x = torch.randn(5, HIDDEN, generator=gen)
+    got = torch.zeros(5, 40)
+    w.add_lora_logits(got, x, a, b, 1.0)
+    torch.testing.assert_close(got, (x @ a[3, 0].T) @ b[3, 0].T, rtol=1e-5, atol=1e-5)
+
+
 def test_groups_of_a_step() -> None:
     g = cpu_lora.Groups.of(torch.tensor([3, -1, 0, 3, 3, 0]))
     assert g.mode == "many" and g.slots.tolist() == [0, 3] and g.width == 3

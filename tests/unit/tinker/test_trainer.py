@@ -69,8 +69,11 @@ def test_a_saved_state_loads_back_exactly(trainer: LoraTrainer, tmp_path: Path) 
 def test_shapes_the_server_cannot_serve_are_refused(trainer: LoraTrainer) -> None:
     with pytest.raises(TinkerUserError, match="LoRA rank 32: this server holds ranks 1 to 16"):
         trainer.add("x5", LoraSpec(rank=32))
-    with pytest.raises(TinkerUserError, match="train_attn and train_mlp are both off"):
-        trainer.add("x5", LoraSpec(rank=4, train_attn=False, train_mlp=False, train_unembed=True))
+    with pytest.raises(TinkerUserError, match="train_attn, train_mlp and train_unembed are all off"):
+        trainer.add("x5", LoraSpec(rank=4, train_attn=False, train_mlp=False, train_unembed=False))
+    trainer.add("x6", LoraSpec(rank=4, train_attn=False, train_mlp=False))  # the output layer alone
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainer.tensors("x6")} == {"lm_head"}
+    trainer.remove("x6")
     trainer.add("x5", LoraSpec(rank=4))
     bad = [WireDatum(np.array([1, 2]), {"target_tokens": np.array([2, 10**6]), "weights": np.ones(2, np.float32)})]
     with pytest.raises(TinkerUserError, match="outside the model's vocabulary"):
