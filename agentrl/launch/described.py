@@ -190,12 +190,14 @@ def write_description(policy_dir: Path, cfg: RunConfig, **figures: Any) -> Path:
 
 def served_as_trained(cfg: RunConfig, adapter: str | Path) -> dict[str, object]:
     """The settings that serve the saved ``adapter`` as the run that trained it: a LoRA run whose tensors trained
-    whole are the ones it carries (the transport is then settled by the config's one rule), and the chat
+    whole, and output-layer LoRA, are the ones it carries (the transport is then settled by the config's one
+    rule, and the engines wrap the output layer where it has one), and the chat
     template it was trained with, when it carries one and ``cfg`` names none."""
-    from agentrl.weight_sync.saved import carries_whole_tensors
+    from agentrl.weight_sync.saved import carries_output_lora, carries_whole_tensors
 
     changes: dict[str, object] = {"trainer.lora": True, "trainer.lora_train_norms": False,
-                                  "trainer.lora_train_embedding": carries_whole_tensors(adapter)}
+                                  "trainer.lora_train_embedding": carries_whole_tensors(adapter),
+                                  "trainer.lora_train_unembed": carries_output_lora(adapter)}
     if cfg.chat_template is None:
         changes["chat_template"] = carried(adapter)
     return changes

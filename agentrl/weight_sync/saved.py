@@ -39,3 +39,13 @@ def carries_whole_tensors(adapter: str | Path) -> bool:
         return bool(config.get("modules_to_save"))
     with safe_open(str(weights), framework="pt") as f:
         return any(".lora_" not in k for k in f.keys())
+
+
+def carries_output_lora(adapter: str | Path) -> bool:
+    """Whether a saved adapter has a LoRA on the output layer (``trainer.lora_train_unembed``, Tinker's
+    ``train_unembed``): its engines must wrap ``lm_head`` too, and it is served from the slots."""
+    from agentrl.config.trainer import OUTPUT_LAYER
+
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    targets = config.get("target_modules") or []
+    return OUTPUT_LAYER in ([targets] if isinstance(targets, str) else targets)
