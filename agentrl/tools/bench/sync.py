@@ -186,13 +186,13 @@ async def _hold_slots(client: Any, shapes: dict, work: Path, rank: int, others: 
 
 
 async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path, targets: tuple[str, ...],
-               slots: int = 1) -> dict[str, Any]:
+               slots: int = 1, unembed: bool = False) -> dict[str, Any]:
     from agentrl.inference.client import InferenceClient
     from agentrl.weight_sync.control import controlled
     from agentrl.weight_sync.network import NetworkAdapterSync
     from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 
-    shapes = lora_shapes(shape, rank, targets)
+    shapes = lora_shapes(shape, rank, targets, output_layer=unembed)
     gen = torch.Generator().manual_seed(123)
     prompt = torch.randint(3, 300, (48,), generator=gen).tolist()
     short = prompt[:8]
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                          "loaded and run once first (the engine gets max_loras = max(2, slots))")
     ap.add_argument("--targets", choices=("all", "attention"), default="all",
                     help="the adapter's modules: every linear layer (the default LoRA) or q/k/v/o")
+    ap.add_argument("--unembed", action="store_true",
+                    help="the adapter has a LoRA on the output layer too (trainer.lora_train_unembed)")
     ap.add_argument("--work-dir", type=Path, default=None, help="model/adapters/logs (default: a temp dir)")
     full = ap.add_argument_group("with --full only", "options of the full-weight benchmark (agentrl.tools.bench.full_sync)")
     for flag, what in (("--nproc", "trainer ranks"), ("--syncs", "syncs to time"), ("--lr", "trainer learning rate"),
@@ -334,11 +336,12 @@ def main(argv: list[str] | None = None) -> int:
         shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
                                max_lora_rank=engine_lora_rank(args.rank),
-                               max_loras=max(2, args.slots), lora_target_modules=list(targets),
+                               max_loras=max(2, args.slots),
+                               lora_target_modules=[*targets, *(["lm_head"] if args.unembed else [])],
                                startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
             res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets,
-                                   args.slots))
+                                   args.slots, args.unembed))
     if args.model:
         name = f"{args.model}"
     else:
@@ -346,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         name = (f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
                 f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']})")
     held = f"; {args.slots} adapters held in slots" if args.slots > 1 else ""
-    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(targets)}{held}", "rank": args.rank,
+    on = "/".join([*targets, *(["lm_head"] if args.unembed else [])])
+    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {on}{held}", "rank": args.rank,
            **res}
     if not args.json:
         print(_table(res))
