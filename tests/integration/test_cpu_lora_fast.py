@@ -145,5 +145,7 @@ def test_bench_loop_serves_several_adapters_in_one_batch(engine, tiny_model_dir:
     for n, row in r["by_adapters"].items():
         assert row["adapter_tokens_per_s"] > 0 and len(row["adapter_over_base_pairs"]) == 1
         assert row["target"] == (0.9 if n == "1" else 0.8)
+        assert row["prefilled_tokens"] is not None and row["prefilled_tokens"] >= 0  # vLLM's counters, read
+    assert r["base_prefilled_tokens"] is not None and r["base_prefilled_tokens"] >= 0
     assert r["adapter_over_base"] == r["by_adapters"]["1"]["adapter_over_base"]
     assert r["cpu_lora_fast"] == (1.0 if cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0" else 0.0)

@@ -24,7 +24,10 @@ prompt's prefix cache as they do in the base phase), ``--spread episode`` gives 
 (a group's prompt is then prefilled once per adapter, since vLLM keys its prefix cache by adapter: that measures
 the cache lost as well as the LoRA compute);
 ``by_adapters[N]`` has that count's rate and ratio against the same pairs' base phases (target ≥ 0.9 for one
-adapter, ≥ 0.8 for several). ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
+adapter, ≥ 0.8 for several), and the prompt tokens its phases prefilled (vLLM's ``prompt_tokens`` less
+``prompt_tokens_cached``, median per phase; ``base_prefilled_tokens`` for the base phases): a prompt's KV is
+cached per adapter, so phases over several adapters prefill the prompts the others share (the system prompt,
+the tool list) once per adapter, work the base phase does once. ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
 fast path (:mod:`agentrl.engine.cpu_lora`; ``AGENTRL_CPU_LORA_FAST=0`` in the environment of the benchmark
 that starts the engine switches it off, for the comparison).
 """
@@ -90,6 +93,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     with_adapters = {n: PhaseResult() for n in counts}
     ratios: dict[int, list[float]] = {n: [] for n in counts}
     merge_ms: list[float] = []
+    prefilled: dict[int, list[float]] = {n: [] for n in [0, *counts]}  # 0: the base phases
     fast: float | None = None
     server = {"model": model, "dtype": "float32", "max_model_len": 1024, "enable_lora": not merged}
     if not merged:
@@ -118,19 +122,23 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
 
                 for rep in range(-1, args.repeats):  # -1: a warm-up round, not measured
                     await switch(zero)
+                    before = await prefilled_tokens(url)
                     b = await run_raw_phase(reqs, client, sampling, args.concurrency, f"bench-base-{rep}")
                     if rep >= 0:
                         base.add(b)
+                        prefilled[0].append(await prefilled_tokens(url) - before)
                     await switch(adapter)
                     for n in counts:
                         model_names: str | list[str] | None = None if merged else (names[0] if n == 1
                                                                                     else names[:n])
+                        before = await prefilled_tokens(url)
                         a = await run_raw_phase(reqs, client, sampling, args.concurrency,
                                                 f"bench-adapter-{n}-{rep}", model=model_names,
                                                 per=args.group_size if spread == "group" else 1)
                         if rep >= 0:
                             with_adapters[n].add(a)
                             ratios[n].append((a.tokens / a.wall_s) / max(b.tokens / b.wall_s, 1e-9))
+                            prefilled[n].append(await prefilled_tokens(url) - before)
                 if merged:  # an engine of --endpoint is left with its base weights
                     await switch(zero)
                 else:
@@ -142,7 +150,8 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
         target = TARGET if n == 1 else TARGET_MANY
         by[str(n)] = {"adapter_tokens_per_s": round(with_adapters[n].tokens / max(with_adapters[n].wall_s, 1e-9), 1),
                       "adapter_over_base": round(r, 4), "adapter_over_base_pairs": [round(x, 4) for x in ratios[n]],
-                      "target": target, "target_met": bool(r >= target)}
+                      "target": target, "target_met": bool(r >= target),
+                      "prefilled_tokens": _median(prefilled[n])}
     first = by[str(counts[0])]
     out: dict[str, Any] = {
         "adapter": args.adapter, "adapter_rank": args.adapter_rank, "adapter_targets": list(ALL_LINEAR),
@@ -150,13 +159,36 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
         "adapter_tokens_per_s": first["adapter_tokens_per_s"],
         "adapter_over_base": first["adapter_over_base"], "adapter_over_base_pairs": first["adapter_over_base_pairs"],
         "target": first["target"], "target_met": first["target_met"], "adapters": counts, "spread": spread, "by_adapters": by,
-        "cpu_lora_fast": fast,
+        "cpu_lora_fast": fast, "base_prefilled_tokens": _median(prefilled[0]),
         "requests_per_phase": sum(len(r) for r in reqs), "tokens_per_phase": base.tokens // max(args.repeats, 1),
         "repeats": args.repeats, "concurrency": args.concurrency, "model": model,
     }
     if merge_ms:
         out["merge_engine_ms_p50"] = round(statistics.median(merge_ms), 3)
     return out
+
+
+def _median(xs: list[float]) -> float | None:
+    """The median of ``xs``; None where the engine reported no counter (NaN) or nothing was measured."""
+    xs = [x for x in xs if x == x]
+    return round(statistics.median(xs), 1) if xs else None
+
+
+async def prefilled_tokens(url: str) -> float:
+    """The prompt tokens the engine at ``url`` has prefilled so far: its ``prompt_tokens`` less those it found in
+    its prefix cache (vLLM's ``/metrics``); NaN where it does not say."""
+    import httpx
+
+    from agentrl.tools.bench.routing import metric_total
+
+    try:
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            r = await http.get(f"{url}/metrics")
+    except httpx.HTTPError:
+        return float("nan")
+    prompt = metric_total(r.text, "vllm:prompt_tokens_total") if r.status_code == 200 else None
+    cached = metric_total(r.text, "vllm:prompt_tokens_cached_total") if r.status_code == 200 else None
+    return float("nan") if prompt is None or cached is None else prompt - cached
 
 
 def print_result(res: dict[str, Any]) -> None:
@@ -167,4 +199,7 @@ def print_result(res: dict[str, Any]) -> None:
               f"{row['adapter_tokens_per_s']:.0f} tok/s against the base model's {res['base_tokens_per_s']:.0f}: "
               f"adapter/base {row['adapter_over_base']:.3f} (median of {res['repeats']} pairs; target ≥ "
               f"{row['target']})"
-              + (f", merge {res['merge_engine_ms_p50']:.1f} ms in the engine" if "merge_engine_ms_p50" in res else ""))
+              + (f", merge {res['merge_engine_ms_p50']:.1f} ms in the engine" if "merge_engine_ms_p50" in res else "")
+              + (f"; prompt tokens prefilled a phase: {row['prefilled_tokens']:.0f} against the base's "
+                 f"{res['base_prefilled_tokens']:.0f}" if row.get("prefilled_tokens") is not None
+                 and res.get("base_prefilled_tokens") is not None else ""))
