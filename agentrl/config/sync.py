@@ -190,7 +190,7 @@ def settle(sync: TransportConfig, run: Served) -> TransportConfig:
         candidates: list[TransportConfig] = [slots, MergedSync(carrier=sync.carrier, control=sync.control),
                                              FullSync(carrier=sync.carrier)]
         chosen = next((c for c in candidates if refusal(c, run) is None), None)
-        if chosen is None:  # an output-layer LoRA on a MoE model on the CPU build: neither slots nor a merge
+        if chosen is None:  # an output-layer LoRA the slots cannot serve (MoE on CPU, tensors trained whole)
             raise SettingError("pipeline.weight_sync = 'auto' finds no transport for this run: "
                                + "; ".join(str(refusal(c, run)) for c in candidates[:2]))
         return chosen

@@ -230,6 +230,9 @@ class TrainerSettings(Section):
             raise SettingError("trainer.lora_train_unembed and trainer.lora_train_embedding both train the output layer "
                                "(the embedding trained whole, tied to it, is served merged; the output layer's LoRA "
                                "from the slots): choose one")
+        if self.lora_train_unembed and self.lora_train_norms:
+            raise SettingError("trainer.lora_train_unembed is served from the LoRA slots, trainer.lora_train_norms "
+                               "merged (the slots hold no norm): no engine serves both; choose one")
         return self
 
 

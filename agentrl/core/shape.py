@@ -78,12 +78,14 @@ class DecoderShape:
         return max(self.vocab * self.hidden, *(i * o for i, o in self.linear_dims().values()))
 
     def lora_params(self, rank: int, targets: Sequence[str]) -> int:
-        """Parameters of a rank-``rank`` LoRA adapter on the ``targets`` linear modules of every layer (names
-        this shape does not know, and an MoE's expert MLPs, are not counted)."""
+        """Parameters of a rank-``rank`` LoRA adapter on the ``targets`` linear modules of every layer, and on the
+        output layer where ``lm_head`` is one of them (names this shape does not know, and an MoE's expert MLPs,
+        are not counted)."""
         dims = self.linear_dims()
         if self.experts > 1:
             dims = {k: v for k, v in dims.items() if k in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        return self.layers * sum(rank * sum(dims[t]) for t in targets if t in dims)
+        head = rank * (self.hidden + self.vocab) if "lm_head" in targets else 0  # the output layer's LoRA
+        return self.layers * sum(rank * sum(dims[t]) for t in targets if t in dims) + head
 
 
 def read_shape(model_path: str) -> DecoderShape | None:

@@ -50,12 +50,20 @@ class UnknownDtype(ConfigError, ValueError):
 
 def merge_into(base: str | Path, adapter: str | Path, dtype: str = "float32") -> Any:
     """The peft LoRA ``adapter`` merged into the model ``base`` in float32, cast to ``dtype`` (a transformers
-    model, in memory)."""
+    model, in memory). An adapter with an output-layer LoRA unties a tied output layer first."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from agentrl.weight_sync.saved import carries_output_lora
+
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if carries_output_lora(adapter) and head is not None and head.weight is embedding.weight:
+        # the output layer's LoRA changes the logits only: merged into a tied weight it would change the input
+        # embedding too, so the exported model gets an output layer of its own
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     return merged.to(getattr(torch, dtype))
 

@@ -35,7 +35,7 @@ def trainer_bytes_per_rank(shape: DecoderShape, trainer: TrainerSettings, ranks:
     params = shape.params()
     if not trainer.lora:
         return params * FULL_BYTES_PER_PARAM // ranks + sync_bucket_bytes(shape)
-    adapter = shape.lora_params(trainer.lora_rank, trainer.lora_target_modules)
+    adapter = shape.lora_params(trainer.lora_rank, trainer.lora_modules)
     return (params * FROZEN_BYTES_PER_PARAM + adapter * FULL_BYTES_PER_PARAM) // ranks
 
 
@@ -64,7 +64,7 @@ def trainer_memory_note(shape: DecoderShape, trainer: TrainerSettings, ranks: in
         what = (f"full weights: fp32 params + grads + AdamW states of {_count(shape.params())} parameters, "
                 f"{over}, plus one weight-sync bucket on rank 0")
     else:
-        adapter = shape.lora_params(trainer.lora_rank, trainer.lora_target_modules)
+        adapter = shape.lora_params(trainer.lora_rank, trainer.lora_modules)
         what = (f"LoRA: frozen fp32 base of {_count(shape.params())} parameters plus the adapter's "
                 f"{_count(adapter)} parameters with grads and AdamW states, {over}")
     return f"trainer memory: ~{size} GiB per rank ({what}; activations not counted)"

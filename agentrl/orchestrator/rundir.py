@@ -49,7 +49,7 @@ def identity(cfg: RunConfig) -> dict[str, Any]:
         "env": cfg.env,
         "model": str(model.resolve()) if model.exists() else cfg.model,
         "lora": {"enabled": t.lora, "rank": t.lora_rank, "alpha": t.lora_alpha,
-                 "target_modules": list(t.lora_target_modules)} if t.lora else {"enabled": False},
+                 "target_modules": t.lora_modules} if t.lora else {"enabled": False},
     }
 
 

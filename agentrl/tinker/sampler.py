@@ -246,6 +246,8 @@ class SlotSampler:
         if cache_salt:
             body["cache_salt"] = cache_salt
         want_prompt = prompt_logprobs or topk_prompt_logprobs > 0
+        if want_prompt and name is not None:
+            self._check_prompt_logprobs(name)
         if want_prompt:
             body["prompt_logprobs"] = max(topk_prompt_logprobs, 1)
         if temperature == 0 and num_samples > 1:  # vLLM takes n > 1 at a temperature above 0 only
@@ -254,6 +256,19 @@ class SlotSampler:
         else:
             out = await self._complete(body)
         return self._result(out, prompt, want_prompt, topk_prompt_logprobs)
+
+    def _check_prompt_logprobs(self, name: str) -> None:
+        """Prompt logprobs of an adapter with an output-layer LoRA (``train_unembed``) are right on the CPU build
+        only: vLLM's GPU op maps the output layer's rows to adapters one per sampled sequence, so a prompt's
+        rows would get another request's adapter or none (agentrl's CPU fast path maps them to their tokens)."""
+        from agentrl.config.facts import cpu_build
+        from agentrl.weight_sync.saved import carries_output_lora
+
+        path = self._paths.get(name)
+        if path is not None and not cpu_build() and carries_output_lora(path):
+            raise TinkerUserError(f"prompt logprobs of adapter {name}: its output-layer LoRA (train_unembed) is "
+                                  "scored wrongly by vLLM's GPU LoRA op on prompt positions; create the training "
+                                  "client with train_unembed=False to compute prompt logprobs on a GPU engine")
 
     async def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
         try:

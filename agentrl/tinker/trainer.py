@@ -231,7 +231,13 @@ class LoraTrainer:
             adapter = self.adapters[name]
             if optimizer:
                 state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=False)
-                adapter.optimizer.load_state_dict(state["optimizer"])
+                try:
+                    adapter.optimizer.load_state_dict(state["optimizer"])
+                except ValueError as e:  # another parameter count: saved before train_unembed added lm_head's
+                    raise TinkerUserError(f"checkpoint {src.name}: its optimizer state does not fit this adapter "
+                                          f"({e}); it was saved for other tensors (before train_unembed put a "
+                                          "LoRA on the output layer?): load its weights without the optimizer "
+                                          "state") from e
                 adapter.steps = int(state["steps"])
 
 

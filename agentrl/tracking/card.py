@@ -50,7 +50,7 @@ def model_card(cfg: RunConfig, *, first_eval: dict[str, Any] | None, last_eval: 
     tags = ["agentrl", "reinforcement-learning", "grpo", f"env:{cfg.env}"] + (["lora", "peft"] if lora else [])
     front = ["---", *([f"base_model: {hub}"] if hub else []), f"library_name: {'peft' if lora else 'transformers'}",
              "pipeline_tag: text-generation", "tags:", *[f"- {x}" for x in tags], "---"]
-    adapter = f"a LoRA adapter (rank {t.lora_rank}, alpha {t.lora_alpha:g}, on {', '.join(t.lora_target_modules)})"
+    adapter = f"a LoRA adapter (rank {t.lora_rank}, alpha {t.lora_alpha:g}, on {', '.join(t.lora_modules)})"
     what = adapter if lora else "the full weights"
     if merged:
         what = f"the full weights, {adapter} merged into them ({dtype or 'float32'})"

@@ -15,9 +15,10 @@ states and of the output weight (the tied embedding of a full-weight run). Peak 
 rounding (tests compare logprobs and gradients).
 
 An output layer with a LoRA adapter (``trainer.lora_train_unembed``: peft's ``lora.Linear`` around it) adds
-``scale * (hidden @ A^T) @ B^T`` to the logits. That is the same chunked product over widened operands:
-``[hidden, scale * hidden @ A^T]`` against ``[W, B]`` (:func:`head_operands`), so the logits still never exist
-whole and autograd reaches ``A`` through the widened hidden states and ``B`` through the widened weight.
+``scale * (hidden @ A^T) @ B^T`` to the logits. Each chunk adds that rank-``R`` term (:func:`head_lora`: the
+``N x R`` side of the hidden states and ``B``) to its logits, and the backward gives the side its gradient
+(``g @ B``, through which autograd reaches ``A``) and ``B`` its own (``g^T @ side``), never the frozen output
+weight's: the logits still never exist whole, and the adapter costs two rank-``R`` products per chunk.
 
 Models whose forward changes the logits after the output layer (a final soft-cap, a logit scale) or whose output
 layer has a bias are scored the plain way: :func:`fusable` says which.
@@ -39,39 +40,44 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", 
 
 
 class ChunkedLogprob(torch.autograd.Function):
-    """``log softmax(hidden @ weight.T / T)[target]`` per row, ``chunk`` rows at a time (see the module docstring)."""
+    """``log softmax((hidden @ weight.T + side_h @ side_w.T) / T)[target]`` per row, ``chunk`` rows at a time (see
+    the module docstring); ``side_h`` / ``side_w``: an output-layer LoRA's rank-``R`` term, or None."""
 
     @staticmethod
     def forward(ctx: Any, hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
-                chunk: int, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None) -> Tensor:
+                chunk: int, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None,
+                side_N_R: Tensor | None = None, side_V_R: Tensor | None = None) -> Tensor:
         N = hidden_N_H.shape[0]
         out_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
         lse_N = torch.empty(N, dtype=torch.float32, device=hidden_N_H.device)
         for lo in range(0, N, chunk):
             hi = min(lo + chunk, N)
-            logits = (hidden_N_H[lo:hi] @ weight_V_H.T).float() * inv_temp_N[lo:hi, None]
+            logits = _logits(hidden_N_H, weight_V_H, side_N_R, side_V_R, lo, hi) * inv_temp_N[lo:hi, None]
             logits = mask_logits(logits, _rows(kept_row_N, lo, hi), kept_M_V)
             lse = torch.logsumexp(logits, dim=-1)
             out_N[lo:hi] = logits.gather(-1, target_N[lo:hi, None]).squeeze(-1) - lse
             lse_N[lo:hi] = lse
-        ctx.save_for_backward(hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N)
+        ctx.save_for_backward(hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N, side_N_R, side_V_R)
         ctx.chunk, ctx.kept = chunk, (kept_row_N, kept_M_V)
         return out_N
 
     @staticmethod
-    def backward(ctx: Any, grad_N: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None, None, None]:
-        hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N = ctx.saved_tensors
+    def backward(ctx: Any, grad_N: Tensor) -> tuple[Tensor | None, ...]:
+        hidden_N_H, weight_V_H, target_N, inv_temp_N, lse_N, side_N_R, side_V_R = ctx.saved_tensors
         kept_row_N, kept_M_V = ctx.kept
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden_N_H) if want_h else None
-        grad_w = torch.zeros(weight_V_H.shape, dtype=torch.float32, device=weight_V_H.device) if want_w else None
+        want = ctx.needs_input_grad
+        grad_h = torch.empty_like(hidden_N_H) if want[0] else None
+        grad_w = torch.zeros(weight_V_H.shape, dtype=torch.float32, device=weight_V_H.device) if want[1] else None
+        grad_sh = torch.empty_like(side_N_R) if side_N_R is not None and want[7] else None
+        grad_sw = torch.zeros(side_V_R.shape, dtype=torch.float32, device=side_V_R.device) \
+            if side_V_R is not None and want[8] else None
         grad_N = grad_N.float()
         N, chunk = hidden_N_H.shape[0], ctx.chunk
         for lo in range(0, N, chunk):
             hi = min(lo + chunk, N)
-            h = hidden_N_H[lo:hi]
             inv_t = inv_temp_N[lo:hi, None]
-            logits = mask_logits((h @ weight_V_H.T).float() * inv_t, _rows(kept_row_N, lo, hi), kept_M_V)
+            logits = _logits(hidden_N_H, weight_V_H, side_N_R, side_V_R, lo, hi) * inv_t
+            logits = mask_logits(logits, _rows(kept_row_N, lo, hi), kept_M_V)
             probs = torch.exp(logits - lse_N[lo:hi, None])  # 0 outside a recorded kept set
             g = probs.mul_(-grad_N[lo:hi, None])
             g.scatter_add_(-1, target_N[lo:hi, None], grad_N[lo:hi, None])
@@ -79,8 +85,22 @@ class ChunkedLogprob(torch.autograd.Function):
             if grad_h is not None:
                 grad_h[lo:hi] = g @ weight_V_H
             if grad_w is not None:
-                grad_w += (g.T @ h).float()
-        return grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None, None, None
+                grad_w += (g.T @ hidden_N_H[lo:hi]).float()
+            if grad_sh is not None:
+                grad_sh[lo:hi] = g.to(side_V_R.dtype) @ side_V_R
+            if grad_sw is not None:
+                grad_sw += (g.T.to(side_N_R.dtype) @ side_N_R[lo:hi]).float()
+        return (grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None, None, None,
+                grad_sh, None if grad_sw is None else grad_sw.to(side_V_R.dtype))
+
+
+def _logits(hidden_N_H: Tensor, weight_V_H: Tensor, side_N_R: Tensor | None, side_V_R: Tensor | None,
+            lo: int, hi: int) -> Tensor:
+    """Rows ``lo:hi`` of the raw logits, float32: the output layer's, plus its LoRA term where there is one."""
+    logits = (hidden_N_H[lo:hi] @ weight_V_H.T).float()
+    if side_N_R is not None and side_V_R is not None:
+        logits += (side_N_R[lo:hi] @ side_V_R.T).float()
+    return logits
 
 
 def _rows(kept_row_N: Tensor | None, lo: int, hi: int) -> Tensor | None:
@@ -88,11 +108,15 @@ def _rows(kept_row_N: Tensor | None, lo: int, hi: int) -> Tensor | None:
 
 
 def chunked_logprobs(hidden_N_H: Tensor, weight_V_H: Tensor, target_N: Tensor, inv_temp_N: Tensor,
-                     chunk: int = 1024, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None) -> Tensor:
+                     chunk: int = 1024, kept_row_N: Tensor | None = None, kept_M_V: Tensor | None = None,
+                     side: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Each row's ``log p(target)`` under ``softmax(hidden @ weight.T * inv_temp)``, float32 (see
     :class:`ChunkedLogprob`), renormalised over the recorded kept set of the rows that have one
-    (``kept_row_N``, ``kept_M_V``: :mod:`agentrl.trainer.kept`)."""
-    return ChunkedLogprob.apply(hidden_N_H, weight_V_H, target_N, inv_temp_N.float(), chunk, kept_row_N, kept_M_V)
+    (``kept_row_N``, ``kept_M_V``: :mod:`agentrl.trainer.kept`); ``side``: an output-layer LoRA's term
+    (:func:`head_lora`) added to the logits."""
+    side_N_R, side_V_R = side if side is not None else (None, None)
+    return ChunkedLogprob.apply(hidden_N_H, weight_V_H, target_N, inv_temp_N.float(), chunk, kept_row_N, kept_M_V,
+                                side_N_R, side_V_R)
 
 
 class LogprobHead(nn.Module):
@@ -110,30 +134,32 @@ class LogprobHead(nn.Module):
 
     def forward(self, hidden_B_T_H: Tensor) -> Tensor:
         B, T, H = hidden_B_T_H.shape
-        hidden_N_K, weight_V_K = head_operands(self.head, hidden_B_T_H.reshape(B * T, H))
-        lp = chunked_logprobs(hidden_N_K, weight_V_K, self.next_B_T.reshape(-1),
+        hidden_N_H = hidden_B_T_H.reshape(B * T, H)
+        lp = chunked_logprobs(hidden_N_H, self.head.weight, self.next_B_T.reshape(-1),
                               self.inv_temp_B_T.reshape(-1), self.chunk,
-                              None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1), self.kept_M_V)
+                              None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1), self.kept_M_V,
+                              head_lora(self.head, hidden_N_H))
         return lp.view(B, T, 1).clone()  # not a view: FSDP2 hooks the output for its backward
 
 
-def head_operands(head: nn.Module, hidden_N_H: Tensor) -> tuple[Tensor, Tensor]:
-    """``(hidden, weight)`` whose product is the output layer ``head``'s logits: its input and weight, widened
-    by each active LoRA adapter on it (peft's ``lora.Linear``, unmerged, adapters enabled) to
-    ``[hidden, scale * dropout(hidden) @ A^T]`` and ``[W, B]``."""
-    weight_V_H = head.weight
+def head_lora(head: nn.Module, hidden_N_H: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The LoRA term of the output layer ``head`` on ``hidden_N_H``, as ``(side_h, side_w)`` whose product is what
+    it adds to the logits: ``scale * dropout(hidden) @ A^T`` (``N x R``) and ``B`` (``V x R``), the active
+    adapters' side by side (peft's ``lora.Linear``, unmerged, adapters enabled); None where it has none."""
     lora_a = getattr(head, "lora_A", None)
     if lora_a is None or getattr(head, "disable_adapters", False) or getattr(head, "merged", False):
-        return hidden_N_H, weight_V_H
-    hidden, weight = [hidden_N_H], [weight_V_H]
+        return None
+    hidden, weight = [], []
     for name in head.active_adapters:
         if name not in lora_a:
             continue
         a_R_H, b_V_R = lora_a[name].weight, head.lora_B[name].weight
         hidden.append((head.lora_dropout[name](hidden_N_H) @ a_R_H.T.to(hidden_N_H.dtype)) * head.scaling[name])
-        weight.append(b_V_R.to(weight_V_H.dtype))
+        weight.append(b_V_R.to(hidden_N_H.dtype))
+    if not weight:
+        return None
     if len(weight) == 1:
-        return hidden_N_H, weight_V_H
+        return hidden[0], weight[0]
     return torch.cat(hidden, dim=-1), torch.cat(weight, dim=-1)
 
 

@@ -46,6 +46,11 @@ def carries_output_lora(adapter: str | Path) -> bool:
     ``train_unembed``): its engines must wrap ``lm_head`` too, and it is served from the slots."""
     from agentrl.config.trainer import OUTPUT_LAYER
 
-    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    targets = config.get("target_modules") or []
-    return OUTPUT_LAYER in ([targets] if isinstance(targets, str) else targets)
+    weights = Path(adapter) / "adapter_model.safetensors"
+    if not weights.is_file():  # an older peft's .bin: its config's target names say
+        targets = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("target_modules") or []
+        return OUTPUT_LAYER in ([targets] if isinstance(targets, str) else targets)
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as f:
+        return any(f".{OUTPUT_LAYER}.lora_" in k for k in f.keys())

@@ -140,3 +140,30 @@ def test_a_full_weight_run_exports_its_model_in_the_dtype_asked(tiny_tokenizer_m
     torch.testing.assert_close(got, want)
     card = (out / "README.md").read_text()
     assert "library_name: transformers" in card and "| after training (step 4) | 0.500" in card
+
+
+def test_an_output_layer_lora_is_merged_into_an_untied_output_layer(tiny_tokenizer_model: Path,
+                                                                    tmp_path: Path) -> None:
+    """``trainer.lora_train_unembed`` on a tied model: the merge gives the exported model an output layer of its
+    own (the logits peft computes), and leaves the input embedding the base model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_tokenizer_model), dtype=torch.float32)
+    assert base.get_output_embeddings().weight is base.get_input_embeddings().weight
+    embedding = base.get_input_embeddings().weight.detach().clone()
+    torch.manual_seed(1)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+        want = model(input_ids=IDS).logits
+    model.save_pretrained(str(tmp_path / "adapter"))
+    merged = export_mod.merge_into(tiny_tokenizer_model, tmp_path / "adapter")
+    assert torch.equal(merged.get_input_embeddings().weight, embedding)
+    merged.save_pretrained(str(tmp_path / "out"))
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=IDS).logits, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(again.get_input_embeddings().weight, embedding)

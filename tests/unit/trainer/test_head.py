@@ -103,16 +103,40 @@ def test_the_output_layer_lora_is_left_out_with_the_adapters_disabled(tiny_token
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from agentrl.trainer.head import head_operands
+    from agentrl.trainer.head import head_lora
 
     base = AutoModelForCausalLM.from_pretrained(str(tiny_tokenizer_model), dtype=torch.float32)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"]))
     _randomise_lora_b(model, 4)
     head = model.get_base_model().get_output_embeddings()
     hidden = torch.randn(6, head.weight.shape[1])
-    h, w = head_operands(head, hidden)
-    assert h.shape[1] == w.shape[1] == hidden.shape[1] + 4
-    torch.testing.assert_close(h @ w.T, head(hidden), rtol=1e-5, atol=1e-5)
+    side = head_lora(head, hidden)
+    assert side is not None and side[0].shape == (6, 4) and side[1].shape == (head.weight.shape[0], 4)
+    torch.testing.assert_close(hidden @ head.weight.T + side[0] @ side[1].T, head(hidden), rtol=1e-5, atol=1e-5)
     with model.disable_adapter():
-        h, w = head_operands(head, hidden)
-        assert h is hidden and w is head.weight
+        assert head_lora(head, hidden) is None
+
+
+def test_the_side_term_gets_its_gradients_and_the_frozen_weight_none() -> None:
+    """The output-layer LoRA's term in the fused function: logprobs and gradients (hidden, side, B) equal the
+    plain log-softmax's; the frozen output weight gets no gradient (none is computed)."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(13, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(30, 16, generator=g, dtype=torch.float64)
+    side_h = torch.randn(13, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    side_w = torch.randn(30, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 30, (13,), generator=g)
+    inv_temp = torch.full((13,), 1 / 0.8, dtype=torch.float64)
+    up = torch.randn(13, generator=g, dtype=torch.float64)
+    logits = (hidden @ weight.T + side_h @ side_w.T) * inv_temp[:, None]
+    ref = torch.log_softmax(logits, -1).gather(-1, target[:, None]).squeeze(-1)
+    (ref * up).sum().backward()
+    want = [t.grad.clone() for t in (hidden, side_h, side_w)]
+    for t in (hidden, side_h, side_w):
+        t.grad = None
+    got = chunked_logprobs(hidden, weight, target, inv_temp, chunk=4, side=(side_h, side_w))
+    (got * up).sum().backward()
+    torch.testing.assert_close(got, ref.float(), rtol=0, atol=1e-5)
+    for t, w in zip((hidden, side_h, side_w), want, strict=True):
+        torch.testing.assert_close(t.grad, w, rtol=1e-5, atol=1e-6)
+    assert weight.grad is None
