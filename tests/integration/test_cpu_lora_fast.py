@@ -16,7 +16,7 @@ from agentrl.config.facts import cpu_build
 from agentrl.config.trainer import ALL_LINEAR
 from agentrl.engine.cpu_lora import ENV_SWITCH
 from agentrl.inference import InferenceClient
-from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
+from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.merged import MergedAdapterSync
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.conftest import tiny_model_config
@@ -25,18 +25,6 @@ pytestmark = [pytest.mark.integration]
 
 PROMPTS = [[(i * k) % 390 + 5 for i in range(40 + 9 * k)] for k in (7, 11, 13, 17)]
 TOL = 1e-4  # float32: a slot adds (x A^T) B^T to x W^T where the merge multiplies by W + B A; both round at ~1e-7
-
-
-class _Trainer:
-    def __init__(self, tensors: dict) -> None:
-        self.tensors = tensors
-
-    async def get_adapter_tensors(self) -> dict:
-        return self.tensors
-
-    async def save_adapter(self, path: Path) -> dict:
-        save_lora(path, self.tensors)
-        return {"path": str(path)}
 
 
 def _shapes() -> dict:
@@ -67,7 +55,7 @@ async def _fast_path_on(client: InferenceClient) -> None:
 
 @pytest.mark.parametrize("n_adapters", [1, 3])
 async def test_slots_serve_what_the_merged_adapters_serve(engine, tmp_path: Path, n_adapters: int) -> None:
-    trainers = [_Trainer(random_lora(_shapes(), seed=20 + i)) for i in range(n_adapters)]
+    trainers = [FixedAdapter(random_lora(_shapes(), seed=20 + i)) for i in range(n_adapters)]
     names = [f"fast-{n_adapters}-{i}" for i in range(n_adapters)]
     async with InferenceClient([engine.url], timeout_s=120) as client:
         await _fast_path_on(client)
@@ -87,7 +75,7 @@ async def test_slots_serve_what_the_merged_adapters_serve(engine, tmp_path: Path
                     await sync.publish(i + 1)
                     merged = await _greedy(client, PROMPTS[i])
                     gaps.append(_gap(served[i], merged))
-                sync.trainer = _Trainer({n: x * 0 for n, x in trainers[0].tensors.items()})
+                sync.trainer = FixedAdapter({n: x * 0 for n, x in trainers[0].tensors.items()})
                 await sync.publish(n_adapters + 1)  # the base weights back
             if n_adapters > 1:  # the request of no adapter got nothing of the adapters beside it
                 assert _gap(served[-1], base_alone) <= TOL
@@ -101,7 +89,7 @@ async def test_an_inplace_update_of_one_slot_leaves_the_others(engine, tmp_path:
     """Three adapters generate; one is updated in place while the other two are mid-generation: the updated one
     serves its new weights at its next request (as a file load of them does), the others' generations are token
     for token what they are without the update."""
-    trainers = [_Trainer(random_lora(_shapes(), seed=40 + i)) for i in range(3)]
+    trainers = [FixedAdapter(random_lora(_shapes(), seed=40 + i)) for i in range(3)]
     names = [f"inplace-{i}" for i in range(3)]
     long_n = 120
     async with InferenceClient([engine.url], timeout_s=300) as client:

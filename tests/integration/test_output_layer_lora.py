@@ -13,7 +13,7 @@ import pytest
 
 from agentrl.config.trainer import ALL_LINEAR
 from agentrl.inference import InferenceClient
-from agentrl.tools.bench.models import lora_shapes, random_lora, save_lora
+from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
 from tests.integration.conftest import tiny_model_config
 
@@ -22,18 +22,6 @@ pytestmark = [pytest.mark.integration]
 PROMPTS = [[(i * k) % 390 + 5 for i in range(30 + 7 * k)] for k in (3, 5)]
 SAME = 1e-4  # float32, one engine: a slot and a file load of the same weights
 HF = 2e-3  # float32, vLLM's CPU kernels against transformers' sdpa forward on the same tokens
-
-
-class _Trainer:
-    def __init__(self, tensors: dict) -> None:
-        self.tensors = tensors
-
-    async def get_adapter_tensors(self) -> dict:
-        return self.tensors
-
-    async def save_adapter(self, path: Path) -> dict:
-        save_lora(path, self.tensors)
-        return {"path": str(path)}
 
 
 def _adapter(seed: int) -> dict:
@@ -79,7 +67,7 @@ async def test_an_output_layer_lora_is_served_as_transformers_computes_it(vllm_s
 
 
 async def test_an_inplace_update_reaches_the_output_layer(vllm_server: Any, tmp_path: Path) -> None:
-    first, second = _Trainer(_adapter(11)), _adapter(12)
+    first, second = FixedAdapter(_adapter(11)), _adapter(12)
     async with InferenceClient([vllm_server.url], timeout_s=120) as client:
         await client.load_lora_adapter("unembed-ref", str(save_lora(tmp_path / "ref", second)))
         try:

@@ -51,22 +51,6 @@ TARGET_MANY = 0.8
 """The target of ``adapter_over_base`` with several distinct adapters in one batch."""
 
 
-class _Adapter:
-    """The adapter's tensors and files, as the trainer hands them out (the publisher asks for both)."""
-
-    def __init__(self, tensors: dict[str, Any], rank: int) -> None:
-        self.tensors, self.rank = tensors, rank
-
-    async def get_adapter_tensors(self) -> dict[str, Any]:
-        return self.tensors
-
-    async def save_adapter(self, path: Path) -> dict[str, Any]:
-        from agentrl.tools.bench.models import save_lora
-
-        save_lora(path, self.tensors, rank=self.rank, alpha=2 * self.rank)
-        return {"path": str(path)}
-
-
 async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     """Start (or connect to) the engine, record the work, then alternate base and adapter phases."""
     from agentrl.config.inference import engine_lora_rank
@@ -75,7 +59,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
     from agentrl.launch.stack import load_chat_format
-    from agentrl.tools.bench.models import lora_shapes, random_lora
+    from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora
     from agentrl.weight_sync.merged import MergedAdapterSync
 
     model = await bench_model(args.model)
@@ -84,10 +68,11 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     spread = getattr(args, "spread", "group")
     config = json.loads((Path(model) / "config.json").read_text())
     shapes = lora_shapes(config, args.adapter_rank, ALL_LINEAR)
-    adapters = [_Adapter(random_lora(shapes, seed=i), args.adapter_rank) for i in range(max(counts))]
+    rank, alpha = args.adapter_rank, 2 * args.adapter_rank
+    adapters = [FixedAdapter(random_lora(shapes, seed=i), rank, alpha) for i in range(max(counts))]
     adapter = adapters[0]
     names = [f"{NAME}-{i}" for i in range(len(adapters))]
-    zero = _Adapter({n: t * 0 for n, t in adapter.tensors.items()}, args.adapter_rank)
+    zero = FixedAdapter({n: t * 0 for n, t in adapter.tensors.items()}, rank, alpha)
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=1024)
     base = PhaseResult()
     with_adapters = {n: PhaseResult() for n in counts}
@@ -115,7 +100,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
                         stats = (await client.collective_rpc("agentrl_lora_stats"))[0][0]
                         fast = float(stats.get("cpu_lora_fast", 0.0))
 
-                async def switch(to: _Adapter) -> None:
+                async def switch(to: FixedAdapter) -> None:
                     if merged:
                         with MergedAdapterSync(to, client) as sync:
                             merge_ms.append(float((await sync.publish(1))["engine_ms"]))

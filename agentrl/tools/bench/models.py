@@ -126,3 +126,19 @@ def save_lora(path: Path, tensors: dict[str, torch.Tensor], rank: int = 16, alph
     (path / "adapter_config.json").write_text(json.dumps(cfg, indent=1))
     save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
     return path
+
+
+class FixedAdapter:
+    """Stands in for a trainer (``TrainerProcess``) with fixed adapter tensors: a publisher asks for them
+    (``get_adapter_tensors``, no gather cost) or for their files (``save_adapter``: a peft directory of rank
+    ``rank`` and ``lora_alpha`` ``alpha``)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], rank: int = 16, alpha: int = 32) -> None:
+        self.tensors, self.rank, self.alpha = tensors, rank, alpha
+
+    async def get_adapter_tensors(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    async def save_adapter(self, path: str | Path) -> dict[str, str]:
+        save_lora(Path(path), self.tensors, rank=self.rank, alpha=self.alpha)
+        return {"path": str(path)}

@@ -38,19 +38,16 @@ from typing import Any
 import torch
 
 from agentrl.tools.bench.errors import BenchFailed
-from agentrl.tools.bench.models import SIZES, build_random_qwen2, lora_shapes, random_lora, save_lora
+from agentrl.tools.bench.models import (
+    SIZES,
+    FixedAdapter,
+    build_random_qwen2,
+    lora_shapes,
+    random_lora,
+    save_lora,
+)
 
 NAME = "policy"
-
-
-class _StubTrainer:
-    """Stands in for ``TrainerProcess``: returns the tensors the bench put there (gather cost ~0)."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.tensors = tensors
-
-    async def get_adapter_tensors(self) -> dict[str, torch.Tensor]:
-        return self.tensors
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -62,7 +59,7 @@ async def _greedy(client: Any, prompt: list[int], n: int) -> Any:
     return await client.generate(prompt, max_tokens=n, temperature=0.0, model=NAME)
 
 
-async def _check(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
+async def _check(client: Any, sync: Any, trainer: FixedAdapter, shapes: dict, work: Path, rank: int,
                  prompt: list[int]) -> dict[str, Any]:
     """In-place update == file load of the same tensors (greedy tokens and logprobs), and both caches agree."""
     before = await _greedy(client, prompt, 8)  # also fills the prefix cache under the old weights
@@ -103,7 +100,7 @@ def memcpy_ms(nbytes: int, reps: int = 50, cold: bool = False) -> float:
     return _p(times[3:], 0.5)
 
 
-async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: list[dict[str, torch.Tensor]],
+async def _in_flight(client: Any, sync: Any, trainer: FixedAdapter, updates: list[dict[str, torch.Tensor]],
                      prompt: list[int], first: int, per_stream: int = 4,
                      gap_s: float = 0.02) -> tuple[list[float], list[float]]:
     """The hot sequence as training runs it (:func:`agentrl.orchestrator.loop.live_update`: a ``keep`` pause
@@ -149,7 +146,7 @@ async def _in_flight(client: Any, sync: Any, trainer: _StubTrainer, updates: lis
     return out, gaps
 
 
-async def _time_path(client: Any, sync: Any, trainer: _StubTrainer, shapes: dict, work: Path, rank: int,
+async def _time_path(client: Any, sync: Any, trainer: FixedAdapter, shapes: dict, work: Path, rank: int,
                      prompt: list[int], updates: int, first: int) -> tuple[dict, dict[str, list[float]], list[float],
                                                                            tuple[list[float], list[float]]]:
     """One sync path: its correctness check, then ``updates`` publishes each followed by a one-token request
@@ -197,7 +194,7 @@ async def _run(url: str, shape: str | dict, rank: int, updates: int, work: Path,
     prompt = torch.randint(3, 300, (48,), generator=gen).tolist()
     short = prompt[:8]
     async with InferenceClient([url], model=NAME, timeout_s=300) as client:
-        trainer = _StubTrainer(random_lora(shapes, seed=0))
+        trainer = FixedAdapter(random_lora(shapes, seed=0))
         await client.load_lora_adapter(NAME, str(save_lora(work / "v0", trainer.tensors, rank, 2 * rank)))
         await _hold_slots(client, shapes, work, rank, slots - 1, short)
         # B goes pre-scaled, as a run sends it (the adapters here are saved with alpha = 2 r: scaling 2)
