@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
         work = Path(args.work_dir or tmp)
         model_dir = args.model or build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
-        shape: str | dict = json.loads((model_dir / "config.json").read_text()) if args.model else args.model_size
+        shape: str | dict = json.loads((model_dir / "config.json").read_text())  # its vocabulary, for lm_head
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
                                max_lora_rank=engine_lora_rank(args.rank),
                                max_loras=max(2, args.slots),
