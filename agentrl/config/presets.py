@@ -44,13 +44,13 @@ def calc_tiny() -> dict[str, Any]:
     """``calc`` with the embedded tiny model on CPU, capped at 20 minutes on 2 cores (``make train``).
 
     One schedule for both paths: a peak rate decayed along a half cosine to a tenth of it at the last step.
-    The LoRA adapter (rank 16, alpha 32, every linear layer) peaks at ``LORA_LR_SCALE`` times the full-weight
-    rate, 2e-3, and trains the tied embedding whole beside it at the full-weight rate
-    (``trainer.lora_train_embedding``), so the engines serve it merged. Full weights (``--full``) peak at 4e-4.
-    Measured in docs/training.md: on seeds 204-206, never used while choosing the recipe, the adapter with the
-    embedding gained what full weights gained (about +0.25 held-out success); the adapter alone had reached
-    0.74x and 0.79x of full weights' gain on seeds 201-203, the rest carried by the tied embedding and output
-    layer it cannot reach."""
+    The LoRA adapter (rank 16, alpha 32, every linear layer and the tied output layer,
+    ``trainer.lora_train_unembed``) peaks at ``LORA_LR_SCALE`` times the full-weight rate, 2e-3; nothing is
+    trained whole, so the engines serve it from their LoRA slots and each sync is an in-place copy. Full
+    weights (``--full``) peak at 4e-4. Measured in docs/training.md: on seeds 204-206, side by side in one
+    sitting, the output layer's LoRA gained more than the earlier recipe (the tied embedding trained whole,
+    served merged), in shorter steps; the adapter on the linear layers alone had reached 0.74x and 0.79x of
+    full weights' gain on seeds 201-203, the rest carried by the output layer it did not reach."""
     schedule = {"lr_schedule": "cosine", "lr_min_ratio": 0.1}
     return {
         "steps": 80,
@@ -64,8 +64,8 @@ def calc_tiny() -> dict[str, Any]:
         "sampling": {"max_context_tokens": 1024},
         "embedded": {
             "trainer": {"lr": CALC_FULL_LR * LORA_LR_SCALE, "lora_rank": 16, "lora_alpha": 32.0,
-                        "lora_train_embedding": True, **schedule},
-            "full": {"trainer": {"lr": CALC_FULL_LR, "lora_train_embedding": False, **schedule}},
+                        "lora_train_unembed": True, **schedule},
+            "full": {"trainer": {"lr": CALC_FULL_LR, "lora_train_unembed": False, **schedule}},
             "inference": {"dtype": EMBEDDED_DTYPE},
         },
     }
@@ -121,6 +121,26 @@ def preset_for(env: str, *, full_weights: bool = False, embedded: bool = True) -
     if full_weights:
         values = deep_update(deep_update(values, {"trainer": {"lr": FULL_WEIGHTS_LR}}), full)
     return values
+
+
+WHOLE = ("lora_train_embedding", "lora_train_norms")
+"""Tensors trained whole beside an adapter, which the engines serve merged: they exclude an output-layer LoRA."""
+
+
+def yielding(preset: dict[str, Any], given: dict[str, Any], moe: bool = False) -> dict[str, Any]:
+    """``preset`` less its output-layer LoRA (``trainer.lora_train_unembed``) where the settings ``given`` over it
+    (a file, flags, a saved policy's) say nothing of the output layer and train the embedding or the norms
+    whole, or ask for the ``merged`` transport, or the model is a mixture of experts (``moe``: the CPU build's
+    slots cannot serve it): those are served merged, the output layer's LoRA from the slots, so the preset's
+    choice gives way."""
+    trainer = given.get("trainer") if isinstance(given.get("trainer"), dict) else {}
+    sync = (given.get("pipeline") or {}).get("weight_sync") if isinstance(given.get("pipeline"), dict) else None
+    merged = moe or sync == "merged" or (isinstance(sync, dict) and sync.get("transport") == "merged")
+    if "lora_train_unembed" in trainer or not (merged or any(trainer.get(k) for k in WHOLE)):
+        return preset
+    tuned = dict(preset.get("trainer", {}))
+    tuned.pop("lora_train_unembed", None)
+    return {**preset, "trainer": tuned}
 
 
 def set_dotted(table: dict[str, Any], setting: str, value: Any) -> None:

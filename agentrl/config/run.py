@@ -25,7 +25,7 @@ from agentrl.config.inference import (
 )
 from agentrl.config.placement import PlacementConfig
 from agentrl.config.policy import AgentConfig
-from agentrl.config.presets import deep_update, is_embedded_model, preset_for, set_dotted
+from agentrl.config.presets import deep_update, is_embedded_model, preset_for, set_dotted, yielding
 from agentrl.config.sync import AutoSync, Served, TransportConfig, WeightSyncConfig, refusal, settle
 from agentrl.config.tracking import TrackingConfig
 from agentrl.config.trainer import TrainerConfig, TrainerSettings
@@ -556,6 +556,16 @@ def read_toml(path: Path) -> dict[str, Any]:
             raise ConfigValidationError([f"{path} is not valid TOML: {e}"]) from None
 
 
+def _is_moe(model: str) -> bool:
+    """Whether the local model directory ``model`` is a mixture of experts (False where it cannot say)."""
+    from agentrl.config import facts
+
+    try:
+        return facts.model_moe(model) is not None
+    except ValueError:  # a family agentrl cannot replay: the run's own checks name it
+        return False
+
+
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None,
                 flags: Mapping[str, str] | None = None, beneath: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the environment's preset, then ``beneath`` (what a saved policy describes:
@@ -591,6 +601,7 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
     check_window(model, given_windows(clean), names=flags)
     windows = {**given_windows(data), **given_windows(clean)} or given_windows(beneath)
     window = model_window(model, windows) if windows or not embedded else {}  # the embedded model: its preset's
-    merged = deep_update(preset_for(env, full_weights=full_weights, embedded=embedded), beneath or {})
+    preset = yielding(preset_for(env, full_weights=full_weights, embedded=embedded), given, moe=_is_moe(model))
+    merged = deep_update(preset, beneath or {})
     merged = deep_update(deep_update(deep_update(merged, window), data), clean)
     return validate(RunConfig, merged, file=path, file_data=data, overrides=clean, flags=flags)

@@ -51,6 +51,17 @@ TARGET_MANY = 0.8
 """The target of ``adapter_over_base`` with several distinct adapters in one batch."""
 
 
+def _random_adapters(model: str, rank: int, n: int) -> tuple[list[Any], Any]:
+    """``n`` distinct random rank-``rank`` adapters on every linear layer of ``model`` (alpha ``2 * rank``), and
+    a zero one (merged, it gives the base weights back)."""
+    from agentrl.config.trainer import ALL_LINEAR
+    from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora
+
+    shapes = lora_shapes(json.loads((Path(model) / "config.json").read_text()), rank, ALL_LINEAR)
+    adapters = [FixedAdapter(random_lora(shapes, seed=i), rank, 2 * rank) for i in range(n)]
+    return adapters, FixedAdapter({k: t * 0 for k, t in adapters[0].tensors.items()}, rank, 2 * rank)
+
+
 async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     """Start (or connect to) the engine, record the work, then alternate base and adapter phases."""
     from agentrl.config.inference import engine_lora_rank
@@ -59,20 +70,16 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.envs.calc import CalcEnv
     from agentrl.inference import InferenceClient
     from agentrl.launch.stack import load_chat_format
-    from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora
+    from agentrl.tools.bench.models import FixedAdapter
     from agentrl.weight_sync.merged import MergedAdapterSync
 
     model = await bench_model(args.model)
     merged = args.adapter == "merged"
     counts: list[int] = list(getattr(args, "adapters", None) or [1])
     spread = getattr(args, "spread", "group")
-    config = json.loads((Path(model) / "config.json").read_text())
-    shapes = lora_shapes(config, args.adapter_rank, ALL_LINEAR)
-    rank, alpha = args.adapter_rank, 2 * args.adapter_rank
-    adapters = [FixedAdapter(random_lora(shapes, seed=i), rank, alpha) for i in range(max(counts))]
+    adapters, zero = _random_adapters(model, args.adapter_rank, max(counts))
     adapter = adapters[0]
     names = [f"{NAME}-{i}" for i in range(len(adapters))]
-    zero = FixedAdapter({n: t * 0 for n, t in adapter.tensors.items()}, rank, alpha)
     sampling = SamplingConfig(temperature=args.temperature, max_context_tokens=1024)
     base = PhaseResult()
     with_adapters = {n: PhaseResult() for n in counts}

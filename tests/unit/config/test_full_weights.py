@@ -56,9 +56,9 @@ def test_full_weight_engines_serve_no_lora_unless_asked() -> None:
     assert load_config(None, {"env": "calc", **FULL}).resolved().inference.enable_lora is False
     asked = load_config(None, {"env": "calc", "inference": {"enable_lora": True}, **FULL}).resolved()
     assert asked.inference.enable_lora is True
-    slots = {"env": "calc", "trainer": {"lora_train_embedding": False}}  # an adapter the LoRA slots serve
-    assert load_config(None, slots).resolved().inference.enable_lora is True
-    assert load_config(None, {"env": "calc"}).resolved().inference.enable_lora is False  # calc's preset: merged
+    assert load_config(None, {"env": "calc"}).resolved().inference.enable_lora is True  # calc's preset: slots
+    merged = {"env": "calc", "trainer": {"lora_train_embedding": True}}  # the embedding trained whole: merged
+    assert load_config(None, merged).resolved().inference.enable_lora is False
     twice = load_config(None, {"env": "calc", **FULL}).resolved().resolved()
     assert twice.inference.enable_lora is False
 

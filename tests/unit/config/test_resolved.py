@@ -44,7 +44,7 @@ def test_with_changes_resolves_again_from_the_settings() -> None:
     anew, not carried over from the first resolution."""
     r = load_config(None, {"env": "calc", "trainer": {"lora_train_embedding": False}}).resolved()
     assert r.trainer.lora and r.inference.enable_lora
-    merged = r.with_changes({"pipeline.weight_sync": "merged"})
+    merged = r.with_changes({"pipeline.weight_sync": "merged", "trainer.lora_train_unembed": False})
     assert merged.is_frozen and merged.transport.transport == "merged" and not merged.inference.enable_lora
     assert r.transport.transport == "shm"  # the original is unchanged (auto settled on the slots)
     unresolved = load_config(None, {"env": "calc"}).with_changes({"steps": 5})
@@ -58,7 +58,7 @@ def test_a_changed_config_keeps_the_settings_that_are_never_printed() -> None:
     the run then met its env server without a token (HTTP 401)."""
     cfg = load_config(None, {"env": "calc", "env_url": "http://127.0.0.1:9", "env_token": "s3cret"})
     assert "s3cret" not in cfg.resolved().to_toml()
-    for changed in (cfg.with_changes({"steps": 3}), cfg.resolved().with_changes({"pipeline.weight_sync": "merged"})):
+    for changed in (cfg.with_changes({"steps": 3}), cfg.resolved().with_changes({"steps": 4})):
         assert changed.env_token == "s3cret" and changed.env_url == "http://127.0.0.1:9"
 
 

@@ -95,10 +95,10 @@ def test_a_lora_runs_engines_wrap_the_layers_its_adapter_trains(tmp_path: Path) 
         i = cmd.index("--lora-target-modules") + 1
         return cmd[i:next((j for j in range(i, len(cmd)) if cmd[j].startswith("--")), len(cmd))]
 
-    slots = {"env": "calc", "trainer": {"lora_train_embedding": False, "lora_target_modules": ["q_proj", "v_proj"]}}
+    slots = {"env": "calc", "trainer": {"lora_target_modules": ["q_proj", "v_proj"]}}
     cfg = load_config(None, slots).resolved()
-    assert cfg.inference.lora_target_modules == ["q_proj", "v_proj"]
-    assert targets(cfg.server_config()) == ["q_proj", "v_proj"]
+    assert cfg.inference.lora_target_modules == ["q_proj", "v_proj", "lm_head"]  # calc's preset: the output layer too
+    assert targets(cfg.server_config()) == ["q_proj", "v_proj", "lm_head"]
     # set in [inference], it is kept; a full-weight run that asks for LoRA serving wraps what vLLM can
     mine = load_config(None, {**slots, "inference": {"lora_target_modules": ["o_proj"]}}).resolved()
     assert targets(mine.server_config()) == ["o_proj"]

@@ -57,10 +57,10 @@ def test_a_config_that_cannot_run_is_refused_at_construction(tmp_path: Path) -> 
 
 def test_open_loads_and_claims_once(tmp_path: Path) -> None:
     run = TrainingRun(_cfg(tmp_path, eval_size=3))
-    # settled with the config: calc's preset trains the embedding beside the adapter, which the engines serve merged
-    assert run.cfg.name is None and run.cfg.transport.transport == "merged"
+    # settled with the config: calc's preset trains an adapter the engines' LoRA slots serve (the output layer too)
+    assert run.cfg.name is None and run.cfg.transport.transport == "shm"
     assert asyncio.run(run.open()) is run
-    assert run.cfg.name == "calc" and run.cfg.transport.transport == "merged" and run.moe is None
+    assert run.cfg.name == "calc" and run.cfg.transport.transport == "shm" and run.moe is None
     assert run.run_dir == tmp_path / "runs" / "calc" and (run.run_dir / "run.json").is_file()
     assert json.loads((run.run_dir / "run.json").read_text())["run_id"] == run.run_id
     assert run.env_cls.__name__ and run.train_tasks and len(run.eval_tasks) == 3
