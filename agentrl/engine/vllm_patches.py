@@ -346,8 +346,8 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
         self._agentrl_rows = cpu_lora.Groups.of(self.sampler_indices)  # the output layer's rows, one per sample
         return out
 
-    def _groups(self: Any, y: Any, x: Any, *weights: Any, attr: str = "_agentrl_groups") -> Any:
-        g = getattr(self, attr, None)
+    def _groups(self: Any, y: Any, x: Any, *weights: Any) -> Any:
+        g = getattr(self, "_agentrl_groups", None)
         fits = g is not None and g.covers(x) and y.size(-2) == g.n and cpu_lora.same_dtype(y, x, *weights)
         return g if fits else None
 

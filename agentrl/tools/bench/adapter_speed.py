@@ -25,9 +25,8 @@ prompt's prefix cache as they do in the base phase), ``--spread episode`` gives 
 the cache lost as well as the LoRA compute);
 ``by_adapters[N]`` has that count's rate and ratio against the same pairs' base phases (target ≥ 0.9 for one
 adapter, ≥ 0.8 for several), and the prompt tokens its phases prefilled (vLLM's ``prompt_tokens`` less
-``prompt_tokens_cached``, median per phase; ``base_prefilled_tokens`` for the base phases): a prompt's KV is
-cached per adapter, so phases over several adapters prefill the prompts the others share (the system prompt,
-the tool list) once per adapter, work the base phase does once. ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
+``prompt_tokens_cached``, median per phase; ``base_prefilled_tokens`` for the base phases): vLLM keys its
+prefix cache by adapter, so this tells prompt work the adapter phases redo from the LoRA compute itself. ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
 fast path (:mod:`agentrl.engine.cpu_lora`; ``AGENTRL_CPU_LORA_FAST=0`` in the environment of the benchmark
 that starts the engine switches it off, for the comparison).
 """

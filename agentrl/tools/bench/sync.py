@@ -322,11 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{', '.join(given)} belong to the full-weight benchmark: add --full")
 
     from agentrl.config.inference import engine_lora_rank
-    from agentrl.config.trainer import ALL_LINEAR
+    from agentrl.config.trainer import ALL_LINEAR, OUTPUT_LAYER
     from agentrl.inference import VLLMServer, VLLMServerConfig
     from agentrl.tools.bench.models import ATTENTION
 
     targets = tuple(ALL_LINEAR) if args.targets == "all" else ATTENTION
+    modules = [*targets, *([OUTPUT_LAYER] if args.unembed else [])]  # what the engine wraps
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-sync-") as tmp:
         work = Path(args.work_dir or tmp)
         model_dir = args.model or build_random_qwen2(work / f"model-{args.model_size}", args.model_size)
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = VLLMServerConfig(model=str(model_dir), dtype="float32", max_model_len=512,
                                max_lora_rank=engine_lora_rank(args.rank),
                                max_loras=max(2, args.slots),
-                               lora_target_modules=[*targets, *(["lm_head"] if args.unembed else [])],
+                               lora_target_modules=modules,
                                startup_timeout_s=900)
         with VLLMServer(cfg, work / "logs") as server:
             res = asyncio.run(_run(server.url, shape, args.rank, args.updates, work / "adapters", targets,
@@ -346,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         name = (f"random Qwen2 {args.model_size} (hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
                 f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads x {c['head_dim']})")
     held = f"; {args.slots} adapters held in slots" if args.slots > 1 else ""
-    on = "/".join([*targets, *(["lm_head"] if args.unembed else [])])
-    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {on}{held}", "rank": args.rank,
+    res = {"model": f"{name}, fp32, vLLM CPU; LoRA r={args.rank} on {'/'.join(modules)}{held}", "rank": args.rank,
            **res}
     if not args.json:
         print(_table(res))
