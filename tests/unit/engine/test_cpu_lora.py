@@ -212,3 +212,23 @@ def test_an_inplace_write_and_a_replaced_buffer_are_served(patched: None) -> Non
     torch.testing.assert_close(served(a, b), want(a, b), rtol=1e-5, atol=1e-5)
     moved = (a[0], a[1].clone() * 0.5, a[2])  # slice 1 moved to another buffer, slice 0 (the cache's owner) kept
     torch.testing.assert_close(served(moved, b), want(moved, b), rtol=1e-5, atol=1e-5)
+
+
+def test_one_thread_regions_bypass_the_workers_thread_stub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU worker replaces torch.set_num_threads with a stub that only logs: a small LoRA call still runs
+    on one thread (the builtin setter), calls no stub, and gives the engine its thread count back."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    before = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    seen: list[int] = []
+    try:
+        with cpu_lora._Serial(1):
+            seen.append(torch.get_num_threads())
+        after = torch.get_num_threads()
+        with cpu_lora._Serial(cpu_lora.SERIAL_MACS):  # large: the engine's threads
+            seen.append(torch.get_num_threads())
+    finally:
+        torch._C.set_num_threads(before)
+    assert seen == [1, 2] and after == 2
+    assert calls == []
