@@ -21,6 +21,11 @@ TRAIN_ARGS ?=
 
 .PHONY: install test test-unit train lint model clean
 install: $(STAMP)
+ifeq ($(STACK),cpu)
+	@# agentrl's CPU LoRA kernel (agentrl/engine/native_lora.py): a no-op once built for this source and machine;
+	@# without a compiler engines use torch ops instead (printed, never an install failure).
+	@$(PY) -m agentrl.engine.native_lora build
+endif
 
 $(STAMP): pyproject.toml setup.py Makefile agentrl/tools/install/pip_to_uv.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -18,10 +18,15 @@ the step's token-to-slot mapping (:meth:`Groups.of`), not once per layer:
 - **no token uses an adapter**: nothing is done;
 - **every token uses one slot** (training's case): two GEMMs per slice (``torch.mm`` then ``addmm_`` into the
   output's column slice), no gather;
-- **several slots, or tokens of no adapter beside them**: the tokens are grouped by slot once per step (a padded
-  ``slots x max_tokens`` gather index); per module ``x`` is gathered once, each slice is one batched GEMM over
-  the slots for the shrink and one for the expand, and the rows are added back with ``index_add_``. Tokens of no
-  adapter get nothing added.
+- **several slots, or tokens of no adapter beside them**: the tokens are grouped by slot once per step. Where
+  agentrl's kernel is built (:mod:`agentrl.engine.native_lora`, at install) and the call is small (below
+  :data:`SERIAL_MACS`: decode steps), the whole layer is one call of it: every slice of every slot group, its
+  16 x 16 weight tiles transposed in registers once per group and applied to the group's tokens. Otherwise (a
+  large prefill, no build, a layout it refuses) torch ops: per module ``x`` gathered once (a padded ``slots x
+  max_tokens`` index), each slice one batched GEMM over the slots for the shrink and one for the expand, the
+  rows added back with ``index_add_``: a dozen ops a layer, whose dispatch was the cost of 16 adapters on the
+  embedded model (0.69 of the base; the kernel: 4.5x less time a layer). Tokens of no adapter get nothing
+  added.
 
 The LoRA GEMMs of a step are small (rank ``R`` against the base layer's width): where a call's work is below
 :data:`SERIAL_MACS` multiply-adds it runs on one thread (``torch.set_num_threads(1)`` around it, 0.2 us). On two
@@ -60,10 +65,25 @@ ENV_SWITCH = "AGENTRL_CPU_LORA_FAST"
 path on the CPU build."""
 
 
+COMPILE_ENV = "AGENTRL_CPU_LORA_COMPILE"
+"""``0`` in the engine's environment keeps vLLM's CPU rule that an engine with LoRA runs its model eagerly (to
+compare); anything else: the model is compiled as without LoRA, each LoRA layer one opaque op in it."""
+
+
+def _on(name: str, environ: dict[str, str] | None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether the fast path is wanted in this process (``AGENTRL_CPU_LORA_FAST`` is not ``0``)."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _on(ENV_SWITCH, environ)
+
+
+def compile_enabled(environ: dict[str, str] | None = None) -> bool:
+    """Whether a LoRA engine compiles its model: the fast path is on and ``AGENTRL_CPU_LORA_COMPILE`` is not
+    ``0``."""
+    return enabled(environ) and _on(COMPILE_ENV, environ)
 
 
 @dataclass
@@ -85,6 +105,10 @@ class Groups:
     rows: Any = None
     span: tuple[int, int] | None = None
     """``(first, last + 1)`` when ``slots`` are consecutive: their matrices are a view, not a gather."""
+    order: Any = None
+    """``"many"``: the rows of tokens with a slot, grouped by slot (slot ascending), unpadded."""
+    offsets: Any = None
+    """``"many"``: slot group ``k`` owns ``order[offsets[k]:offsets[k + 1]]`` (``S + 1`` entries)."""
 
     @classmethod
     def of(cls, indices: Any) -> Groups:
@@ -113,7 +137,9 @@ class Groups:
         rows = gather if keep is None else gather[keep]
         first, last = int(slots[0]), int(slots[-1])
         span = (first, last + 1) if last - first + 1 == slots.numel() else None
-        return cls(n=n, mode="many", slots=slots, width=width, gather=gather, keep=keep, rows=rows, span=span)
+        offsets = torch.cat([starts, starts[-1:] + counts[-1:]])
+        return cls(n=n, mode="many", slots=slots, width=width, gather=gather, keep=keep, rows=rows, span=span,
+                   order=sorted_rows.contiguous(), offsets=offsets)
 
     def covers(self, x: Any) -> bool:
         """Whether ``x`` (tokens x features) is this step's tokens (else vLLM's own op must run)."""
@@ -214,8 +240,29 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
     if g.mode == "none":
         return
     rank = a_stacked[0].size(2)
-    with _Serial(g.n * rank * (x.size(1) * len(a_stacked) + sum(output_slices))):
+    macs = g.n * rank * (x.size(1) * len(a_stacked) + sum(output_slices))
+    if g.mode == "many" and macs < SERIAL_MACS and _native(g, y, x, a_stacked, b_stacked, scale, output_slices,
+                                                           offset_start):
+        return
+    with _Serial(macs):
         _lora_linear(g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start)
+
+
+def _native(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
+            output_slices: tuple[int, ...], offset_start: int) -> bool:
+    """Several slots' LoRA of one layer in one call of agentrl's kernel (:mod:`agentrl.engine.native_lora`),
+    where it is built; whether it ran (a layout it refuses, checked before it writes, leaves ``y`` as it was)."""
+    from agentrl.engine import native_lora
+
+    k = native_lora.kernel()
+    if k is None:
+        return False
+    try:
+        k.lora_groups(y, x, list(a_stacked), list(b_stacked), g.order, g.offsets, g.slots, float(scale),
+                      list(output_slices), offset_start)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
@@ -290,6 +337,65 @@ def _expand(g: Groups, y: Any, x: Any, b_stacked: tuple, output_slices: tuple[in
                 out = out.index_select(0, g.keep)
             y[:, off:off + size].index_add_(0, g.rows, out)
         off += size
+
+
+WRAPPERS: dict[int, Any] = {}
+"""Punica wrappers by key (:func:`wrapper_key`): the compiled op's body finds its wrapper, and the step's
+grouping on it, through the integer key the traced graph holds."""
+
+
+KEY_ATTR = "_agentrl_key"
+
+
+def wrapper_key(wrapper: Any) -> int:
+    """``wrapper``'s key in :data:`WRAPPERS`, registered at its first step's metadata (eagerly, before vLLM
+    traces the model in its first dummy step); the trace reads the attribute as a constant."""
+    key = getattr(wrapper, KEY_ATTR, None)
+    if key is None:
+        key = len(WRAPPERS) + 1
+        setattr(wrapper, KEY_ATTR, key)
+        WRAPPERS[key] = wrapper
+    return key
+
+
+def compiling() -> bool:
+    """Whether the caller is being traced by ``torch.compile`` (vLLM's compiled model)."""
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+_OP: list[Any] = []
+CALLS = {"compiled": 0}
+"""``compiled``: calls of the compiled op in this process (the engine reports it: proof that its model runs
+compiled with the slots' LoRA in it)."""
+
+
+def compiled_linear_op(body: Any) -> Any:
+    """The custom op ``agentrl::lora_linear(y, x, a, b, scale, slices, key)`` that a LoRA linear layer becomes
+    in vLLM's compiled model: opaque to the compiler, which keeps its place in the graph (it writes ``y``), so
+    that ``body(key, y, x, a, b, scale, slices)`` (the eager fast path) runs each step with that step's slot
+    grouping. Registered once per process, directly on the CPU dispatch key (``torch.library.custom_op``'s
+    Python dispatch cost 50-60 us a call, more than a tiny model's LoRA GEMMs); the first ``body`` serves."""
+    if _OP:
+        return _OP[0]
+    import torch
+
+    lib = torch.library.Library("agentrl", "FRAGMENT")
+    lib.define("lora_linear(Tensor(a0!) y, Tensor x, Tensor[] a, Tensor[] b, float scale, int[] slices, "
+               "int key) -> ()")
+
+    def impl(y: Any, x: Any, a: list[Any], b: list[Any], scale: float, slices: list[int], key: int) -> None:
+        CALLS["compiled"] += 1
+        body(key, y, x, a, b, scale, slices)
+
+    def fake(y: Any, x: Any, a: list[Any], b: list[Any], scale: float, slices: list[int], key: int) -> None:
+        return None
+
+    lib.impl("lora_linear", impl, "CPU")
+    lib._register_fake("lora_linear", fake)
+    _OP.extend([torch.ops.agentrl.lora_linear.default, lib])  # the library object keeps the op registered
+    return _OP[0]
 
 
 def same_dtype(*tensors: Any) -> bool:

@@ -26,7 +26,8 @@ REGISTRY: dict[str, tuple[int, str]] = {}
 """lora_name -> (lora_int_id, lora_path) of every adapter this worker loaded (filled by patch 1)."""
 STATS: dict[str, float] = {"file_loads": 0.0}
 """``file_loads`` count and ``last_file_load_ms``: the worker-side time of the last load from disk (patches 1-2);
-``cpu_lora_fast``: 1.0 where the CPU LoRA fast path is installed (patch 17)."""
+``cpu_lora_fast``: 1.0 where the CPU LoRA fast path is installed (patch 17); ``cpu_lora_native``: 1.0 where it
+serves several slots with agentrl's built kernel (:mod:`agentrl.engine.native_lora`)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -26,6 +26,7 @@ def main() -> None:
         print(f"agentrl: the engine core is spawned, not forked: {e}", file=sys.stderr, flush=True)
     else:
         vllm_patches.patch_cpu_engine_core_fork()
+        vllm_patches.patch_cpu_compile_with_lora()
         os.register_at_fork(after_in_child=close_server_sockets)
         vllm_patches.patch_request_labels(adapter_labels.label_for)
         os.environ[adapter_labels.ENV] = "1"  # the engine core (its child) labels in-place syncs per adapter

@@ -142,8 +142,12 @@ class SlotsMixin:
         return plan
 
     def agentrl_lora_stats(self) -> dict[str, float]:
-        """Worker-side counters: ``file_loads`` and ``last_file_load_ms`` (for the file-vs-shm benchmark)."""
-        return dict(STATS)
+        """Worker-side counters: ``file_loads`` and ``last_file_load_ms`` (for the file-vs-shm benchmark), the
+        CPU fast path's (``cpu_lora_fast``, ``cpu_lora_native``) and ``cpu_lora_compiled_calls``: LoRA layers
+        run as the compiled model's op (:func:`agentrl.engine.cpu_lora.compiled_linear_op`)."""
+        from agentrl.engine import cpu_lora
+
+        return {**STATS, "cpu_lora_compiled_calls": float(cpu_lora.CALLS["compiled"])}
 
     def agentrl_lora_checksum(self, adapter: str) -> dict[str, Any]:
         """Sums of the adapter's cached (CPU) and live (slot) weights, for tests: they must agree once the cache is

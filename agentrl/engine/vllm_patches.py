@@ -120,6 +120,14 @@ Installed in the API server process by :mod:`agentrl.engine.serve` (CPU build, o
     all). The API server has computed nothing at that point, so no OpenMP pool is inherited; the engine core
     binds its threads itself (``init_cpu_threads_env``) as before. Not with worker processes of their own
     (tensor parallelism, or ``mp``): those fork from the engine core, which has computed.
+22. :func:`patch_cpu_compile_with_lora`: wraps ``CpuPlatform.check_and_update_config`` (after patch 12), which
+    turns compilation off for any engine with LoRA (``compilation_config.mode = NONE``: vLLM's CPU LoRA ops
+    branch in Python on each step's mapping, which a trace would freeze). With agentrl's fast path each LoRA
+    linear layer is one custom op in the graph (``agentrl::lora_linear``, :func:`cpu_lora.compiled_linear_op`)
+    that reads the step's grouping when it runs, so the check runs with ``lora_config`` hidden and the model is
+    compiled as it is without LoRA (dynamo traced once, inductor): on the embedded model a LoRA engine ran its
+    model eagerly at 0.5-0.63 of a LoRA-less engine's rate, with no adapter in use. ``AGENTRL_CPU_LORA_COMPILE=0``
+    keeps vLLM's rule.
 20. :func:`patch_request_labels`: wraps ``RequestState.track_weight_version`` (``v1/engine/output_processor.py``),
     which turns each step's weight label into the request's ``weight_versions`` spans, so that a request reads
     from a composite label the label of the adapter it names (``RequestState.lora_name``), else the
@@ -204,6 +212,10 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     patch_cpu_seeded_chunks()
     patch_output_layer_lora()
     stats["cpu_lora_fast"] = float(patch_cpu_lora_fast_path())
+    if stats["cpu_lora_fast"]:
+        from agentrl.engine import native_lora
+
+        stats["cpu_lora_native"] = float(native_lora.kernel() is not None)
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------
@@ -342,6 +354,7 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
 
     def update_metadata(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = update(self, *args, **kwargs)
+        cpu_lora.wrapper_key(self)
         self._agentrl_groups = cpu_lora.Groups.of(self.token_lora_indices)
         self._agentrl_rows = cpu_lora.Groups.of(self.sampler_indices)  # the output layer's rows, one per sample
         return out
@@ -351,8 +364,8 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
         fits = g is not None and g.covers(x) and y.size(-2) == g.n and cpu_lora.same_dtype(y, x, *weights)
         return g if fits else None
 
-    def add_lora_linear(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float,
-                        output_slices: Any, *, buffer: Any = None, **kwargs: Any) -> Any:
+    def eager_linear(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float,
+                     output_slices: Any, *, buffer: Any = None, **kwargs: Any) -> Any:
         g = None if buffer is not None or kwargs.get("add_inputs", True) is False or y.dim() != 2 \
             else _groups(self, y, x, lora_a_stacked, lora_b_stacked)
         if g is None:
@@ -360,6 +373,20 @@ def patch_cpu_lora_fast_path(force: bool = False) -> bool:
                           **kwargs)
         cpu_lora.lora_linear(g, y, x, lora_a_stacked, lora_b_stacked, scale, tuple(output_slices))
         return None
+
+    op = cpu_lora.compiled_linear_op(
+        lambda key, y, x, a, b, scale, slices: eager_linear(cpu_lora.WRAPPERS[key], y, x, tuple(a), tuple(b),
+                                                            scale, tuple(slices)))
+
+    def add_lora_linear(self: Any, y: Any, x: Any, lora_a_stacked: Any, lora_b_stacked: Any, scale: float,
+                        output_slices: Any, *, buffer: Any = None, **kwargs: Any) -> Any:
+        if buffer is None and kwargs.get("add_inputs", True) is not False and cpu_lora.compiling():
+            # traced into vLLM's compiled model: one opaque op, whose body reads the step's grouping at run time
+            op(y, x, list(lora_a_stacked), list(lora_b_stacked), float(scale), [int(s) for s in output_slices],
+               cpu_lora.wrapper_key(self))
+            return None
+        return eager_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
+                            **kwargs)
 
     def add_shrink(self: Any, y: Any, x: Any, lora_a_stacked: Any, scale: float, **kwargs: Any) -> Any:
         x2 = x.view(-1, x.shape[-1])
@@ -879,6 +906,39 @@ def patch_cpu_engine_core_fork() -> None:
     check_and_update_config.agentrl_fork = True  # type: ignore[attr-defined]
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[assignment]
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # the CLI set-up would choose spawn when unset
+
+
+@_uses("patch", Target("vllm.platforms.cpu", "CpuPlatform.check_and_update_config"),
+       Target("vllm.config.vllm", "VllmConfig.lora_config"))
+def patch_cpu_compile_with_lora() -> bool:
+    """Patch 22 (idempotent): the CPU platform's config check leaves an engine with LoRA compiled; whether it
+    is installed (not where the fast path or its compiled op is switched off, :func:`cpu_lora.compile_enabled`).
+    See the module docstring."""
+    from agentrl.engine import cpu_lora
+
+    if not cpu_lora.compile_enabled():
+        return False
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+    if getattr(original, "agentrl_compile_lora", False):
+        return True
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        lora = vllm_config.lora_config
+        if lora is None:
+            return original(cls, vllm_config)
+        vllm_config.lora_config = None  # the check's one LoRA rule: compilation off
+        try:
+            original(cls, vllm_config)
+        finally:
+            vllm_config.lora_config = lora
+        return None
+
+    check_and_update_config.agentrl_compile_lora = True  # type: ignore[attr-defined]
+    check_and_update_config.agentrl_fork = getattr(original, "agentrl_fork", False)  # type: ignore[attr-defined]
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)  # type: ignore[assignment]
+    return True
 
 
 @_uses("patch", Target("vllm.v1.engine.output_processor", "RequestState.track_weight_version"),

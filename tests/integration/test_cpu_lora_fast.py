@@ -1,6 +1,7 @@
 """The CPU LoRA fast path (patch 17, :mod:`agentrl.engine.cpu_lora`) on the real engine: adapters served from
 vLLM's slots give the logprobs and greedy tokens of the same adapters merged into the base weights, one adapter
-alone or several distinct ones (with a request of no adapter) in one batch; an in-place update of one slot is
+alone or several distinct ones (with a request of no adapter) in one batch, these served by agentrl's CPU LoRA
+kernel where it is built; an in-place update of one slot is
 served at once and leaves the others' outputs as they were, also for generations running through it."""
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import pytest
 
 from agentrl.config.facts import cpu_build
 from agentrl.config.trainer import ALL_LINEAR
+from agentrl.engine import cpu_lora, native_lora
 from agentrl.engine.cpu_lora import ENV_SWITCH
 from agentrl.inference import InferenceClient
 from agentrl.tools.bench.models import FixedAdapter, lora_shapes, random_lora, save_lora
 from agentrl.weight_sync.merged import MergedAdapterSync
 from agentrl.weight_sync.shm import SharedMemoryAdapterSync
+from tests.conftest import require
 from tests.integration.conftest import tiny_model_config
 
 pytestmark = [pytest.mark.integration]
@@ -46,11 +49,25 @@ def engine(weights_engine: Any) -> Any:
     return weights_engine
 
 
+def _paths() -> tuple[float, float]:
+    """(``cpu_lora_fast``, ``cpu_lora_native``) an engine started by this session reports: on the CPU build the
+    fast path (unless switched off), serving several slots with agentrl's kernel (make install builds it: its
+    absence fails on CI); elsewhere vLLM's kernels."""
+    fast = cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0"
+    if fast and native_lora.enabled():
+        require(native_lora.kernel() is not None, "agentrl's CPU LoRA kernel is not built (make install builds it)")
+    return float(fast), float(fast and native_lora.kernel() is not None)
+
+
+def _compiled() -> bool:
+    """Whether this session's engine runs its model compiled with the LoRA layers in it (patch 22)."""
+    return bool(_paths()[0]) and cpu_lora.compile_enabled()
+
+
 async def _fast_path_on(client: InferenceClient) -> None:
-    """On the CPU build the fast path serves (unless the run switched it off); elsewhere vLLM's kernels."""
     stats = (await client.collective_rpc("agentrl_lora_stats"))[0][0]
-    want = cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0"
-    assert stats.get("cpu_lora_fast", 0.0) == float(want), stats
+    fast, native = _paths()
+    assert stats.get("cpu_lora_fast", 0.0) == fast and stats.get("cpu_lora_native", 0.0) == native, stats
 
 
 @pytest.mark.parametrize("n_adapters", [1, 3])
@@ -67,6 +84,8 @@ async def test_slots_serve_what_the_merged_adapters_serve(engine, tmp_path: Path
             if n_adapters > 1:
                 jobs.append(_greedy(client, PROMPTS[n_adapters]))
             served = await asyncio.gather(*jobs)
+            stats = (await client.collective_rpc("agentrl_lora_stats"))[0][0]
+            assert (stats["cpu_lora_compiled_calls"] > 0) == _compiled(), stats  # LoRA inside the compiled model
             base_alone = await _greedy(client, PROMPTS[n_adapters])
             gaps = []
             with MergedAdapterSync(trainers[0], client) as sync:
@@ -136,4 +155,4 @@ def test_bench_loop_serves_several_adapters_in_one_batch(engine, tiny_model_dir:
         assert row["prefilled_tokens"] is not None and row["prefilled_tokens"] >= 0  # vLLM's counters, read
     assert r["base_prefilled_tokens"] is not None and r["base_prefilled_tokens"] >= 0
     assert r["adapter_over_base"] == r["by_adapters"]["1"]["adapter_over_base"]
-    assert r["cpu_lora_fast"] == (1.0 if cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0" else 0.0)
+    assert (r["cpu_lora_fast"], r["cpu_lora_native"]) == _paths()

@@ -28,7 +28,8 @@ adapter, ≥ 0.8 for several), and the prompt tokens its phases prefilled (vLLM'
 ``prompt_tokens_cached``, median per phase; ``base_prefilled_tokens`` for the base phases): vLLM keys its
 prefix cache by adapter, so this tells prompt work the adapter phases redo from the LoRA compute itself. ``cpu_lora_fast`` says whether the engine served the slots with agentrl's CPU
 fast path (:mod:`agentrl.engine.cpu_lora`; ``AGENTRL_CPU_LORA_FAST=0`` in the environment of the benchmark
-that starts the engine switches it off, for the comparison).
+that starts the engine switches it off, for the comparison); ``cpu_lora_native`` whether it served several slots
+with agentrl's built kernel (:mod:`agentrl.engine.native_lora`; ``AGENTRL_CPU_LORA_NATIVE=0``: the torch ops).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
     merge_ms: list[float] = []
     prefilled: dict[int, list[float]] = {n: [] for n in [0, *counts]}  # 0: the base phases
     fast: float | None = None
+    native: float | None = None
     server = {"model": model, "dtype": "float32", "max_model_len": 1024, "enable_lora": not merged}
     if not merged:
         server.update(max_lora_rank=engine_lora_rank(args.adapter_rank), max_loras=len(adapters),
@@ -105,6 +107,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
                     with contextlib.suppress(Exception):  # an engine without agentrl's extension
                         stats = (await client.collective_rpc("agentrl_lora_stats"))[0][0]
                         fast = float(stats.get("cpu_lora_fast", 0.0))
+                        native = float(stats.get("cpu_lora_native", 0.0))
 
                 async def switch(to: FixedAdapter) -> None:
                     if merged:
@@ -150,7 +153,7 @@ async def measure_adapter(args: argparse.Namespace) -> dict[str, Any]:
         "adapter_tokens_per_s": first["adapter_tokens_per_s"],
         "adapter_over_base": first["adapter_over_base"], "adapter_over_base_pairs": first["adapter_over_base_pairs"],
         "target": first["target"], "target_met": first["target_met"], "adapters": counts, "spread": spread, "by_adapters": by,
-        "cpu_lora_fast": fast, "base_prefilled_tokens": _median(prefilled[0]),
+        "cpu_lora_fast": fast, "cpu_lora_native": native, "base_prefilled_tokens": _median(prefilled[0]),
         "requests_per_phase": sum(len(r) for r in reqs), "tokens_per_phase": base.tokens // max(args.repeats, 1),
         "repeats": args.repeats, "concurrency": args.concurrency, "model": model,
     }
@@ -185,6 +188,9 @@ async def prefilled_tokens(url: str) -> float:
 def print_result(res: dict[str, Any]) -> None:
     """The human-readable line."""
     fast = {None: "", 1.0: ", CPU fast path on", 0.0: ", vLLM's own CPU LoRA ops"}.get(res.get("cpu_lora_fast"), "")
+    if res.get("cpu_lora_fast") == 1.0:
+        fast += {1.0: " (several slots: agentrl's kernel)", 0.0: " (several slots: torch ops)"}.get(
+            res.get("cpu_lora_native"), "")
     for n, row in res.get("by_adapters", {"1": res}).items():
         print(f"{res['adapter']} adapter x{n} (rank {res['adapter_rank']}, every linear layer{fast}): "
               f"{row['adapter_tokens_per_s']:.0f} tok/s against the base model's {res['base_tokens_per_s']:.0f}: "

@@ -15,10 +15,11 @@ pytest.importorskip("vllm.lora.punica_wrapper.punica_cpu")
 from vllm.lora.layers.utils import LoRAMapping  # noqa: E402
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
 
-from agentrl.engine import cpu_lora, vllm_patches  # noqa: E402
+from agentrl.engine import cpu_lora, native_lora, vllm_patches  # noqa: E402
+from tests.conftest import require  # noqa: E402
 
-RANK, HIDDEN = 8, 48
-SLICES = (48, 16, 16)  # packed q/k/v output sizes
+RANK, HIDDEN = 8, 56
+SLICES = (40, 24, 24)  # packed q/k/v output sizes (none a multiple of 16: the kernel's tails)
 SLOTS = 5  # the last one stays empty: vLLM's slot for tokens of no adapter (see the module docstring)
 
 
@@ -30,6 +31,41 @@ def _orig(name: str):
 @pytest.fixture(scope="module")
 def patched() -> None:
     assert vllm_patches.patch_cpu_lora_fast_path(force=True)
+
+
+def built_kernel() -> object:
+    """agentrl's CPU LoRA kernel (make install builds it); skip locally, fail on CI, where it is not built."""
+    k = native_lora.kernel()
+    require(k is not None, "agentrl's CPU LoRA kernel is not built (python -m agentrl.engine.native_lora build)")
+    return k
+
+
+class ManyPath(list):
+    """The kernel's calls in a test (``kernel``: whether it serves several slots there, else the torch ops)."""
+
+    kernel = False
+
+    def expect(self, many: bool) -> None:
+        assert len(self) == int(self.kernel and many), f"kernel calls: {len(self)}"
+
+
+@pytest.fixture(params=["kernel", "torch ops"])
+def many_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ManyPath:
+    """Serve several slots with agentrl's kernel or with the torch ops."""
+    calls = ManyPath()
+    if request.param == "torch ops":
+        monkeypatch.setattr(native_lora, "kernel", lambda: None)
+        return calls
+    calls.kernel = True
+    k = built_kernel()
+
+    class Spy:
+        def lora_groups(self, *args: object) -> None:
+            calls.append(1)
+            k.lora_groups(*args)
+
+    monkeypatch.setattr(native_lora, "kernel", Spy)
+    return calls
 
 
 def _stacked(seed: int, n_slices: int, in_dim: int, outs: tuple[int, ...]) -> tuple[tuple, tuple]:
@@ -61,7 +97,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_lora_linear_matches_vllm(patched: None, case: str) -> None:
+def test_lora_linear_matches_vllm(patched: None, case: str, many_path: ManyPath) -> None:
     slots, lens = CASES[case]
     w = _wrapper(slots, lens)
     n = sum(lens)
@@ -72,6 +108,7 @@ def test_lora_linear_matches_vllm(patched: None, case: str) -> None:
     _orig("add_lora_linear")(w, want, x, a, b, 0.5, SLICES)
     w.add_lora_linear(got, x, a, b, 0.5, SLICES)
     assert w._agentrl_groups.mode == {"no adapter": "none", "one adapter": "one"}.get(case, "many")
+    many_path.expect(w._agentrl_groups.mode == "many")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
     if case == "no adapter":
         assert torch.equal(got, y0)
@@ -98,7 +135,8 @@ def test_shrink_expand_pair_matches_vllm(patched: None, case: str) -> None:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypatch: pytest.MonkeyPatch,
+                                            many_path: ManyPath) -> None:
     """``add_lora_logits``: one row per sequence (its sampled position), the slots of ``sampler_indices``; the
     logits are wider than the vocabulary the slots hold (padding), which gets nothing added."""
     calls = []
@@ -118,6 +156,7 @@ def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypat
     _orig("add_lora_logits")(w, want, x, a, b, 1.0)
     w.add_lora_logits(got, x, a, b, 1.0)
     assert len(calls) == 1 and calls[0] is w._agentrl_rows and w._agentrl_rows.n == rows  # the fast path ran
+    many_path.expect(w._agentrl_rows.mode == "many")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[:, vocab:], y0[:, vocab:])
 
@@ -232,3 +271,52 @@ def test_one_thread_regions_bypass_the_workers_thread_stub(monkeypatch: pytest.M
         torch._C.set_num_threads(before)
     assert seen == [1, 2] and after == 2
     assert calls == []
+
+
+@pytest.mark.parametrize("rank", [8, 16, 32, 12])
+@pytest.mark.parametrize("hidden", [64, 72])
+def test_the_kernel_equals_the_torch_ops(rank: int, hidden: int) -> None:
+    """agentrl's kernel against the torch ops it replaces, at ranks its vector path takes (multiples of 16) and
+    others, widths with and without a tail past 16, tokens of no adapter, a slice narrower than B (padded
+    logits), slot tensors strided as the one-copy layout holds them, and a column offset."""
+    k = built_kernel()
+    gen = torch.Generator().manual_seed(rank * 100 + hidden)
+    slots, outs, n = 6, (48, 20, 33), 23
+    per_slot = sum(rank * hidden + (o + 3) * rank for o in outs) + 5  # slot after slot, as slot_layout lays out
+    flat = torch.randn(slots * per_slot, generator=gen)
+    a, b, at = [], [], 0
+    for o in outs:
+        a.append(flat.as_strided((slots, 1, rank, hidden), (per_slot, rank * hidden, hidden, 1), at))
+        at += rank * hidden
+        b.append(flat.as_strided((slots, 1, o + 3, rank), (per_slot, (o + 3) * rank, rank, 1), at))
+        at += (o + 3) * rank
+    idx = torch.randint(-1, slots, (n,), generator=gen)
+    idx[:3] = torch.tensor([0, 2, -1])
+    g = cpu_lora.Groups.of(idx)
+    assert g.mode == "many"
+    x = torch.randn(n, hidden, generator=gen)
+    y0 = torch.randn(n, 4 + sum(outs) + 2, generator=gen)
+    want, got = y0.clone(), y0.clone()
+    cpu_lora._lora_linear(g, want, x, tuple(a), tuple(b), 0.25, outs, 4)
+    k.lora_groups(got, x, a, b, g.order, g.offsets, g.slots, 0.25, list(outs), 4)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    none = idx < 0
+    assert torch.equal(got[none], y0[none]) and torch.equal(got[:, :4], y0[:, :4])
+    assert torch.equal(got[:, -2:], y0[:, -2:])
+
+
+def test_the_kernel_refuses_a_layout_it_cannot_read_and_writes_nothing() -> None:
+    k = built_kernel()
+    g = cpu_lora.Groups.of(torch.tensor([0, 1, 1]))
+    a = torch.randn(2, 1, 16, 32)
+    b = torch.randn(2, 1, 16, 16)
+    x, y = torch.randn(3, 32), torch.randn(3, 16)
+    y0 = y.clone()
+    with pytest.raises(RuntimeError, match="last dimension must be contiguous"):
+        k.lora_groups(y, x, [a], [b.transpose(2, 3)], g.order, g.offsets, g.slots, 1.0, [16], 0)
+    with pytest.raises(RuntimeError, match="must fit"):
+        k.lora_groups(y, x, [a], [b], g.order, g.offsets, g.slots, 1.0, [16], 4)
+    assert torch.equal(y, y0)
+    # lora_linear keeps serving such a call with the torch ops
+    cpu_lora.lora_linear(g, y, x, (a,), (b.transpose(2, 3).contiguous().transpose(2, 3),), 1.0, (16,))
+    assert not torch.equal(y, y0)
