@@ -111,6 +111,13 @@ def kernel() -> Any:
         return None
 
 
+def tile() -> int:
+    """The rank multiple the loaded kernel's vector path takes (16 with AVX-512); 0: no kernel, or one built
+    with its plain loops only, which the torch ops beat (engines then keep those)."""
+    k = kernel()
+    return int(k.tile()) if k is not None and hasattr(k, "tile") else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m agentrl.engine.native_lora build``: build (or find) the kernel; it never fails the install,
     since engines fall back to torch ops: a failed build is printed with the reason."""

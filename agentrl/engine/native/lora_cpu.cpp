@@ -223,6 +223,17 @@ void lora_groups(torch::Tensor y, torch::Tensor x, std::vector<torch::Tensor> a,
   }
 }
 
+// The rank multiple the vector path takes (16 where built with AVX-512), 0 where only the plain loops are built:
+// the caller keeps its torch ops for other ranks, where the plain loops lose to them.
+int64_t tile() {
+#if defined(__AVX512F__)
+  return 16;
+#else
+  return 0;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lora_groups", &lora_groups, "The LoRA of one layer for a step's slot groups (agentrl.engine.cpu_lora)");
+  m.def("tile", &tile, "The rank multiple the vector path takes; 0: none built");
 }

@@ -18,7 +18,7 @@ from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU  # noqa: E402
 from agentrl.engine import cpu_lora, native_lora, vllm_patches  # noqa: E402
 from tests.conftest import require  # noqa: E402
 
-RANK, HIDDEN = 8, 56
+RANK, HIDDEN = 16, 56  # the kernel's vector path takes ranks in multiples of 16 (others: the torch ops)
 SLICES = (40, 24, 24)  # packed q/k/v output sizes (none a multiple of 16: the kernel's tails)
 SLOTS = 5  # the last one stays empty: vLLM's slot for tokens of no adapter (see the module docstring)
 
@@ -40,19 +40,40 @@ def built_kernel() -> object:
     return k
 
 
-class ManyPath(list):
-    """The kernel's calls in a test (``kernel``: whether it serves several slots there, else the torch ops)."""
+def test_ranks_off_the_vector_path_keep_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 8 where the kernel's vector path takes multiples of 16: the torch ops serve (its plain loops are
+    slower than they are)."""
+    k = built_kernel()
+    calls: list[int] = []
+
+    class Spy:
+        def lora_groups(self, *args: object) -> None:
+            calls.append(1)
+
+        def tile(self) -> int:
+            return k.tile()
+
+    monkeypatch.setattr(native_lora, "kernel", Spy)
+    g = cpu_lora.Groups.of(torch.tensor([0, 1, 1, 0]))
+    a, b = (torch.randn(2, 1, 8, 32),), (torch.randn(2, 1, 16, 8),)
+    y = torch.zeros(4, 16)
+    cpu_lora.lora_linear(g, y, torch.randn(4, 32), a, b, 1.0, (16,))
+    assert calls == [] and bool(y.abs().sum() > 0)
+
+
+class KernelCalls(list):
+    """The kernel's calls in a test (``kernel``: whether it serves the slots there, else the torch ops)."""
 
     kernel = False
 
-    def expect(self, many: bool) -> None:
-        assert len(self) == int(self.kernel and many), f"kernel calls: {len(self)}"
+    def expect(self, used: bool) -> None:
+        assert len(self) == int(self.kernel and used), f"kernel calls: {len(self)}"
 
 
 @pytest.fixture(params=["kernel", "torch ops"])
-def many_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ManyPath:
-    """Serve several slots with agentrl's kernel or with the torch ops."""
-    calls = ManyPath()
+def lora_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> KernelCalls:
+    """Serve the slots with agentrl's kernel or with the torch ops."""
+    calls = KernelCalls()
     if request.param == "torch ops":
         monkeypatch.setattr(native_lora, "kernel", lambda: None)
         return calls
@@ -63,6 +84,9 @@ def many_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         def lora_groups(self, *args: object) -> None:
             calls.append(1)
             k.lora_groups(*args)
+
+        def tile(self) -> int:
+            return k.tile()
 
     monkeypatch.setattr(native_lora, "kernel", Spy)
     return calls
@@ -97,7 +121,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_lora_linear_matches_vllm(patched: None, case: str, many_path: ManyPath) -> None:
+def test_lora_linear_matches_vllm(patched: None, case: str, lora_path: KernelCalls) -> None:
     slots, lens = CASES[case]
     w = _wrapper(slots, lens)
     n = sum(lens)
@@ -108,7 +132,7 @@ def test_lora_linear_matches_vllm(patched: None, case: str, many_path: ManyPath)
     _orig("add_lora_linear")(w, want, x, a, b, 0.5, SLICES)
     w.add_lora_linear(got, x, a, b, 0.5, SLICES)
     assert w._agentrl_groups.mode == {"no adapter": "none", "one adapter": "one"}.get(case, "many")
-    many_path.expect(w._agentrl_groups.mode == "many")
+    lora_path.expect(w._agentrl_groups.mode != "none")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
     if case == "no adapter":
         assert torch.equal(got, y0)
@@ -131,12 +155,13 @@ def test_shrink_expand_pair_matches_vllm(patched: None, case: str) -> None:
         shrink(w, buf, x, a, 1.0)
         expand(w, y, buf, b, (HIDDEN,), offset_start=0, add_input=True)
         outs.append(y)
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    # float32 sums in another order, of products about 30 in size at rank 16
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypatch: pytest.MonkeyPatch,
-                                            many_path: ManyPath) -> None:
+                                            lora_path: KernelCalls) -> None:
     """``add_lora_logits``: one row per sequence (its sampled position), the slots of ``sampler_indices``; the
     logits are wider than the vocabulary the slots hold (padding), which gets nothing added."""
     calls = []
@@ -156,7 +181,7 @@ def test_the_output_layers_lora_matches_vllm(patched: None, case: str, monkeypat
     _orig("add_lora_logits")(w, want, x, a, b, 1.0)
     w.add_lora_logits(got, x, a, b, 1.0)
     assert len(calls) == 1 and calls[0] is w._agentrl_rows and w._agentrl_rows.n == rows  # the fast path ran
-    many_path.expect(w._agentrl_rows.mode == "many")
+    lora_path.expect(w._agentrl_rows.mode != "none")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[:, vocab:], y0[:, vocab:])
 

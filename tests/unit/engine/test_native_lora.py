@@ -25,7 +25,7 @@ def test_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not native_lora.enabled({native_lora.ENV_SWITCH: "0"})
     assert not native_lora.enabled({native_lora.ENV_SWITCH: "off"})
     monkeypatch.setenv(native_lora.ENV_SWITCH, "0")
-    assert native_lora.kernel() is None
+    assert native_lora.kernel() is None and native_lora.tile() == 0
 
 
 def test_a_changed_source_is_another_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
