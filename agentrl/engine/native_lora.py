@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agentrl.core.errors import EngineError
+
 SOURCE = Path(__file__).with_name("native") / "lora_cpu.cpp"
 FLAGS = ("-O3", "-fopenmp-simd", "-march=native")
 """Compiler flags: ``-march=native`` is why the build is keyed by the machine (:func:`build_name`)."""
@@ -67,6 +69,12 @@ def build_name() -> str:
     return f"agentrl_lora_cpu_{h.hexdigest()[:12]}"
 
 
+class KernelBuildError(EngineError, RuntimeError):
+    """The kernel's build finished without a library to load."""
+
+    code = "inference.cpu_lora_kernel_build"
+
+
 def _built(name: str) -> Path | None:
     found = sorted((build_root() / name).glob(f"{name}*.so"))
     return found[0] if found else None
@@ -84,7 +92,7 @@ def build(verbose: bool = False) -> Path:
     load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(out), verbose=verbose)
     done = _built(name)
     if done is None:
-        raise RuntimeError(f"the kernel's build left no library in {out}")
+        raise KernelBuildError(f"the kernel's build left no library in {out}")
     return done
 
 
