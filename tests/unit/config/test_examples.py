@@ -20,8 +20,9 @@ def test_the_smollm2_calc_config_sizes_a_real_model_run_for_two_cores() -> None:
     # the window it was measured with, set in the file: not SmolLM2's own 8,192
     assert (cfg.inference.max_model_len, cfg.sampling.max_context_tokens, cfg.resolved().trainer.micro_batch_tokens) == (
         1024, 1024, 4096)
-    # the adapter merged into the served weights each step (the engine generates faster without one on a CPU)
-    assert cfg.transport.transport == "merged" and not cfg.serves_adapter and cfg.skip_uniform_groups
+    # weight sync left at auto: the adapter served from the engine's LoRA slots, each sync an in-place copy
+    assert cfg.transport.transport == "auto" and cfg.skip_uniform_groups
+    assert cfg.resolved().transport.transport == "shm" and cfg.resolved().serves_adapter
 
 
 def test_the_smollm2_lookup_config_takes_lookups_window() -> None:
