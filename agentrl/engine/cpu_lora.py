@@ -254,8 +254,9 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
 
 def _native(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
             output_slices: tuple[int, ...], offset_start: int) -> bool:
-    """Several slots' LoRA of one layer in one call of agentrl's kernel (:mod:`agentrl.engine.native_lora`),
-    where it is built; whether it ran (a layout it refuses, checked before it writes, leaves ``y`` as it was)."""
+    """The LoRA of one layer, one slot group or several, in one call of agentrl's kernel
+    (:mod:`agentrl.engine.native_lora`), where it is built with its vector path for this rank; whether it ran (a
+    layout it refuses, checked before it writes, leaves ``y`` as it was)."""
     from agentrl.engine import native_lora
 
     k = native_lora.kernel()

@@ -215,7 +215,7 @@ def install_patches(registry: dict[str, tuple[int, str]], stats: dict[str, float
     if stats["cpu_lora_fast"]:
         from agentrl.engine import native_lora
 
-        stats["cpu_lora_native"] = float(native_lora.kernel() is not None)
+        stats["cpu_lora_native"] = float(native_lora.tile() > 0)  # loaded with the vector path it serves with
 
 
 # -- monkeypatches -----------------------------------------------------------------------------------------

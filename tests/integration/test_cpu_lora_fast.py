@@ -56,7 +56,7 @@ def _paths() -> tuple[float, float]:
     fast = cpu_build() and os.environ.get(ENV_SWITCH, "1") != "0"
     if fast and native_lora.enabled():
         require(native_lora.kernel() is not None, "agentrl's CPU LoRA kernel is not built (make install builds it)")
-    return float(fast), float(fast and native_lora.kernel() is not None)
+    return float(fast), float(fast and native_lora.tile() > 0)
 
 
 def _compiled() -> bool:
