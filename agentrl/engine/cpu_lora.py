@@ -72,20 +72,22 @@ COMPILE_ENV = "AGENTRL_CPU_LORA_COMPILE"
 compare); anything else: the model is compiled as without LoRA, each LoRA layer one opaque op in it."""
 
 
-def _on(name: str, environ: dict[str, str] | None) -> bool:
+def switch_on(name: str, environ: dict[str, str] | None = None) -> bool:
+    """Whether the switch ``name`` is on in ``environ`` (default: this process's): anything but ``0``, ``false``,
+    ``no``, ``off``; unset is on."""
     env = os.environ if environ is None else environ
     return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether the fast path is wanted in this process (``AGENTRL_CPU_LORA_FAST`` is not ``0``)."""
-    return _on(ENV_SWITCH, environ)
+    return switch_on(ENV_SWITCH, environ)
 
 
 def compile_enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether a LoRA engine compiles its model: the fast path is on and ``AGENTRL_CPU_LORA_COMPILE`` is not
     ``0``."""
-    return enabled(environ) and _on(COMPILE_ENV, environ)
+    return enabled(environ) and switch_on(COMPILE_ENV, environ)
 
 
 @dataclass

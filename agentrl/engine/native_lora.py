@@ -1,11 +1,12 @@
 """agentrl's CPU LoRA kernel (``native/lora_cpu.cpp``): built once at install time, loaded by engines if built.
 
-The CPU fast path (:mod:`agentrl.engine.cpu_lora`) serves a step whose tokens use *several* slots with a few
-torch ops per slice (a gather, two batched GEMMs, a scatter-add): on a small model's decode steps their
-dispatch, not their arithmetic, is the cost (16 adapters on the embedded model: 0.67 of the base). The kernel
-does a whole LoRA layer (every slice, every slot group) in one call, single-threaded, in loops the compiler
-vectorises; the torch ops remain the fallback (no compiler at install, another dtype, a large prefill step that
-two threads serve better) and the reference its test compares with.
+Without it the CPU fast path (:mod:`agentrl.engine.cpu_lora`) serves each LoRA layer with torch ops, two to a
+dozen per layer (a gather, batched GEMMs, a scatter-add where several slots share a step): on a small model's
+decode steps their dispatch, not their arithmetic, is the cost (16 adapters on the embedded model: 0.67 of the
+base). The kernel does a whole LoRA layer (every slice, every slot group, one group or several) in one call,
+single-threaded, its 16 x 16 weight tiles transposed in AVX-512 registers; the torch ops remain the fallback (no
+compiler at install, a rank off its vector path, another dtype, a large prefill step that two threads serve
+better) and the reference its test compares with.
 
 ``make install`` runs ``python -m agentrl.engine.native_lora build``: it compiles the source with torch's
 extension builder into ``<venv>/agentrl-native/<name>/`` where ``name`` hashes the source, the flags, the torch
@@ -33,15 +34,16 @@ SOURCE = Path(__file__).with_name("native") / "lora_cpu.cpp"
 FLAGS = ("-O3", "-fopenmp-simd", "-march=native")
 """Compiler flags: ``-march=native`` is why the build is keyed by the machine (:func:`build_name`)."""
 ENV_SWITCH = "AGENTRL_CPU_LORA_NATIVE"
-"""``0`` in the engine's environment keeps the torch ops for several slots (for comparison)."""
+"""``0`` in the engine's environment keeps the torch ops (for comparison)."""
 DIR_ENV = "AGENTRL_NATIVE_DIR"
 """Overrides where builds live (default: ``agentrl-native`` in the Python environment's prefix)."""
 
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
     """Whether the kernel is wanted in this process (``AGENTRL_CPU_LORA_NATIVE`` is not ``0``)."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    from agentrl.engine.cpu_lora import switch_on
+
+    return switch_on(ENV_SWITCH, environ)
 
 
 def build_root() -> Path:
