@@ -16,17 +16,22 @@ in-place update, so an update is served at the next step), and does its index wo
 the step's token-to-slot mapping (:meth:`Groups.of`), not once per layer:
 
 - **no token uses an adapter**: nothing is done;
-- **a small call** (below :data:`SERIAL_MACS` multiply-adds: decode steps, short prefills), where agentrl's
-  kernel is built (:mod:`agentrl.engine.native_lora`, at install): the whole layer is one call of it, every
-  slice of every slot group (one group when every token uses one slot), each group's 16 x 16 weight tiles
-  transposed in registers once and applied to its tokens. Against the torch ops below, one thread (tiny model,
-  32 tokens): 11 against 35 us for ``qkv`` with one slot, 26 against 121 us with 16 slots;
-- **otherwise** (a large prefill, no build, a layout the kernel refuses), torch ops. Every token uses one slot
-  (training's case): two GEMMs per slice (``torch.mm`` then ``addmm_`` into the output's column slice), no
-  gather. Several slots, or tokens of no adapter beside them: ``x`` gathered once per module (a padded ``slots
+- **several slot groups** (or one beside tokens of no adapter), at any size, and **a small call of one slot**
+  (below :data:`SERIAL_MACS` multiply-adds: decode steps, short prefills), where agentrl's kernel is built
+  (:mod:`agentrl.engine.native_lora`, at install): the whole layer is one call of it, every slice of every slot
+  group, each group's 16 x 16 weight tiles transposed in registers once and applied to its tokens. Against the
+  torch ops below, one thread (tiny model, 32 tokens): 11 against 35 us for ``qkv`` with one slot, 26 against
+  121 us with 16 slots. It runs on one thread at every size: with several slots it beat the torch ops on two
+  threads at every size measured (SmolLM2 ``gate_up``, 16 slots: 0.27 against 0.64-1.1 ms for 128 decode
+  tokens, 15 against 21-24 ms for a 4,096-token step, 15 against 370-390 ms for a prefill chunk beside the
+  other slots' decode tokens, where the padded batched GEMMs below do 12 times the work);
+- **otherwise** (one slot's large prefill, no build, a layout the kernel refuses), torch ops. Every token uses
+  one slot (training's case): two GEMMs per slice (``torch.mm`` then ``addmm_`` into the output's column
+  slice), no gather: on two threads, 3.8 against the kernel's 15 ms for a 4,096-token ``gate_up`` step.
+  Several slots, or tokens of no adapter beside them: ``x`` gathered once per module (a padded ``slots
   x max_tokens`` index), each slice one batched GEMM over the slots for the shrink and one for the expand, the
-  rows added back with ``index_add_``: a dozen ops a layer, whose dispatch was the cost of 16 adapters on the
-  embedded model (0.69 of the base before the kernel).
+  rows added back with ``index_add_``: a dozen ops a layer; where the padding would more than double the work
+  (groups of very different sizes), two GEMMs per group and slice on its own rows instead.
 
 Tokens of no adapter get nothing added.
 
@@ -247,8 +252,8 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
         return
     rank = a_stacked[0].size(2)
     macs = g.n * rank * (x.size(1) * len(a_stacked) + sum(output_slices))
-    if g.order is not None and macs < SERIAL_MACS and _native(g, y, x, a_stacked, b_stacked, scale,
-                                                              output_slices, offset_start):
+    if g.order is not None and (g.mode == "many" or macs < SERIAL_MACS) and _native(
+            g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start):
         return
     with _Serial(macs):
         _lora_linear(g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start)
@@ -282,6 +287,9 @@ def _lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, 
         for a_t, b_t, start, end in _slot_views(a_stacked, b_stacked, g.slot, output_slices, offset_start):
             y[:, start:end].addmm_(torch.mm(x, a_t), b_t, alpha=scale)
         return
+    if g.slots.numel() * g.width > 2 * g.rows.numel():  # padding would more than double the work
+        _lora_linear_grouped(g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start)
+        return
     xg = x.index_select(0, g.gather).view(g.slots.numel(), g.width, x.size(1))
     for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
         h = torch.bmm(xg, _weights(a, g).transpose(1, 2))
@@ -289,6 +297,25 @@ def _lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, 
         if g.keep is not None:
             out = out.index_select(0, g.keep)
         y[:, off:off + size].index_add_(0, g.rows, out, alpha=scale)
+        off += size
+
+
+def _lora_linear_grouped(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
+                         output_slices: tuple[int, ...], offset_start: int) -> None:
+    """The torch ops for slot groups of very different sizes (a prefill chunk beside other slots' decode
+    tokens): two GEMMs per slot group and slice on the group's rows, no padding to the largest group."""
+    import torch
+
+    xs = x.index_select(0, g.order)
+    bounds = g.offsets.tolist()
+    slots = g.slots.tolist()
+    off = offset_start
+    for a, b, size in zip(a_stacked, b_stacked, output_slices, strict=True):
+        out = torch.empty(xs.size(0), size, dtype=y.dtype)
+        for k, slot in enumerate(slots):
+            lo, hi = bounds[k], bounds[k + 1]
+            torch.mm(torch.mm(xs[lo:hi], a[slot, 0].t()), b[slot, 0, :size].t(), out=out[lo:hi])
+        y[:, off:off + size].index_add_(0, g.order, out, alpha=scale)
         off += size
 
 

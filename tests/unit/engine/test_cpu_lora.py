@@ -129,6 +129,7 @@ CASES = {
     "no adapter": ([-1, -1], [3, 4]),
     "adapters and none": ([1, -1, 2, -1, 1], [2, 3, 1, 1, 5]),
     "one adapter and none": ([-1, 0, -1], [1, 4, 2]),
+    "a prefill beside decode tokens": ([0, 1, -1, 3, 1], [40, 1, 1, 1, 1]),  # padding would triple the work
 }
 
 
@@ -148,6 +149,23 @@ def test_lora_linear_matches_vllm(patched: None, case: str, lora_path: KernelCal
     _close(got, want)
     if case == "no adapter":
         assert torch.equal(got, y0)
+
+
+@pytest.mark.parametrize("case", ["one adapter", "several adapters"])
+def test_a_large_call_takes_the_kernel_for_several_slots_only(case: str, monkeypatch: pytest.MonkeyPatch,
+                                                              lora_path: KernelCalls) -> None:
+    """Above the one-thread bound, one slot's GEMMs run on the engine's threads (torch ops) and several slots'
+    groups in the kernel (faster there at every size: padded batched GEMMs or a GEMM pair per group cost more)."""
+    monkeypatch.setattr(cpu_lora, "SERIAL_MACS", 1)
+    slots, lens = CASES[case]
+    g = cpu_lora.Groups.of(torch.tensor([s for s, n in zip(slots, lens, strict=True) for _ in range(n)]))
+    a, b = _stacked(11, 3, HIDDEN, SLICES)
+    x = torch.randn(g.n, HIDDEN)
+    want, got = torch.zeros(g.n, sum(SLICES)), torch.zeros(g.n, sum(SLICES))
+    cpu_lora._lora_linear(g, want, x, a, b, 0.5, SLICES, 0)
+    cpu_lora.lora_linear(g, got, x, a, b, 0.5, SLICES)
+    lora_path.expect(g.mode == "many")
+    _close(got, want)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
