@@ -253,17 +253,20 @@ def lora_linear(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, s
     rank = a_stacked[0].size(2)
     macs = g.n * rank * (x.size(1) * len(a_stacked) + sum(output_slices))
     if g.order is not None and (g.mode == "many" or macs < SERIAL_MACS) and _native(
-            g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start):
+            g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start, macs):
         return
     with _Serial(macs):
         _lora_linear(g, y, x, a_stacked, b_stacked, scale, output_slices, offset_start)
 
 
 def _native(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale: float,
-            output_slices: tuple[int, ...], offset_start: int) -> bool:
+            output_slices: tuple[int, ...], offset_start: int, macs: int) -> bool:
     """The LoRA of one layer, one slot group or several, in one call of agentrl's kernel
-    (:mod:`agentrl.engine.native_lora`), where it is built with its vector path for this rank; whether it ran (a
-    layout it refuses, checked before it writes, leaves ``y`` as it was)."""
+    (:mod:`agentrl.engine.native_lora`), where it is built with its vector path for this rank, on one thread below
+    :data:`SERIAL_MACS` and on the engine's threads above; whether it ran (a layout it refuses, checked before it
+    writes, leaves ``y`` as it was)."""
+    import torch
+
     from agentrl.engine import native_lora
 
     k = native_lora.kernel()
@@ -272,7 +275,7 @@ def _native(g: Groups, y: Any, x: Any, a_stacked: tuple, b_stacked: tuple, scale
         return False
     try:
         k.lora_groups(y, x, list(a_stacked), list(b_stacked), g.order, g.offsets, g.slots, float(scale),
-                      list(output_slices), offset_start)
+                      list(output_slices), offset_start, 1 if macs < SERIAL_MACS else torch.get_num_threads())
     except RuntimeError:
         return False
     return True

@@ -31,8 +31,10 @@ from typing import Any
 from agentrl.core.errors import EngineError
 
 SOURCE = Path(__file__).with_name("native") / "lora_cpu.cpp"
-FLAGS = ("-O3", "-fopenmp-simd", "-march=native")
-"""Compiler flags: ``-march=native`` is why the build is keyed by the machine (:func:`build_name`)."""
+FLAGS = ("-O3", "-fopenmp", "-march=native")
+"""Compiler flags: ``-march=native`` is why the build is keyed by the machine (:func:`build_name`); ``-fopenmp``
+links ``libgomp.so.1``, which resolves to the copy torch loaded first: one OpenMP runtime, the engine's pinned
+threads."""
 ENV_SWITCH = "AGENTRL_CPU_LORA_NATIVE"
 """``0`` in the engine's environment keeps the torch ops (for comparison)."""
 DIR_ENV = "AGENTRL_NATIVE_DIR"
@@ -91,7 +93,8 @@ def build(verbose: bool = False) -> Path:
         return done
     out = build_root() / name
     out.mkdir(parents=True, exist_ok=True)
-    load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(out), verbose=verbose)
+    load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), extra_ldflags=["-fopenmp"],
+         build_directory=str(out), verbose=verbose)
     done = _built(name)
     if done is None:
         raise KernelBuildError(f"the kernel's build left no library in {out}")

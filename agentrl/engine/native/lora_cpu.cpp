@@ -6,15 +6,16 @@
 // The groups come sorted by slot (agentrl.engine.cpu_lora.Groups): `order` holds the token rows, slot group g
 // owning order[offsets[g] : offsets[g + 1]] and slot slots[g]. A_i is a (slots, 1, R, in) tensor whose last
 // dimension is contiguous, B_i a (slots, 1, out, R) one, each slot's matrix read where its strides put it (the
-// one-copy slot layout interleaves the slots of every tensor). Single-threaded: the caller runs it for one slot's
-// small work (decode), where one OpenMP region per GEMM costs more than the GEMM, and for several slots' work
-// at any size, where it beats the torch ops' padded batched GEMMs on two threads (agentrl.engine.cpu_lora).
+// one-copy slot layout interleaves the slots of every tensor). The caller runs it for one slot's small work
+// (decode), on one thread, where one OpenMP region per GEMM costs more than the GEMM, and for several slots' work
+// at any size, on `threads` threads for large calls (agentrl.engine.cpu_lora).
 //
 // Loops are written for the compiler's vectoriser (-O3): the shrink is a dot product over `in` per (token,
 // rank row), the expand a dot product over R per (output, token) with each B row loaded once per group.
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -157,7 +158,7 @@ void check_stacked(const torch::Tensor& t, const char* what) {
 // The LoRA of one layer for a step's slot groups; `y` (tokens x width, last dimension contiguous) in place.
 void lora_groups(torch::Tensor y, torch::Tensor x, std::vector<torch::Tensor> a, std::vector<torch::Tensor> b,
                  torch::Tensor order, torch::Tensor offsets, torch::Tensor slots, double scale,
-                 std::vector<int64_t> sizes, int64_t offset) {
+                 std::vector<int64_t> sizes, int64_t offset, int64_t threads) {
   TORCH_CHECK(y.scalar_type() == torch::kFloat32 && x.scalar_type() == torch::kFloat32, "y and x must be float32");
   TORCH_CHECK(y.dim() == 2 && x.dim() == 2 && y.stride(1) == 1 && x.stride(1) == 1,
               "y and x must be 2-D with contiguous rows");
@@ -194,32 +195,49 @@ void lora_groups(torch::Tensor y, torch::Tensor x, std::vector<torch::Tensor> a,
   const float* xp = x.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t ldx = x.stride(0), ldy = y.stride(0);
-  std::vector<float> h;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t n = off[g + 1] - off[g];
-    if (n == 0) continue;
-    const int64_t* rows = ord + off[g];
-    int64_t col = offset;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const int64_t rank = a[i].size(2);
-      const float* ap = a[i].data_ptr<float>() + sl[g] * a[i].stride(0);
-      const float* bp = b[i].data_ptr<float>() + sl[g] * b[i].stride(0);
-      const int64_t lda = a[i].stride(2), ldb = b[i].stride(2);
-      h.resize(static_cast<size_t>(n * rank));
+  // Work items: a slot group's rows in chunks of kChunk tokens. Items own disjoint rows of y, so they run in any
+  // order on any thread; with `threads` > 1 (the caller's choice: large calls) on an OpenMP team of that many
+  // (torch's OpenMP runtime, whose threads the engine pinned), else on the calling thread alone.
+  constexpr int64_t kChunk = 32;
+  std::vector<int64_t> item_group, item_first;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t k = off[g]; k < off[g + 1]; k += kChunk) {
+      item_group.push_back(g);
+      item_first.push_back(k);
+    }
+  const int64_t items = static_cast<int64_t>(item_group.size());
+  const int team = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+#pragma omp parallel num_threads(team) if (team > 1)
+  {
+    std::vector<float> h;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t g = item_group[it];
+      const int64_t first = item_first[it];
+      const int64_t n = std::min(kChunk, off[g + 1] - first);
+      const int64_t* rows = ord + first;
+      int64_t col = offset;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const int64_t rank = a[i].size(2);
+        const float* ap = a[i].data_ptr<float>() + sl[g] * a[i].stride(0);
+        const float* bp = b[i].data_ptr<float>() + sl[g] * b[i].stride(0);
+        const int64_t lda = a[i].stride(2), ldb = b[i].stride(2);
+        h.resize(static_cast<size_t>(n * rank));
 #if defined(__AVX512F__)
-      if (rank % 16 == 0) {
-        shrink16(h.data(), xp, ldx, rows, n, ap, lda, rank, in, static_cast<float>(scale));
-        expand16(yp + col, ldy, rows, n, h.data(), bp, ldb, sizes[i], rank);
-        col += sizes[i];
-        continue;
-      }
+        if (rank % 16 == 0) {
+          shrink16(h.data(), xp, ldx, rows, n, ap, lda, rank, in, static_cast<float>(scale));
+          expand16(yp + col, ldy, rows, n, h.data(), bp, ldb, sizes[i], rank);
+          col += sizes[i];
+          continue;
+        }
 #endif
-      for (int64_t t = 0; t < n; ++t) {
-        const float* xr = xp + rows[t] * ldx;
-        for (int64_t r = 0; r < rank; ++r) h[t * rank + r] = static_cast<float>(scale) * dot(ap + r * lda, xr, in);
+        for (int64_t t = 0; t < n; ++t) {
+          const float* xr = xp + rows[t] * ldx;
+          for (int64_t r = 0; r < rank; ++r) h[t * rank + r] = static_cast<float>(scale) * dot(ap + r * lda, xr, in);
+        }
+        expand(yp + col, ldy, rows, n, h.data(), bp, ldb, sizes[i], rank);
+        col += sizes[i];
       }
-      expand(yp + col, ldy, rows, n, h.data(), bp, ldb, sizes[i], rank);
-      col += sizes[i];
     }
   }
 }

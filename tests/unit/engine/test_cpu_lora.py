@@ -335,7 +335,7 @@ def test_the_kernel_equals_the_torch_ops(rank: int, hidden: int) -> None:
     logits), slot tensors strided as the one-copy layout holds them, and a column offset."""
     k = built_kernel()
     gen = torch.Generator().manual_seed(rank * 100 + hidden)
-    slots, outs, n = 6, (48, 20, 33), 23
+    slots, outs, n = 6, (48, 20, 33), 90  # groups past the kernel's 32-token chunks
     per_slot = sum(rank * hidden + (o + 3) * rank for o in outs) + 5  # slot after slot, as slot_layout lays out
     flat = torch.randn(slots * per_slot, generator=gen)
     a, b, at = [], [], 0
@@ -350,10 +350,12 @@ def test_the_kernel_equals_the_torch_ops(rank: int, hidden: int) -> None:
     assert g.mode == "many"
     x = torch.randn(n, hidden, generator=gen)
     y0 = torch.randn(n, 4 + sum(outs) + 2, generator=gen)
-    want, got = y0.clone(), y0.clone()
+    want, got, team = y0.clone(), y0.clone(), y0.clone()
     cpu_lora._lora_linear(g, want, x, tuple(a), tuple(b), 0.25, outs, 4)
-    k.lora_groups(got, x, a, b, g.order, g.offsets, g.slots, 0.25, list(outs), 4)
+    k.lora_groups(got, x, a, b, g.order, g.offsets, g.slots, 0.25, list(outs), 4, 1)
     _close(got, want)
+    k.lora_groups(team, x, a, b, g.order, g.offsets, g.slots, 0.25, list(outs), 4, 2)  # two threads, the same sums
+    assert torch.equal(team, got)
     none = idx < 0
     assert torch.equal(got[none], y0[none]) and torch.equal(got[:, :4], y0[:, :4])
     assert torch.equal(got[:, -2:], y0[:, -2:])
@@ -367,9 +369,9 @@ def test_the_kernel_refuses_a_layout_it_cannot_read_and_writes_nothing() -> None
     x, y = torch.randn(3, 32), torch.randn(3, 16)
     y0 = y.clone()
     with pytest.raises(RuntimeError, match="last dimension must be contiguous"):
-        k.lora_groups(y, x, [a], [b.transpose(2, 3)], g.order, g.offsets, g.slots, 1.0, [16], 0)
+        k.lora_groups(y, x, [a], [b.transpose(2, 3)], g.order, g.offsets, g.slots, 1.0, [16], 0, 1)
     with pytest.raises(RuntimeError, match="must fit"):
-        k.lora_groups(y, x, [a], [b], g.order, g.offsets, g.slots, 1.0, [16], 4)
+        k.lora_groups(y, x, [a], [b], g.order, g.offsets, g.slots, 1.0, [16], 4, 1)
     assert torch.equal(y, y0)
     # lora_linear keeps serving such a call with the torch ops
     cpu_lora.lora_linear(g, y, x, (a,), (b.transpose(2, 3).contiguous().transpose(2, 3),), 1.0, (16,))
