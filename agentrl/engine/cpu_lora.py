@@ -21,10 +21,12 @@ the step's token-to-slot mapping (:meth:`Groups.of`), not once per layer:
   (:mod:`agentrl.engine.native_lora`, at install): the whole layer is one call of it, every slice of every slot
   group, each group's 16 x 16 weight tiles transposed in registers once and applied to its tokens. Against the
   torch ops below, one thread (tiny model, 32 tokens): 11 against 35 us for ``qkv`` with one slot, 26 against
-  121 us with 16 slots. It runs on one thread at every size: with several slots it beat the torch ops on two
-  threads at every size measured (SmolLM2 ``gate_up``, 16 slots: 0.27 against 0.64-1.1 ms for 128 decode
-  tokens, 15 against 21-24 ms for a 4,096-token step, 15 against 370-390 ms for a prefill chunk beside the
-  other slots' decode tokens, where the padded batched GEMMs below do 12 times the work);
+  121 us with 16 slots. Below :data:`SERIAL_MACS` it runs on one thread, above it on the engine's threads
+  (torch's OpenMP runtime; each slot group cut into 32-token items). With several slots it beat the torch ops
+  on two threads at every size measured, even on one thread (SmolLM2 ``gate_up``, 16 slots: 0.27 against
+  0.64-1.1 ms for 128 decode tokens, 15 against 21-24 ms for a 4,096-token step, 15 against 370-390 ms for a
+  prefill chunk beside the other slots' decode tokens, where the padded batched GEMMs below do 12 times the
+  work); two threads halve it from 128 to 1,024 tokens;
 - **otherwise** (one slot's large prefill, no build, a layout the kernel refuses), torch ops. Every token uses
   one slot (training's case): two GEMMs per slice (``torch.mm`` then ``addmm_`` into the output's column
   slice), no gather: on two threads, 3.8 against the kernel's 15 ms for a 4,096-token ``gate_up`` step.
