@@ -124,21 +124,30 @@ class LogprobHead(nn.Module):
     (``B x T x 1``), at the row's temperature, instead of the logits; it wraps the model's own layer."""
 
     def __init__(self, head: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int,
-                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None) -> None:
+                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None,
+                 scored_B_T: Tensor | None = None) -> None:
         super().__init__()
         self.head = head
         self.next_B_T = next_B_T
         self.inv_temp_B_T = inv_temp_B_T
         self.chunk = chunk
         self.next_kept_B_T, self.kept_M_V = next_kept_B_T, kept_M_V
+        self.scored_N = None if scored_B_T is None else scored_B_T.reshape(-1).nonzero().squeeze(1)
+        """The flat positions scored (the rest hold 0 and pass no gradient); None: every position."""
 
     def forward(self, hidden_B_T_H: Tensor) -> Tensor:
         B, T, H = hidden_B_T_H.shape
         hidden_N_H = hidden_B_T_H.reshape(B * T, H)
-        lp = chunked_logprobs(hidden_N_H, self.head.weight, self.next_B_T.reshape(-1),
-                              self.inv_temp_B_T.reshape(-1), self.chunk,
-                              None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1), self.kept_M_V,
+        target_N, inv_temp_N = self.next_B_T.reshape(-1), self.inv_temp_B_T.reshape(-1)
+        kept_N = None if self.next_kept_B_T is None else self.next_kept_B_T.reshape(-1)
+        idx = self.scored_N
+        if idx is not None:  # only these positions reach the output layer: the others' logits are never formed
+            hidden_N_H, target_N, inv_temp_N = hidden_N_H[idx], target_N[idx], inv_temp_N[idx]
+            kept_N = None if kept_N is None else kept_N[idx]
+        lp = chunked_logprobs(hidden_N_H, self.head.weight, target_N, inv_temp_N, self.chunk, kept_N, self.kept_M_V,
                               head_lora(self.head, hidden_N_H))
+        if idx is not None:
+            lp = lp.new_zeros(B * T).index_copy(0, idx, lp)
         return lp.view(B, T, 1).clone()  # not a view: FSDP2 hooks the output for its backward
 
 
@@ -178,13 +187,17 @@ def fusable(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def logprob_head(model: nn.Module, next_B_T: Tensor, inv_temp_B_T: Tensor, chunk: int,
-                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None) -> Iterator[None]:
+                 next_kept_B_T: Tensor | None = None, kept_M_V: Tensor | None = None,
+                 scored_B_T: Tensor | None = None) -> Iterator[None]:
     """Within the block, ``model``'s forward returns next-token log-probabilities as its ``logits``
     (``B x T x 1``): position ``t`` holds ``log p(next_B_T[b, t] | tokens up to t)``, renormalised over the
-    kept set ``kept_M_V[next_kept_B_T[b, t]]`` where that index is not -1."""
+    kept set ``kept_M_V[next_kept_B_T[b, t]]`` where that index is not -1. With ``scored_B_T`` (bool), only
+    the positions it marks are scored and the rest hold 0: a trainer needs the loss tokens' logprobs only,
+    and in an agent's episode most positions are prompt and tool output, whose output-layer work (a
+    ``vocabulary x hidden`` product forward, two backward) this skips."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings()
-    base.set_output_embeddings(LogprobHead(head, next_B_T, inv_temp_B_T, chunk, next_kept_B_T, kept_M_V))
+    base.set_output_embeddings(LogprobHead(head, next_B_T, inv_temp_B_T, chunk, next_kept_B_T, kept_M_V, scored_B_T))
     try:
         yield
     finally:

@@ -54,6 +54,18 @@ MEAN_METRICS = (
 
 Plan = list[list[TrainSample] | None]
 
+
+def _predicting_loss(batch: dict[str, Tensor], shape: torch.Size) -> Tensor:
+    """The forward's positions (``shape``: the packed ``1 x P`` row or the padded ``B x T`` batch) whose next
+    token is a loss token: the positions whose output the loss reads."""
+    mask_B_T = batch["loss_mask_B_T"].bool()
+    scored = torch.zeros(shape, dtype=torch.bool, device=mask_B_T.device)
+    if "input_ids_1_P" in batch:
+        scored[0, batch["unpack_B_T"][mask_B_T] - 1] = True
+    else:
+        scored[:, :-1] = mask_B_T[:, 1:]
+    return scored
+
 log = logging.getLogger("agentrl.trainer")
 
 
@@ -131,8 +143,9 @@ class TrainStep:
             batch = collate(samples, self.pad_id)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True) -> Tensor:
-        """Per-token logprobs in the padded ``B x T`` layout, whether the forward ran packed or padded."""
+    def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True, every: bool = False) -> Tensor:
+        """Per-token logprobs in the padded ``B x T`` layout, whether the forward ran packed or padded: of the
+        loss tokens only (0 elsewhere) unless ``every``; the fused head then scores only those positions."""
         packed = "input_ids_1_P" in batch
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         if self.replay is not None:  # stays set through this forward's backward (checkpoint recompute)
@@ -148,7 +161,7 @@ class TrainStep:
             next_kept = None if kept_rows is None else torch.cat(
                 [kept_rows[:, 1:], torch.full_like(kept_rows[:, :1], -1)], dim=1)
             fused = logprob_head(self.model, next_ids, 1.0 / next_temps, self.cfg.logprob_chunk_tokens,
-                                 next_kept, kept_M_V)
+                                 next_kept, kept_M_V, None if every else _predicting_loss(batch, ids.shape))
         with ctx, fused:
             if packed:  # no attention mask: restarting position ids make it block-diagonal
                 cu = batch["cu_seq_lens_S1"]
@@ -202,7 +215,8 @@ class TrainStep:
         try:
             for k in range(n):
                 group = groups[k] if k < len(groups) else None
-                logp_B_T = self._logprobs(self._batch(None if group is None else [local[i] for i in group]))
+                logp_B_T = self._logprobs(self._batch(None if group is None else [local[i] for i in group]),
+                                          every=True)
                 for b, i in enumerate(group or []):
                     mine[local_idx[i]] = logp_B_T[b, : len(local[i].input_ids)].cpu().tolist()
         finally:

@@ -66,6 +66,28 @@ def test_the_fused_head_gives_the_plain_logprobs_loss_and_gradients(world: None,
     assert isinstance(base.get_output_embeddings(), torch.nn.Linear)
 
 
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_the_fused_head_scores_the_loss_tokens_only_and_every_token_when_asked(world: None,
+                                                                             tiny_tokenizer_model: Path,
+                                                                             packing: bool) -> None:
+    """In training only the positions that predict a loss token reach the output layer (their logprobs equal
+    the plain path's, the rest are 0); scoring (``every``) gives every position the plain logprob."""
+    rng = random.Random(11)
+    samples = [_sample(rng, n, temperature=t) for n, t in [(33, 1.0), (14, 0.7), (8, 1.0)]]
+    plain = _make_step(tiny_tokenizer_model, packing=packing, logprob_chunk_tokens=0)
+    fused = _make_step(tiny_tokenizer_model, packing=packing, logprob_chunk_tokens=6)
+    batch = plain._batch(samples)
+    mask, real = batch["loss_mask_B_T"], batch["attention_mask_B_T"]
+    with torch.no_grad():
+        ref = plain._logprobs(batch) * real
+        trained, every = fused._logprobs(batch), fused._logprobs(batch, every=True) * real
+    torch.testing.assert_close(trained, ref * mask, rtol=0, atol=2e-5)
+    torch.testing.assert_close(every, ref, rtol=0, atol=2e-5)
+    prompt = real.bool() & ~mask.bool()
+    prompt[:, 0] = False  # a sample's first token has no logprob on either path
+    assert (every[prompt] != 0).all() and (trained[prompt] == 0).all()
+
+
 def _randomise_lora_b(model: torch.nn.Module, seed: int) -> None:
     """Every LoRA B nonzero (peft starts them at zero), so that each adapter changes the logits."""
     g = torch.Generator().manual_seed(seed)

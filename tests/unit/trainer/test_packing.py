@@ -129,7 +129,7 @@ def _make_step(model_dir: Path, device: str = "cpu", **kw: object):
 
 
 StepResult = tuple[torch.Tensor, float, dict[str, torch.Tensor]]
-"""One step's logprobs (zero at padding), loss and gradients."""
+"""One step's logprobs of the loss tokens (zero elsewhere), loss and gradients."""
 
 
 def step_result(step: Any, batch: dict[str, torch.Tensor], num_tokens: int) -> StepResult:
@@ -140,7 +140,7 @@ def step_result(step: Any, batch: dict[str, torch.Tensor], num_tokens: int) -> S
                           step.cfg.loss, num_tokens_global=num_tokens)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in step.model.named_parameters() if p.grad is not None}
-    return logp.detach() * batch["attention_mask_B_T"], float(loss.detach()), grads
+    return logp.detach() * batch["loss_mask_B_T"], float(loss.detach()), grads
 
 
 def assert_same_step(a: StepResult, b: StepResult) -> None:

@@ -53,9 +53,10 @@ def test_score_is_the_losss_logprob_at_each_temperature(world: None, tiny_tokeni
     got = step.score([hot, long, cold])
     assert [len(g) for g in got] == [12, 30, 12] and got[0][0] == 0.0
     batch = step._batch([hot, cold])
-    ref = step._logprobs(batch)
-    assert torch.allclose(torch.tensor(got[0]), ref[0, :12], atol=1e-5)
-    assert torch.allclose(torch.tensor(got[2]), ref[1, :12], atol=1e-5)
+    ref, mask = step._logprobs(batch), batch["loss_mask_B_T"]  # the loss scores its own tokens only
+    assert torch.equal(ref * (1 - mask), torch.zeros_like(ref)) and mask.sum() > 0
+    assert torch.allclose(torch.tensor(got[0]) * mask[0, :12], ref[0, :12], atol=1e-5)
+    assert torch.allclose(torch.tensor(got[2]) * mask[1, :12], ref[1, :12], atol=1e-5)
     assert not torch.allclose(torch.tensor(got[0][1:]), torch.tensor(got[2][1:]), atol=1e-3)
 
 
