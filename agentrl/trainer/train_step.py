@@ -66,6 +66,7 @@ def _predicting_loss(batch: dict[str, Tensor], shape: torch.Size) -> Tensor:
         scored[:, :-1] = mask_B_T[:, 1:]
     return scored
 
+
 log = logging.getLogger("agentrl.trainer")
 
 
@@ -144,8 +145,9 @@ class TrainStep:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _logprobs(self, batch: dict[str, Tensor], adapter: bool = True, every: bool = False) -> Tensor:
-        """Per-token logprobs in the padded ``B x T`` layout, whether the forward ran packed or padded: of the
-        loss tokens only (0 elsewhere) unless ``every``; the fused head then scores only those positions."""
+        """Per-token logprobs in the padded ``B x T`` layout, whether the forward ran packed or padded. With the
+        fused head and not ``every``, only the loss tokens are scored (0 elsewhere); the plain logits path and
+        ``every`` score every token."""
         packed = "input_ids_1_P" in batch
         ctx = contextlib.nullcontext() if adapter else self.model.disable_adapter()
         if self.replay is not None:  # stays set through this forward's backward (checkpoint recompute)
