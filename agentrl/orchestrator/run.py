@@ -437,20 +437,23 @@ class TrainingRun:
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.mode})", disable=not self.progress,
                    unit="step")
         eval_s = 0.0
-        loop_t0 = plotted = time.perf_counter()  # wall_train_s: training loop time, without start-up and evaluations
+        loop_t0 = plotted = time.perf_counter()
+
+        def trained_s() -> float:  # wall_train_s: training loop time, without start-up and evaluations
+            return time.perf_counter() - loop_t0 - eval_s
+
         clock = TrainingClock(cfg.time_limit_min * 60 if cfg.time_limit_min else None)
         try:
             async with orch:
                 while self.step < self._last_step():
-                    if why := clock.why_stop(time.perf_counter() - loop_t0 - eval_s):
+                    if why := clock.why_stop(trained_s()):
                         log.info("stopping before step %d: %s", self.step + 1, why)
                         break
                     rec, rejoined, live = await self._step(orch, watch)
                     self.step += 1
-                    wall_train = time.perf_counter() - loop_t0 - eval_s
                     self.metrics.write(train_record(
                         rec, step=self.step, version=orch.version, mode=cfg.mode, engines_rejoined=rejoined,
-                        engines_live=live, wall_s=time.perf_counter() - t_start, wall_train_s=wall_train))
+                        engines_live=live, wall_s=time.perf_counter() - t_start, wall_train_s=trained_s()))
                     bar.update(1)
                     self._maybe_sample(orch.last_batch)
                     bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", wait=f"{rec['wait_s']:.1f}s",
@@ -461,7 +464,7 @@ class TrainingRun:
                         eval_s += time.perf_counter() - t
                     if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                         await self._checkpoint(trainer)
-                    clock.step_done(time.perf_counter() - loop_t0 - eval_s)  # a checkpoint counts as its step's
+                    clock.step_done(trained_s())  # a checkpoint counts as its step's
                     if time.perf_counter() - plotted >= cfg.tracking.plot_every_s:  # always drawn at the end
                         plot_run(self.metrics.path, self.run_dir / "reward_curve.png", self.run_id)
                         plotted = time.perf_counter()
