@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from collections import deque
 
+from agentrl.core.errors import AgentRLError
+
+
+class ClockSettingError(AgentRLError, ValueError):
+    """A training clock was asked for with a limit or a lookback that is not positive."""
+
+    code = "orchestrator.budget.clock_setting"
+
 
 class TrainingClock:
     """Training time spent and whether the next step fits in ``limit_s`` (``None``: no limit).
@@ -20,9 +28,9 @@ class TrainingClock:
 
     def __init__(self, limit_s: float | None, lookback: int = 3, elapsed_s: float = 0.0) -> None:
         if limit_s is not None and limit_s <= 0:
-            raise ValueError(f"a training-time limit must be positive, not {limit_s}")
+            raise ClockSettingError(f"a training-time limit must be positive, not {limit_s}")
         if lookback < 1:
-            raise ValueError(f"lookback must be at least 1, not {lookback}")
+            raise ClockSettingError(f"lookback must be at least 1, not {lookback}")
         self.limit_s = limit_s
         self._last_end_s = elapsed_s
         self._recent: deque[float] = deque(maxlen=lookback)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentrl.orchestrator.budget import TrainingClock
+from agentrl.orchestrator.budget import ClockSettingError, TrainingClock
 
 
 def test_no_limit_never_stops() -> None:
@@ -45,5 +45,5 @@ def test_the_estimate_is_the_longest_recent_step_so_growing_steps_are_not_undere
 
 @pytest.mark.parametrize(("limit", "lookback"), [(0.0, 3), (-1.0, 3), (10.0, 0)])
 def test_bad_settings_are_refused(limit: float, lookback: int) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ClockSettingError):
         TrainingClock(limit, lookback=lookback)
