@@ -241,7 +241,8 @@ class RunConfig(Section):
     initialisation, its RNGs) unless ``trainer.seed`` is set itself. The engine's sampling is not seeded by it."""
     time_limit_min: float | None = Field(None, gt=0)
     """Training time limit in minutes: the training loop's wall time, without start-up and evaluations. A step
-    starts only if it is expected to end inside it (the longest of the last three steps is the estimate)."""
+    starts only if it is expected to end inside it (the longest of the last three steps is the estimate). It is
+    counted from each start: a resumed run has the whole limit again."""
     eval_every: int = Field(10, ge=0)
     """Evaluate on held-out tasks every N steps (0: only before and after training)."""
     eval_size: int = Field(200, ge=1)
